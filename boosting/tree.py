@@ -1,0 +1,184 @@
+"""Tree and model data types, traversal and versioned model files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from boosting import BoostingError
+from boosting._typing import FloatArray, IntArray
+from boosting.losses import transform
+from boosting.params import BoostParams
+
+MODEL_FORMAT = "fedboost-model"
+MODEL_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TreeNode:
+    """One node. Internal nodes name the party owning the split feature.
+
+    In a federated model the active party does not know a passive party's feature or threshold:
+    those nodes carry only ``record_id``, the key into the owner's lookup table.
+    """
+
+    id: int
+    left: int = -1
+    right: int = -1
+    owner: str = ""
+    feature: int = -1
+    bin: int = -1
+    threshold: float = math.nan
+    missing_left: bool = False
+    record_id: int = -1
+    value: float = 0.0
+
+    @property
+    def is_leaf(self) -> bool:
+        """True for leaves."""
+        return self.left < 0
+
+
+@dataclass(frozen=True, slots=True)
+class Tree:
+    """A tree whose nodes are stored parents-before-children (ids ascending)."""
+
+    nodes: tuple[TreeNode, ...]
+    output: int = 0
+    """Which output (class) this tree adds to."""
+
+
+Decide = Callable[[TreeNode, IntArray], np.ndarray]
+"""Given an internal node and row indices reaching it, the mask of those rows going left."""
+
+
+def leaf_values(tree: Tree, n_rows: int, decide: Decide) -> FloatArray:
+    """Route all rows through ``tree`` with ``decide`` and return each row's leaf value."""
+    position = np.zeros(n_rows, dtype=np.int64)
+    for node in tree.nodes:
+        if node.is_leaf:
+            continue
+        rows = np.flatnonzero(position == node.id)
+        if rows.size == 0:
+            continue
+        left = decide(node, rows)
+        position[rows[left]] = node.left
+        position[rows[~left]] = node.right
+    return node_values(tree)[position]
+
+
+def node_values(tree: Tree) -> FloatArray:
+    """Leaf value indexed by node id (0 for internal nodes)."""
+    table = np.zeros(max(node.id for node in tree.nodes) + 1)
+    for node in tree.nodes:
+        table[node.id] = node.value
+    return table
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    """A boosted ensemble as one party holds it."""
+
+    params: BoostParams
+    base_score: tuple[float, ...]
+    n_classes: int
+    trees: tuple[Tree, ...]
+    features: dict[str, tuple[str, ...]]
+    """Feature names per owner party, in each owner's local column order."""
+
+    def raw_predict(self, decide: Decide, n_rows: int) -> FloatArray:
+        """Margins (rows x outputs) given a decision function."""
+        margin = np.tile(np.array(self.base_score), (n_rows, 1))
+        for tree in self.trees:
+            margin[:, tree.output] += leaf_values(tree, n_rows, decide)
+        return margin
+
+    def predict(self, decide: Decide, n_rows: int) -> FloatArray:
+        """Probabilities (classification) or values (regression), rows x outputs."""
+        return transform(self.params.objective, self.raw_predict(decide, n_rows))
+
+
+def raw_decider(columns: dict[str, FloatArray]) -> Decide:
+    """Decide on raw values with the thresholds stored in the nodes (owner -> matrix)."""
+
+    def decide(node: TreeNode, rows: IntArray) -> np.ndarray:
+        values = columns[node.owner][rows, node.feature]
+        missing = np.isnan(values)
+        with np.errstate(invalid="ignore"):
+            return np.where(missing, node.missing_left, values <= node.threshold)
+
+    return decide
+
+
+def model_to_dict(model: Model) -> dict[str, Any]:
+    """Versioned, JSON-ready form of a model."""
+    return {
+        "format": MODEL_FORMAT,
+        "version": MODEL_VERSION,
+        "params": model.params.to_dict(),
+        "base_score": list(model.base_score),
+        "n_classes": model.n_classes,
+        "features": {k: list(v) for k, v in model.features.items()},
+        "trees": [
+            {"output": t.output, "nodes": [_node_to_dict(n) for n in t.nodes]} for t in model.trees
+        ],
+    }
+
+
+def _node_to_dict(node: TreeNode) -> dict[str, Any]:
+    raw = dataclasses.asdict(node)
+    raw["threshold"] = None if math.isnan(node.threshold) else node.threshold
+    return raw
+
+
+def model_from_dict(raw: dict[str, Any]) -> Model:
+    """Inverse of :func:`model_to_dict`, checking format and version."""
+    if raw.get("format") != MODEL_FORMAT or raw.get("version") != MODEL_VERSION:
+        raise BoostingError(
+            f"not a {MODEL_FORMAT} v{MODEL_VERSION} file "
+            f"(format={raw.get('format')!r}, version={raw.get('version')!r})"
+        )
+    trees = []
+    for t in raw["trees"]:
+        nodes = []
+        for n in t["nodes"]:
+            fields = dict(n)
+            fields["threshold"] = math.nan if fields["threshold"] is None else fields["threshold"]
+            nodes.append(TreeNode(**fields))
+        trees.append(Tree(nodes=tuple(nodes), output=int(t["output"])))
+    return Model(
+        params=BoostParams.from_dict(raw["params"]),
+        base_score=tuple(float(x) for x in raw["base_score"]),
+        n_classes=int(raw["n_classes"]),
+        trees=tuple(trees),
+        features={k: tuple(v) for k, v in raw["features"].items()},
+    )
+
+
+def save_model(model: Model, path: Path) -> None:
+    """Write a model file atomically."""
+    write_json_atomic(path, model_to_dict(model))
+
+
+def load_model(path: Path) -> Model:
+    """Read a model file written by :func:`save_model`."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BoostingError(f"cannot read model file {path}: {exc}") from exc
+    return model_from_dict(raw)
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON through a temporary file and rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1, sort_keys=True))
+    tmp.replace(path)

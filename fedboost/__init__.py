@@ -1,0 +1,1 @@
+"""fedboost: federated gradient-boosted trees. This package is the command-line edge."""

@@ -1,0 +1,160 @@
+"""The ``fedboost`` command: train, predict, centralized.
+
+User errors (bad config, bad data, empty intersection) end with one line on stderr naming the
+party and file, and exit status 1 (2 for command-line usage); faults keep their traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fedboost import _prefect_env
+
+EXIT_USER_ERROR = 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script."""
+    _prefect_env.configure()
+    args = _parser().parse_args(argv)
+    from boosting import BoostingError
+    from flows._tasks import PartyError
+    from flows.config import ConfigError
+    from workers import DataError
+
+    try:
+        return int(args.run(args))
+    except (ConfigError, DataError, BoostingError) as exc:
+        print(f"fedboost: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except PartyError as exc:
+        if not exc.user_error:
+            raise
+        print(f"fedboost: error: {exc.reply.message}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedboost", description=__doc__)
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+    train = sub.add_parser("train", help="train federatedly (embedded default)")
+    train.add_argument("config", type=Path, help="job file (YAML)")
+    train.add_argument("--out", type=Path, help="output folder (default runs/<job>)")
+    train.set_defaults(run=_train)
+    predict = sub.add_parser("predict", help="score rows federatedly with a trained model")
+    predict.add_argument("model_dir", type=Path, help="folder written by 'fedboost train'")
+    predict.add_argument("--data", action="append", default=[], metavar="PARTY=CSV",
+                         help="a party's rows to score (default: its training file)")
+    predict.add_argument("--out", type=Path, help="scores file (default MODEL_DIR/scores.csv)")
+    predict.add_argument("--batch-size", type=int, default=4096)
+    predict.set_defaults(run=_predict)
+    central = sub.add_parser("centralized", help="train the same model on the joined data")
+    central.add_argument("config", type=Path, help="job file (YAML)")
+    central.add_argument("--out", type=Path, help="output folder (default runs/<job>-centralized)")
+    central.set_defaults(run=_centralized)
+    return parser
+
+
+def _write_json(path: Path, payload: Any) -> None:
+    from boosting.tree import write_json_atomic
+
+    write_json_atomic(path, payload)
+
+
+def _quiet_task_logs() -> None:
+    """Show the flow's per-tree progress, not a line per task (the Prefect UI has those)."""
+    import logging
+
+    logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
+
+
+def _metrics_summary(result: dict[str, Any]) -> str:
+    keys = [k for k in result if k.startswith(("train_", "valid_")) and k != "train_seconds"]
+    return ", ".join(f"{k}={result[k]:.4f}" for k in keys)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from fedboost.embedded import train_embedded
+    from flows.config import load_config
+
+    config = load_config(args.config)
+    _quiet_task_logs()
+    out = args.out or Path("runs") / config.job
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "job.json", json.loads(config.model_dump_json()))
+    result = train_embedded(config, out)
+    history = result.pop("history")
+    result["trees"] = [{"tree": k, "seconds": s, **m}
+                       for k, (s, m) in enumerate(zip(result["tree_seconds"], history))]
+    _write_json(out / "metrics.json", result)
+    print(f"trained {result['n_trees']} trees on {result['n_aligned']} aligned rows in "
+          f"{result['train_seconds']:.1f} s: {_metrics_summary(result)}; model in {out}/")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from fedboost.embedded import party_specs, run_embedded
+    from flows.config import ConfigError, JobConfig
+    from flows.predict import federated_predict
+
+    job_file = args.model_dir / "job.json"
+    try:
+        config = JobConfig.model_validate(json.loads(job_file.read_text()))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{job_file}: not a fedboost model folder ({exc})") from None
+    data: dict[str, Path] = {}
+    for item in args.data:
+        party, sep, path = item.partition("=")
+        if not sep or party not in config.parties:
+            raise ConfigError(f"--data {item!r}: expected PARTY=CSV with PARTY one of "
+                              f"{', '.join(config.parties)}")
+        data[party] = Path(path)
+    out = (args.out or args.model_dir / "scores.csv").resolve()
+    job = f"{config.job}-predict-{int(time.time())}"
+    specs = party_specs(config, args.model_dir, data)
+    _quiet_task_logs()
+    result = run_embedded(job, specs, lambda: federated_predict(
+        job, config.active, config.passives, str(out), args.batch_size))
+    print(f"scored {result['n_scored']} rows in {result['seconds']:.1f} s: {out}")
+    return 0
+
+
+def _centralized(args: argparse.Namespace) -> int:
+    from boosting.params import BoostParams
+    from boosting.train import TreeReport, train
+    from boosting.tree import save_model
+    from fedboost.joined import join_parties
+    from flows.config import load_config
+
+    config = load_config(args.config)
+    out = args.out or Path("runs") / f"{config.job}-centralized"
+    joined = join_parties(config)
+    params = BoostParams.from_dict(config.params.model_dump())
+    blocks, y = joined.part(valid=False)
+    valid = joined.part(valid=True) if joined.valid.any() else None
+    trees: list[dict[str, Any]] = []
+
+    def report(r: TreeReport) -> None:
+        trees.append({"tree": r.tree, "seconds": r.seconds, **r.metrics})
+        print(f"tree {r.tree + 1}/{r.n_trees}: " + ", ".join(f"{k}={v:.4f}" for k, v in r.metrics.items()))
+
+    start = time.perf_counter()
+    model = train(params, blocks, y, valid=valid, on_tree=report)
+    result: dict[str, Any] = {"n_aligned": len(joined.ids), "n_train": int(y.size),
+                              "n_valid": int(joined.valid.sum()), "n_trees": len(model.trees),
+                              **{k: v for k, v in trees[-1].items() if k not in ("tree", "seconds")},
+                              "train_seconds": time.perf_counter() - start,
+                              "tree_seconds": [t["seconds"] for t in trees], "trees": trees}
+    save_model(model, out / "model.json")
+    _write_json(out / "metrics.json", result)
+    print(f"centralized: {_metrics_summary(result)}; model in {out}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Run a protocol flow on the embedded default: worker processes on in-memory queues."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from flows._tasks import Coordinator, attach, detach
+from flows.config import JobConfig
+from messages.transport import MemoryHub
+from workers.embedded import start_workers, stop_workers
+from workers.runtime import PartySpec
+
+T = TypeVar("T")
+FLOW_ENDPOINT = "flow"
+
+
+def party_specs(config: JobConfig, out_dir: Path,
+                data: dict[str, Path] | None = None) -> list[PartySpec]:
+    """Each party's local settings; its model part lives in ``out_dir/<party>``."""
+    specs = []
+    for name, party in config.parties.items():
+        path = (data or {}).get(name, party.data)
+        specs.append(PartySpec(name=name, role=party.role, data=str(path), id_column=party.id,
+                               label=party.label, model_dir=str(out_dir / name)))
+    return specs
+
+
+def run_embedded(job: str, specs: list[PartySpec], run_flow: Callable[[], T], *,
+                 hub: MemoryHub | None = None, log_level: int = logging.WARNING) -> T:
+    """Start the parties' workers, run the flow against them, and stop them whatever happens."""
+    hub = hub or MemoryHub([s.name for s in specs] + [FLOW_ENDPOINT])
+    procs = start_workers(hub, specs, log_level)
+    attach(Coordinator(job=job, transport=hub.endpoint(FLOW_ENDPOINT)))
+    try:
+        return run_flow()
+    finally:
+        detach(job)
+        for proc in procs:  # a failed flow never sent CLOSE_JOB
+            if proc.is_alive():
+                proc.terminate()
+        stop_workers(procs)
+
+
+def train_embedded(config: JobConfig, out_dir: Path, *, hub: MemoryHub | None = None) -> dict[str, Any]:
+    """A whole federated training run on one machine."""
+    from flows.secureboost import vertical_secureboost
+
+    specs = party_specs(config, out_dir)
+    return run_embedded(config.job, specs, lambda: vertical_secureboost(config), hub=hub)

@@ -1,0 +1,57 @@
+"""Joining the parties' files in the clear, for the centralized (lossless reference) trainer.
+
+Rows are the ids all parties hold, sorted, with the same validation hold-out as the federated
+run, and feature blocks in the federation's party order (active first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from boosting.train import FeatureBlock
+from flows.config import JobConfig
+from workers import DataError
+from workers.alignment import holdout_mask
+from workers.data import PartyData, load_party_csv
+
+
+@dataclass(frozen=True, slots=True)
+class JoinedData:
+    """Aligned ids, labels and blocks, split into training and validation rows."""
+
+    ids: list[str]
+    y: np.ndarray
+    blocks: list[FeatureBlock]
+    valid: np.ndarray
+
+    def part(self, valid: bool) -> tuple[list[FeatureBlock], np.ndarray]:
+        mask = self.valid if valid else ~self.valid
+        return [FeatureBlock(b.owner, b.names, b.x[mask]) for b in self.blocks], self.y[mask]
+
+
+def join_parties(config: JobConfig) -> JoinedData:
+    """Load every party's file and inner-join on ids."""
+    loaded: dict[str, PartyData] = {}
+    for name, party in config.parties.items():
+        loaded[name] = load_party_csv(name, party.data, party.id, party.label,
+                                      require_label=party.role == "active")
+    order = [config.active, *config.passives]
+    common = set(loaded[order[0]].ids)
+    for name in order[1:]:
+        common &= set(loaded[name].ids)
+    if not common:
+        raise DataError(f"empty intersection of ids between {', '.join(order)}")
+    ids = sorted(common)
+    blocks = []
+    for name in order:
+        data = loaded[name]
+        row = {ident: k for k, ident in enumerate(data.ids)}
+        take = np.array([row[i] for i in ids])
+        blocks.append(FeatureBlock(name, data.names, data.x[take]))
+        if name == config.active:
+            assert data.y is not None
+            y = data.y[take]
+    valid = holdout_mask(len(ids), config.validation.fraction, config.validation.seed)
+    return JoinedData(ids=ids, y=y, blocks=blocks, valid=valid)

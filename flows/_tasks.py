@@ -1,0 +1,130 @@
+"""Coordinator link and the command/await helper shared by the protocol flows.
+
+Each task sends one command to one or more parties and waits for their small typed replies.
+The link to the transport is attached per job by whoever starts the flow (the CLI for the
+embedded default), because a transport connection is not a flow parameter.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from messages import MessageError, TransportError
+from messages.bodies import ErrorReply
+from messages.envelope import Envelope, MsgType, decode_envelope, encode_envelope
+from messages.transport import Transport
+
+log = logging.getLogger("fedboost.flow")
+
+DEFAULT_STEP_TIMEOUT = 3600.0
+"""Seconds a step may take before its party is reported unresponsive."""
+
+
+class PartyError(RuntimeError):
+    """A party answered a step with an error."""
+
+    def __init__(self, reply: ErrorReply) -> None:
+        super().__init__(f"party {reply.party}: step {reply.step}: {reply.message}")
+        self.reply = reply
+
+    @property
+    def user_error(self) -> bool:
+        """True for bad input (data, config) rather than a fault."""
+        return self.reply.user_error
+
+
+class StepTimeout(TransportError):
+    """A party did not answer a step in time."""
+
+
+@dataclass(slots=True)
+class Coordinator:
+    """The flow's endpoint for one job."""
+
+    job: str
+    transport: Transport
+    timeout: float = DEFAULT_STEP_TIMEOUT
+
+    def call(self, parties: list[str], kind: MsgType, body: Any, task: str) -> dict[str, Any]:
+        """Send a command to every party and return each party's reply body."""
+        for party in parties:
+            env = Envelope(job=self.job, task=task, sender=self.transport.name, recipient=party,
+                           kind=kind, body=body)
+            self.transport.send(party, encode_envelope(env))
+        replies: dict[str, Any] = {}
+        deadline = time.monotonic() + self.timeout
+        while len(replies) < len(parties):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(parties) - set(replies))
+                raise StepTimeout(f"no answer from {', '.join(missing)} to {task} "
+                                  f"within {self.timeout:.0f} s")
+            data = self.transport.receive(timeout=min(left, 1.0))
+            if data is None:
+                continue
+            try:
+                env = decode_envelope(data)
+            except MessageError as exc:
+                log.warning("flow %s: dropped malformed reply: %s", self.job, exc)
+                continue
+            if env.job != self.job or env.task != task or env.sender not in parties:
+                log.warning("flow %s: dropped stale reply %s from %s", self.job, env.task, env.sender)
+                continue
+            replies[env.sender] = env.body
+        errors = [r for r in replies.values() if isinstance(r, ErrorReply)]
+        if errors:
+            raise PartyError(sorted(errors, key=lambda e: not e.user_error)[0])
+        return replies
+
+
+_LINKS: dict[str, Coordinator] = {}
+
+
+def attach(coordinator: Coordinator) -> None:
+    """Make a job's coordinator available to its flow's tasks."""
+    _LINKS[coordinator.job] = coordinator
+
+
+def detach(job: str) -> None:
+    """Forget a job's coordinator."""
+    _LINKS.pop(job, None)
+
+
+def link(job: str) -> Coordinator:
+    """The coordinator of a running job."""
+    try:
+        return _LINKS[job]
+    except KeyError:
+        raise TransportError(f"job {job!r} has no transport attached") from None
+
+
+def step_id(kind: MsgType, tree: int = -1, depth: int = -1) -> str:
+    """Deterministic task id of a step: (kind, tree, depth)."""
+    return f"{kind.name.lower()}/t{tree}/d{depth}"
+
+
+# ---- tasks shared by the training and prediction flows -------------------------------------
+from prefect import task  # noqa: E402  (kept below the link helpers it uses)
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from messages.bodies import Aligned, Step  # noqa: E402
+
+
+@task(name="align_entities", task_run_name="align-entities", cache_policy=NO_CACHE)
+def align_entities(job: str, active: str, passives: list[str]) -> Aligned:
+    """SecureBoost section 3: DH-PSI between the active party and every passive party."""
+    coord = link(job)
+    coord.call([active, *passives], MsgType.PSI_BLIND, Step(), step_id(MsgType.PSI_BLIND))
+    coord.call(passives, MsgType.PSI_REBLIND, Step(), step_id(MsgType.PSI_REBLIND))
+    reply: Aligned = coord.call([active], MsgType.PSI_INTERSECT, Step(),
+                                step_id(MsgType.PSI_INTERSECT))[active]
+    return reply
+
+
+@task(name="close_job", task_run_name="close-job", cache_policy=NO_CACHE)
+def close_job(job: str, parties: list[str]) -> None:
+    """Let every party release the job's state."""
+    link(job).call(parties, MsgType.CLOSE_JOB, Step(), step_id(MsgType.CLOSE_JOB))

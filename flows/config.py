@@ -1,0 +1,161 @@
+"""Job files (YAML), validated with pydantic at the edge.
+
+Unknown keys and bad values are errors that name the key; relative data paths resolve against
+the config file's folder.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A job file is missing, unreadable or invalid."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PartyConfig(_Strict):
+    """One party: its role and (in the embedded default) its data file."""
+
+    role: Literal["active", "passive"]
+    data: Path
+    id: str = "id"
+    label: str | None = None
+
+
+class ParamsConfig(_Strict):
+    """Boosting parameters (see ``boosting.params.BoostParams``)."""
+
+    n_trees: int = Field(30, ge=1, le=10_000)
+    max_depth: int = Field(3, ge=1, le=16)
+    learning_rate: float = Field(0.3, gt=0.0, le=1.0)
+    max_bin: int = Field(32, ge=2, le=254)
+    objective: Literal["binary", "multiclass", "regression"] = "binary"
+    reg_lambda: float = Field(1.0, ge=0.0)
+    gamma: float = Field(0.0, ge=0.0)
+    min_child_weight: float = Field(1.0, ge=0.0)
+    min_samples_leaf: int = Field(1, ge=1)
+    subsample: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int = Field(0, ge=0)
+    complete_secure: bool = False
+
+
+class CryptoConfig(_Strict):
+    """Homomorphic encryption settings."""
+
+    scheme: Literal["paillier"] = "paillier"
+    key_bits: int = Field(2048, ge=512, le=4096)
+
+    @field_validator("key_bits")
+    @classmethod
+    def _even(cls, v: int) -> int:
+        if v % 2:
+            raise ValueError("key_bits must be even")
+        return v
+
+
+class ValidationConfig(_Strict):
+    """Hold-out of aligned rows for validation metrics."""
+
+    fraction: float = Field(0.0, ge=0.0, le=0.9)
+    seed: int = Field(0, ge=0)
+
+
+class TransportConfig(_Strict):
+    """How parties talk: ``memory`` is the embedded default (one machine, no services)."""
+
+    kind: Literal["memory"] = "memory"
+
+
+class JobConfig(_Strict):
+    """A whole federated training job."""
+
+    job: str
+    protocol: Literal["vertical_secureboost"] = "vertical_secureboost"
+    parties: dict[str, PartyConfig]
+    params: ParamsConfig = ParamsConfig()
+    crypto: CryptoConfig = CryptoConfig()
+    validation: ValidationConfig = ValidationConfig()
+    transport: TransportConfig = TransportConfig()
+
+    @field_validator("job")
+    @classmethod
+    def _job_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", v):
+            raise ValueError("job must be 1-64 letters, digits, '_', '.', '-'")
+        return v
+
+    @model_validator(mode="after")
+    def _roles(self) -> JobConfig:
+        for name in self.parties:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}", name) or name == "flow":
+                raise ValueError(f"party name {name!r} must be 1-32 letters, digits, '_', '-'")
+        actives = [n for n, p in self.parties.items() if p.role == "active"]
+        if len(actives) != 1:
+            raise ValueError(f"exactly one party must have role active, found {len(actives)}")
+        if not self.passives:
+            raise ValueError("at least one party must have role passive")
+        if self.parties[actives[0]].label is None:
+            raise ValueError(f"parties.{actives[0]}.label: the active party needs a label column")
+        for name in self.passives:
+            if self.parties[name].label is not None:
+                raise ValueError(f"parties.{name}.label: only the active party holds labels")
+        return self
+
+    @property
+    def active(self) -> str:
+        """Name of the active party."""
+        return next(n for n, p in self.parties.items() if p.role == "active")
+
+    @property
+    def passives(self) -> list[str]:
+        """Names of the passive parties, in file order."""
+        return [n for n, p in self.parties.items() if p.role == "passive"]
+
+
+def load_config(path: str | Path) -> JobConfig:
+    """Read, validate and resolve a job file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"config file {path}: cannot parse ({exc})") from None
+    return parse_config(raw, base=path.resolve().parent, source=str(path))
+
+
+def parse_config(raw: Any, *, base: Path, source: str) -> JobConfig:
+    """Validate a config mapping; data paths are made absolute against ``base``."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {source}: expected a mapping at the top level")
+    try:
+        config = JobConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"config file {source}: {describe(exc)}") from None
+    parties = {
+        name: p.model_copy(update={"data": (base / p.data) if not p.data.is_absolute() else p.data})
+        for name, p in config.parties.items()
+    }
+    return config.model_copy(update={"parties": parties})
+
+
+def describe(exc: ValidationError) -> str:
+    """One line per problem, each naming its key."""
+    parts = []
+    for err in exc.errors():
+        key = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown key {key!r}")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            parts.append(f"key {key!r}: {msg}" if err["loc"] else msg)
+    return "; ".join(parts)

@@ -1,0 +1,250 @@
+"""One frozen dataclass per protocol message (SecureBoost steps, PSI, prediction).
+
+Commands come from the flow and are answered with ``Ack``, a typed reply, or ``ErrorReply``;
+peer messages go party to party and carry ciphertexts, blinded ids and instance spaces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from messages.instance_space import InstanceSpace
+
+
+# ---- job set-up ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class PartyInfo:
+    """A party's name and role ("active" or "passive")."""
+
+    name: str
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """Everything a party needs to take part in a training job (no data, no paths)."""
+
+    parties: list[PartyInfo]
+    n_trees: int
+    max_depth: int
+    learning_rate: float
+    max_bin: int
+    objective: str
+    reg_lambda: float
+    gamma: float
+    min_child_weight: float
+    min_samples_leaf: int
+    subsample: float
+    seed: int
+    complete_secure: bool
+    key_bits: int
+    valid_fraction: float
+    valid_seed: int
+
+
+@dataclass(frozen=True, slots=True)
+class OpenJob:
+    """Command: load local data and prepare state for a training job."""
+
+    spec: JobSpec
+
+
+@dataclass(frozen=True, slots=True)
+class OpenPrediction:
+    """Command: load the party's saved model part and its rows to score.
+
+    ``scores_path`` is where the active party writes the scores (ignored by passive parties).
+    """
+
+    parties: list[PartyInfo]
+    batch_size: int
+    scores_path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Command for one protocol step at given coordinates (-1 where not applicable)."""
+
+    tree: int = -1
+    depth: int = -1
+    owners: list[str] = field(default_factory=list)
+
+
+# ---- replies --------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Reply: the step is done; ``count`` is step-specific (rows, features, nodes)."""
+
+    count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Aligned:
+    """Reply of psi_intersect: aligned rows, and how many are for training / validation."""
+
+    n_aligned: int
+    n_train: int
+    n_valid: int
+
+
+@dataclass(frozen=True, slots=True)
+class SplitsFound:
+    """Reply of find_best_splits: the parties owning this level's splits, and counts."""
+
+    owners: list[str]
+    n_splits: int
+    n_leaves: int
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """A named metric value."""
+
+    name: str
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class TreeFinished:
+    """Reply of finish_tree at the active party: training metrics after this tree."""
+
+    metrics: list[Metric]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    """Reply: the step failed; ``user_error`` marks bad input (data, config) vs a fault."""
+
+    party: str
+    step: str
+    message: str
+    user_error: bool
+
+
+# ---- PSI ------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class PsiPoints:
+    """Blinded id points: stage 1 a passive party's own, 2 the active party's,
+    3 the active party's re-blinded by the passive party (same order as stage 2)."""
+
+    stage: int
+    points: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AlignedRows:
+    """For each id a passive party sent (its sent order): its aligned row, or -1 (int32 LE).
+
+    ``valid`` marks the aligned rows held out for validation.
+    """
+
+    positions: bytes
+    valid: InstanceSpace
+
+
+# ---- SecureBoost training ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class PublicKeyMsg:
+    """The active party's Paillier modulus (big-endian)."""
+
+    n: bytes
+    bits: int
+
+
+@dataclass(frozen=True, slots=True)
+class TreeStart:
+    """Rows used by a tree (subsample) and how its packed gradients are laid out."""
+
+    tree: int
+    in_tree: InstanceSpace
+    n_chunks: int
+    value_bits: int
+    max_rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class EncryptedGradients:
+    """A chunk of packed E(g, h, 1) of the in-tree training rows, in row order."""
+
+    tree: int
+    chunk: int
+    ciphertexts: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class EncryptedHistograms:
+    """Per built node, features x bins of summed ciphertexts, fixed width, row-major."""
+
+    tree: int
+    depth: int
+    nodes: list[int]
+    n_features: int
+    n_bins: int
+    ciphertexts: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SplitChoice:
+    """A split the owner party must apply: its feature index and bin threshold."""
+
+    node: int
+    feature: int
+    bin: int
+    missing_left: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SplitChoices:
+    """The splits of one level owned by the receiving passive party."""
+
+    tree: int
+    depth: int
+    splits: list[SplitChoice]
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedSplit:
+    """Owner's answer for one node: its lookup-table record and the rows going left."""
+
+    node: int
+    record_id: int
+    left: InstanceSpace
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedSplits:
+    """All of one owner's applied splits for a level."""
+
+    tree: int
+    depth: int
+    splits: list[AppliedSplit]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSplit:
+    """Broadcast: ``node`` split into ``left_id``/``right_id``; ``left`` over the node's rows."""
+
+    node: int
+    left_id: int
+    right_id: int
+    left: InstanceSpace
+
+
+@dataclass(frozen=True, slots=True)
+class NodePositions:
+    """All splits of one level, so every passive party can route its rows."""
+
+    tree: int
+    depth: int
+    splits: list[NodeSplit]
+
+
+# ---- federated prediction (seed 002, Alg. 5) -----------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Decisions:
+    """A passive party's decisions for a batch: bit ``r * batch + i`` is row i at record r."""
+
+    batch: int
+    records: list[int]
+    n_rows: int
+    bits: bytes

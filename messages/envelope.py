@@ -1,0 +1,145 @@
+"""Envelopes ``{version, job, task, sender, recipient, kind, body}`` in msgpack."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+from messages import DecodeError, UnknownMessageType
+from messages import bodies as b
+from messages.codec import from_wire, to_wire
+
+WIRE_VERSION = 1
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+"""Refuse to parse anything larger; transports chunk big payloads well below this."""
+
+
+class MsgType(IntEnum):
+    """Every message kind, with its body class in ``BODY_TYPES``."""
+
+    OPEN_JOB = 1
+    OPEN_PREDICTION = 2
+    PSI_BLIND = 10
+    PSI_REBLIND = 11
+    PSI_INTERSECT = 12
+    BIN_FEATURES = 13
+    ENCRYPT_GRADIENTS = 20
+    BUILD_HISTOGRAMS = 21
+    FIND_BEST_SPLITS = 22
+    APPLY_SPLITS = 23
+    BROADCAST_NODES = 24
+    FINISH_TREE = 25
+    SAVE_MODEL = 26
+    EVALUATE_VALIDATION = 27
+    EVALUATE_NODES = 30
+    FINISH_TRAVERSAL = 31
+    WRITE_SCORES = 32
+    CLOSE_JOB = 40
+
+    ACK = 100
+    SPLITS_FOUND = 101
+    TREE_FINISHED = 102
+    ERROR = 103
+    ALIGNED = 104
+
+    PSI_POINTS = 200
+    ALIGNED_ROWS = 201
+    PUBLIC_KEY = 202
+    TREE_START = 203
+    ENCRYPTED_GRADIENTS = 204
+    ENCRYPTED_HISTOGRAMS = 205
+    SPLIT_CHOICES = 206
+    APPLIED_SPLITS = 207
+    NODE_POSITIONS = 208
+    DECISIONS = 210
+
+
+BODY_TYPES: dict[MsgType, type] = {
+    MsgType.OPEN_JOB: b.OpenJob,
+    MsgType.OPEN_PREDICTION: b.OpenPrediction,
+    MsgType.ACK: b.Ack,
+    MsgType.SPLITS_FOUND: b.SplitsFound,
+    MsgType.TREE_FINISHED: b.TreeFinished,
+    MsgType.ERROR: b.ErrorReply,
+    MsgType.ALIGNED: b.Aligned,
+    MsgType.PSI_POINTS: b.PsiPoints,
+    MsgType.ALIGNED_ROWS: b.AlignedRows,
+    MsgType.PUBLIC_KEY: b.PublicKeyMsg,
+    MsgType.TREE_START: b.TreeStart,
+    MsgType.ENCRYPTED_GRADIENTS: b.EncryptedGradients,
+    MsgType.ENCRYPTED_HISTOGRAMS: b.EncryptedHistograms,
+    MsgType.SPLIT_CHOICES: b.SplitChoices,
+    MsgType.APPLIED_SPLITS: b.AppliedSplits,
+    MsgType.NODE_POSITIONS: b.NodePositions,
+    MsgType.DECISIONS: b.Decisions,
+}
+STEP_COMMANDS = frozenset(
+    {MsgType.PSI_BLIND, MsgType.PSI_REBLIND, MsgType.PSI_INTERSECT, MsgType.BIN_FEATURES,
+     MsgType.ENCRYPT_GRADIENTS, MsgType.BUILD_HISTOGRAMS, MsgType.FIND_BEST_SPLITS,
+     MsgType.APPLY_SPLITS, MsgType.BROADCAST_NODES, MsgType.FINISH_TREE, MsgType.SAVE_MODEL,
+     MsgType.EVALUATE_VALIDATION, MsgType.EVALUATE_NODES, MsgType.FINISH_TRAVERSAL, MsgType.WRITE_SCORES,
+     MsgType.CLOSE_JOB}
+)
+for _kind in STEP_COMMANDS:
+    BODY_TYPES[_kind] = b.Step
+COMMANDS = STEP_COMMANDS | {MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION}
+REPLIES = frozenset({MsgType.ACK, MsgType.SPLITS_FOUND, MsgType.TREE_FINISHED, MsgType.ERROR,
+                     MsgType.ALIGNED})
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One message: who sent it to whom, for which job and task, and its typed body."""
+
+    job: str
+    task: str
+    sender: str
+    recipient: str
+    kind: MsgType
+    body: Any
+    version: int = WIRE_VERSION
+
+
+def encode_envelope(env: Envelope) -> bytes:
+    """Serialise an envelope; the body must be of the kind's class."""
+    expected = BODY_TYPES[env.kind]
+    if not isinstance(env.body, expected):
+        raise TypeError(f"{env.kind.name} needs a {expected.__name__} body")
+    return msgpack.packb(
+        {"version": env.version, "job": env.job, "task": env.task, "sender": env.sender,
+         "recipient": env.recipient, "kind": int(env.kind), "body": to_wire(env.body)},
+        use_bin_type=True,
+    )
+
+
+def decode_envelope(data: bytes) -> Envelope:
+    """Parse and validate an envelope; any malformed input raises ``DecodeError``."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise DecodeError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_MESSAGE_BYTES)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise DecodeError(f"not a msgpack envelope: {exc}") from exc
+    if not isinstance(raw, dict) or set(raw) != {"version", "job", "task", "sender",
+                                                 "recipient", "kind", "body"}:
+        raise DecodeError("envelope must be a map of version, job, task, sender, recipient, kind, body")
+    if raw["version"] != WIRE_VERSION:
+        raise DecodeError(f"wire version {raw['version']!r}, expected {WIRE_VERSION}")
+    for key in ("job", "task", "sender", "recipient"):
+        if not isinstance(raw[key], str) or len(raw[key]) > 256:
+            raise DecodeError(f"envelope {key} must be a short string")
+    try:
+        kind = MsgType(raw["kind"])
+    except (ValueError, TypeError) as exc:
+        raise UnknownMessageType(f"unknown message kind {raw['kind']!r}") from exc
+    body = from_wire(BODY_TYPES[kind], raw["body"], kind.name)
+    return Envelope(job=raw["job"], task=raw["task"], sender=raw["sender"],
+                    recipient=raw["recipient"], kind=kind, body=body)
+
+
+def body_repr(env: Envelope) -> dict[str, Any]:
+    """Small description for logs (never payload contents)."""
+    return {"job": env.job, "task": env.task, "sender": env.sender, "kind": env.kind.name}

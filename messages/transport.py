@@ -1,0 +1,92 @@
+"""Transports: one interface, an embedded implementation (RabbitMQ joins behind it later).
+
+A transport endpoint belongs to one named participant (a party or a flow); it sends bytes to
+another participant's inbox and receives from its own. Only bytes cross: every message goes
+through the msgpack codec, so no Python object is ever shared between parties.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+from multiprocessing.context import SpawnContext
+from typing import Any, Protocol
+
+from messages import TransportError
+
+
+class Transport(Protocol):
+    """A participant's connection to the others."""
+
+    name: str
+
+    def send(self, recipient: str, data: bytes) -> None:
+        """Deliver ``data`` to ``recipient``'s inbox."""
+
+    def receive(self, timeout: float) -> bytes | None:
+        """Next message from this participant's inbox, or None after ``timeout`` seconds."""
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+class MemoryHub:
+    """Inboxes for a fixed set of participants, shared with spawned worker processes.
+
+    ``tap``, if enabled, receives ``(sender, recipient, data)`` for every message (tests use it
+    to inspect everything that crossed between parties).
+    """
+
+    def __init__(self, names: list[str], *, record: bool = False) -> None:
+        self.context: SpawnContext = mp.get_context("spawn")
+        self.inboxes: dict[str, Any] = {name: self.context.Queue() for name in names}
+        self.tap: Any = self.context.Queue() if record else None
+
+    def endpoint(self, name: str) -> MemoryTransport:
+        """The transport for participant ``name``."""
+        if name not in self.inboxes:
+            raise TransportError(f"no inbox for {name!r}")
+        return MemoryTransport(name, self.inboxes, self.tap)
+
+    def recorded(self) -> list[tuple[str, str, bytes]]:
+        """Drain the tap."""
+        out = []
+        if self.tap is None:
+            return out
+        while True:
+            try:
+                out.append(self.tap.get(timeout=0.5))
+            except queue.Empty:
+                return out
+
+
+class MemoryTransport:
+    """Embedded transport over multiprocessing queues (bytes only)."""
+
+    def __init__(self, name: str, inboxes: dict[str, Any], tap: Any) -> None:
+        self.name = name
+        self._inboxes = inboxes
+        self._tap = tap
+
+    def send(self, recipient: str, data: bytes) -> None:
+        """Put ``data`` in the recipient's inbox."""
+        try:
+            inbox = self._inboxes[recipient]
+        except KeyError:
+            raise TransportError(f"{self.name}: unknown recipient {recipient!r}") from None
+        if not isinstance(data, bytes):
+            raise TypeError("transports carry bytes only")
+        inbox.put(data)
+        if self._tap is not None:
+            self._tap.put((self.name, recipient, data))
+
+    def receive(self, timeout: float) -> bytes | None:
+        """Wait up to ``timeout`` s for the next message."""
+        try:
+            data = self._inboxes[self.name].get(timeout=timeout)
+        except queue.Empty:
+            return None
+        return bytes(data)
+
+    def close(self) -> None:
+        """Nothing to release: the hub owns the queues."""

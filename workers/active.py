@@ -1,0 +1,292 @@
+"""The active party (label holder) in vertical SecureBoost (SecureBoost Alg. 1-2).
+
+It holds labels, the private key, plaintext g/h and leaf values, and never sends any of them:
+passive parties get only ciphertexts, the splits they own, and instance spaces.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from boosting.binning import apply_cuts, fit_cuts, goes_left, split_threshold
+from boosting.fixedpoint import Quantized, quantize
+from boosting.grow import TreeGrower, sample_rows
+from boosting.hist import build_histograms
+from boosting.losses import base_score, check_labels, gradients, n_outputs, transform
+from boosting.metrics import evaluate
+from boosting.params import BoostParams
+from boosting.split import SplitCandidate
+from boosting.train import allowed_blocks
+from boosting.tree import Model, Tree, node_values, save_model, write_json_atomic
+from crypto.encoding import GradientPacker
+from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_from_bytes,
+                             ciphertexts_to_bytes, generate_keypair)
+from messages.bodies import (Ack, AppliedSplits, EncryptedGradients, EncryptedHistograms, Metric,
+                             NodePositions, NodeSplit, OpenJob, SplitChoice, SplitChoices,
+                             SplitsFound, Step, TreeFinished, TreeStart)
+from messages.envelope import MsgType
+from messages.instance_space import decode_mask, encode_mask
+from workers import DataError, ProtocolError, StageError
+from workers.alignment import send_public_key
+from workers.data import load_party_csv
+from workers.runtime import StepContext
+from workers.state import JobState
+
+GRADIENT_CHUNK = 4096
+"""Ciphertexts per message: 2 MiB at 2048-bit keys, well below broker message caps."""
+
+
+@dataclass(slots=True)
+class ActiveTraining:
+    """The active party's training state."""
+
+    params: BoostParams
+    public: PaillierPublicKey
+    private: PaillierPrivateKey
+    y: np.ndarray = field(default_factory=lambda: np.empty(0))
+    n_classes: int = 0
+    base: np.ndarray = field(default_factory=lambda: np.empty(0))
+    margin: np.ndarray = field(default_factory=lambda: np.empty(0))
+    grads: tuple[np.ndarray, np.ndarray] | None = None
+    grower: TreeGrower | None = None
+    packer: GradientPacker | None = None
+    level_splits: dict[int, SplitCandidate | None] = field(default_factory=dict)
+    trees: list[Tree] = field(default_factory=list)
+    score_margin: np.ndarray | None = None
+
+    def require_grower(self, tree: int) -> TreeGrower:
+        if self.grower is None or len(self.trees) != tree:
+            raise StageError(f"tree {tree} is not being grown (trees done: {len(self.trees)})")
+        return self.grower
+
+    @property
+    def outputs(self) -> int:
+        return n_outputs(self.params.objective, self.n_classes)
+
+    def model(self, features: dict[str, tuple[str, ...]]) -> Model:
+        return Model(self.params, tuple(float(b) for b in self.base), self.n_classes,
+                     tuple(self.trees), features)
+
+
+def params_of(open_job: OpenJob) -> BoostParams:
+    """Boosting parameters from a job spec."""
+    s = open_job.spec
+    return BoostParams(n_trees=s.n_trees, max_depth=s.max_depth, learning_rate=s.learning_rate,
+                       max_bin=s.max_bin, objective=s.objective, reg_lambda=s.reg_lambda,  # type: ignore[arg-type]
+                       gamma=s.gamma, min_child_weight=s.min_child_weight,
+                       min_samples_leaf=s.min_samples_leaf, subsample=s.subsample, seed=s.seed,
+                       complete_secure=s.complete_secure)
+
+
+def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
+    """Load labels and features, make the Paillier key pair."""
+    spec = body.spec
+    actives = [p.name for p in spec.parties if p.role == "active"]
+    if actives != [ctx.party.name]:
+        raise ProtocolError(f"job names {actives} as active party, this worker is {ctx.party.name}")
+    data = load_party_csv(ctx.party.name, ctx.party.data, ctx.party.id_column, ctx.party.label,
+                          require_label=True)
+    params = params_of(body)
+    public, private = generate_keypair(spec.key_bits)
+    state = JobState(kind="train", party=ctx.party.name, active=ctx.party.name,
+                     passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
+                     valid_fraction=spec.valid_fraction, valid_seed=spec.valid_seed,
+                     key_bits=spec.key_bits)
+    state.role_state = ActiveTraining(params=params, public=public, private=private)
+    ctx.state = state
+    return MsgType.ACK, Ack(count=len(data.ids))
+
+
+def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+    """Bin own features on the training rows; set up labels and margins; send the public key."""
+    state: JobState = ctx.state
+    run: ActiveTraining = state.role_state
+    assert state.data.y is not None  # load_party_csv(require_label=True)
+    train_rows, valid_rows = state.train_rows, state.valid_rows
+    y = state.data.y[train_rows]
+    try:
+        run.n_classes = check_labels(run.params.objective, y)
+    except ValueError as exc:
+        raise DataError(f"party {state.party}: file {ctx.party.data}: {exc}") from None
+    run.y = y
+    run.base = base_score(run.params.objective, y, run.n_classes)
+    run.margin = np.tile(run.base, (y.size, 1))
+    x = state.data.x[train_rows]
+    state.cuts = fit_cuts(x, run.params.max_bin)
+    state.bins = apply_cuts(x, state.cuts, run.params.max_bin)
+    state.score_x = state.data.x[valid_rows]
+    send_public_key(ctx, state, run.public)
+    return MsgType.ACK, Ack(count=run.outputs)  # the flow needs the trees per round
+
+
+def _participants(state: JobState, run: ActiveTraining, tree: int) -> list[str]:
+    """Passive parties taking part in a tree (none in Completely SecureBoost's first tree)."""
+    blocks = allowed_blocks(run.params, tree, 1 + len(state.passives))
+    return [state.passives[b - 1] for b in blocks if b > 0]
+
+
+def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+    """Alg. 1 lines 1-3: g and h of the in-tree rows, packed, encrypted, sent to passive parties."""
+    state: JobState = ctx.state
+    run: ActiveTraining = state.role_state
+    tree = body.tree
+    if tree != len(run.trees):
+        raise StageError(f"encrypt_gradients for tree {tree}, but {len(run.trees)} trees are done")
+    output = tree % run.outputs
+    if output == 0 or run.grads is None:  # one gradient computation per round
+        run.grads = gradients(run.params.objective, run.margin, run.y)
+    n = run.y.size
+    in_tree = sample_rows(n, run.params.subsample, run.params.seed, tree)
+    g: Quantized = quantize(run.grads[0][:, output], n)
+    h: Quantized = quantize(run.grads[1][:, output], n)
+    run.grower = TreeGrower(run.params, g, h, in_tree, 1 + len(state.passives))
+    participants = _participants(state, run, tree)
+    if participants:
+        packer = GradientPacker(value_bits=g.bits, max_rows=n)
+        packer.check_fits(run.public.n.bit_length())
+        run.packer = packer
+        ciphertexts = run.private.encrypt_batch(packer.pack(g.ints[in_tree], h.ints[in_tree]))
+        chunks = [ciphertexts[i:i + GRADIENT_CHUNK] for i in range(0, len(ciphertexts), GRADIENT_CHUNK)]
+        start = TreeStart(tree=tree, in_tree=encode_mask(in_tree), n_chunks=len(chunks),
+                          value_bits=g.bits, max_rows=n)
+        blobs = [ciphertexts_to_bytes(c, run.public) for c in chunks]
+        for passive in participants:
+            ctx.send(passive, MsgType.TREE_START, start)
+            for k, blob in enumerate(blobs):
+                ctx.send(passive, MsgType.ENCRYPTED_GRADIENTS, EncryptedGradients(tree, k, blob))
+    return MsgType.ACK, Ack(count=int(in_tree.sum()))
+
+
+def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: list[int],
+                        sender: str) -> np.ndarray:
+    """Decrypt and unpack a passive party's histograms to exact (g, h, count) sums."""
+    if msg.nodes != built:
+        raise ProtocolError(f"{sender} built histograms of nodes {msg.nodes}, expected {built}")
+    if msg.n_bins != run.params.max_bin + 1 or msg.n_features < 1:
+        raise ProtocolError(f"{sender} sent histograms of {msg.n_features} x {msg.n_bins} bins")
+    ciphertexts = ciphertexts_from_bytes(msg.ciphertexts, run.public)
+    if len(ciphertexts) != len(built) * msg.n_features * msg.n_bins:
+        raise ProtocolError(f"{sender} sent {len(ciphertexts)} histogram ciphertexts")
+    assert run.packer is not None
+    sums = np.zeros((len(ciphertexts), 3), dtype=np.int64)
+    for k, c in enumerate(ciphertexts):
+        if c != 1:  # the empty bin is the trivial encryption of zero
+            sums[k] = run.packer.unpack_sum(run.private.raw_decrypt(c))
+    return sums.reshape(len(built), msg.n_features, msg.n_bins, 3)
+
+
+def find_best_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+    """Alg. 2: decrypt passive histograms, add own, pick each node's best split."""
+    state: JobState = ctx.state
+    run: ActiveTraining = state.role_state
+    grower = run.require_grower(body.tree)
+    participants = _participants(state, run, body.tree)
+    ctx.mailbox.require(*[(MsgType.ENCRYPTED_HISTOGRAMS, p, body.tree, body.depth)
+                          for p in participants])
+    if grower.depth != body.depth:
+        raise StageError(f"find_best_splits at depth {body.depth}, tree is at depth {grower.depth}")
+    assert state.bins is not None
+    built = grower.nodes_to_build()
+    slots = grower.slot_of_row(built)
+    grower.add_histograms(0, built, build_histograms(state.bins, slots, grower.grad.ints,
+                                                     grower.hess.ints, len(built), run.params.max_bin))
+    for passive in participants:
+        msg = ctx.mailbox.take(MsgType.ENCRYPTED_HISTOGRAMS, passive, body.tree, body.depth)
+        block = 1 + state.passives.index(passive)
+        grower.add_histograms(block, built, _decrypt_histograms(run, msg, built, passive))
+    grower.begin_level()
+    blocks = allowed_blocks(run.params, body.tree, 1 + len(state.passives))
+    run.level_splits = grower.find_splits(blocks)
+    owned: dict[str, list[SplitChoice]] = {}
+    for node, split in run.level_splits.items():
+        if split is not None and split.block > 0:
+            owner = state.passives[split.block - 1]
+            owned.setdefault(owner, []).append(
+                SplitChoice(node=node, feature=split.feature, bin=split.bin,
+                            missing_left=split.missing_left))
+    for owner, choices in owned.items():
+        ctx.send(owner, MsgType.SPLIT_CHOICES, SplitChoices(body.tree, body.depth, choices))
+    n_splits = sum(s is not None for s in run.level_splits.values())
+    return MsgType.SPLITS_FOUND, SplitsFound(
+        owners=[p for p in state.passives if p in owned], n_splits=n_splits,
+        n_leaves=len(run.level_splits) - n_splits)
+
+
+def broadcast_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+    """Apply the level's splits in node order and send every passive party the new positions."""
+    state: JobState = ctx.state
+    run: ActiveTraining = state.role_state
+    grower = run.require_grower(body.tree)
+    ctx.mailbox.require(*[(MsgType.APPLIED_SPLITS, o, body.tree, body.depth) for o in body.owners])
+    applied = {}
+    for owner in body.owners:
+        msg: AppliedSplits = ctx.mailbox.take(MsgType.APPLIED_SPLITS, owner, body.tree, body.depth)
+        for item in msg.splits:
+            applied[(owner, item.node)] = item
+    assert state.bins is not None
+    out: list[NodeSplit] = []
+    for node in list(grower.frontier):
+        split = run.level_splits.get(node)
+        if split is None:
+            continue
+        rows = grower.node_rows(node)
+        if split.block == 0:
+            mask = goes_left(state.bins[rows, split.feature], split.bin, split.missing_left,
+                             run.params.max_bin)
+            left, right = grower.split_node(
+                node, split, mask, owner=state.party,
+                threshold=split_threshold(state.cuts[split.feature], split.bin))
+        else:
+            owner = state.passives[split.block - 1]
+            item = applied.get((owner, node))
+            if item is None:
+                raise ProtocolError(f"{owner} did not apply the split of node {node}")
+            mask = decode_mask(item.left, rows.size)
+            left, right = grower.split_node(node, split, mask, owner=owner,
+                                            record_id=item.record_id, hide_feature=True)
+        out.append(NodeSplit(node=node, left_id=left, right_id=right, left=encode_mask(mask)))
+    for passive in _participants(state, run, body.tree):
+        ctx.send(passive, MsgType.NODE_POSITIONS, NodePositions(body.tree, body.depth, out))
+    run.level_splits = {}
+    return MsgType.ACK, Ack(count=len(grower.next_level()))
+
+
+def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+    """Leaf weights, prediction update, training metrics."""
+    state: JobState = ctx.state
+    run: ActiveTraining = state.role_state
+    grower = run.require_grower(body.tree)
+    if grower.frontier:
+        raise StageError(f"tree {body.tree} still has {len(grower.frontier)} open nodes")
+    tree, node_of_row = grower.finish(body.tree % run.outputs)
+    run.margin[:, tree.output] += node_values(tree)[node_of_row]
+    run.trees.append(tree)
+    run.grower = None
+    ctx.mailbox.drop_tree(body.tree)
+    metrics = evaluate(run.params.objective, run.y, transform(run.params.objective, run.margin),
+                       "train")
+    return MsgType.TREE_FINISHED, TreeFinished([Metric(k, v) for k, v in metrics.items()])
+
+
+def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+    """Write the active party's model part: structure, owners, own thresholds, leaf values."""
+    state: JobState = ctx.state
+    run: ActiveTraining = state.role_state
+    directory = ctx.party.model_dir
+    features = {state.party: state.data.names, **{p: () for p in state.passives}}
+    save_model(run.model(features), _path(directory, "model.json"))
+    write_json_atomic(_path(directory, "party.json"), {
+        "party": state.party, "role": "active", "job": ctx.job, "saved_at": time.time(),
+        "parties": [state.party, *state.passives], "label": ctx.party.label,
+        "id_column": ctx.party.id_column})
+    return MsgType.ACK, Ack(count=len(run.trees))
+
+
+def _path(directory: str, name: str) -> Any:
+    from pathlib import Path
+
+    return Path(directory) / name

@@ -1,0 +1,253 @@
+"""A passive party (feature holder) in vertical SecureBoost (SecureBoost Alg. 1-2, Fig. 3).
+
+It sees only ciphertexts of g/h, the instance spaces of nodes, and the splits it owns; it keeps
+a lookup table ``record_id -> (feature, threshold, missing direction)`` and never learns leaf
+values or labels.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from boosting.binning import apply_cuts, fit_cuts, goes_left, split_threshold
+from boosting.grow import smaller_child
+from boosting.params import BoostParams
+from boosting.tree import write_json_atomic
+from crypto._gmp import mpz
+from crypto.paillier import (PaillierPublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
+                             public_key_from_n)
+from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradients,
+                             EncryptedHistograms, NodePositions, OpenJob, PublicKeyMsg,
+                             SplitChoices, Step, TreeStart)
+from messages.envelope import MsgType
+from messages.instance_space import decode_mask, encode_mask
+from workers import ProtocolError, StageError
+from workers.active import params_of
+from workers.alignment import receive_alignment
+from workers.data import load_party_csv
+from workers.runtime import StepContext
+from workers.state import JobState
+
+LOOKUP_FORMAT = "fedboost-lookup"
+LOOKUP_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class LookupRecord:
+    """One split this party owns: ``x[feature] <= threshold`` goes left (bin form: ``bin``)."""
+
+    feature: int
+    bin: int
+    threshold: float
+    missing_left: bool
+
+
+@dataclass(slots=True)
+class PassiveTraining:
+    """The passive party's training state for the tree being grown."""
+
+    params: BoostParams
+    public: PaillierPublicKey | None = None
+    tree: int = -1
+    ciphertexts: list[mpz] = field(default_factory=list)
+    enc_index: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    in_tree: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
+    node_of_row: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    depth: int = -1
+    records: dict[int, LookupRecord] = field(default_factory=dict)
+
+
+def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
+    """Load own features (no labels)."""
+    spec = body.spec
+    actives = [p.name for p in spec.parties if p.role == "active"]
+    if len(actives) != 1:
+        raise ProtocolError(f"job needs exactly one active party, names {actives}")
+    if ctx.party.name not in [p.name for p in spec.parties if p.role == "passive"]:
+        raise ProtocolError(f"job does not list {ctx.party.name} as a passive party")
+    data = load_party_csv(ctx.party.name, ctx.party.data, ctx.party.id_column, None,
+                          require_label=False)
+    state = JobState(kind="train", party=ctx.party.name, active=actives[0],
+                     passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
+                     key_bits=spec.key_bits)
+    state.role_state = PassiveTraining(params=params_of(body))
+    ctx.state = state
+    return MsgType.ACK, Ack(count=len(data.ids))
+
+
+def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+    """Learn the aligned rows and the public key; bin own features on the training rows."""
+    state: JobState = ctx.state
+    run: PassiveTraining = state.role_state
+    ctx.mailbox.require((MsgType.ALIGNED_ROWS, state.active, -1, -1),
+                        (MsgType.PUBLIC_KEY, state.active, -1, -1))
+    receive_alignment(ctx)
+    key: PublicKeyMsg = ctx.mailbox.take(MsgType.PUBLIC_KEY, state.active)
+    run.public = public_key_from_n(int.from_bytes(key.n, "big"), expected_bits=state.key_bits)
+    x = state.data.x[state.train_rows]
+    state.cuts = fit_cuts(x, run.params.max_bin)
+    state.bins = apply_cuts(x, state.cuts, run.params.max_bin)
+    state.score_x = state.data.x[state.valid_rows]
+    return MsgType.ACK, Ack(count=x.shape[1])
+
+
+def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: int) -> None:
+    """Take the tree's encrypted gradients (all chunks) and reset node positions."""
+    ctx.mailbox.require((MsgType.TREE_START, state.active, tree, -1))
+    start: TreeStart = ctx.mailbox.items[(MsgType.TREE_START, state.active, tree, -1)][0]
+    ctx.mailbox.require((MsgType.ENCRYPTED_GRADIENTS, state.active, tree, -1),
+                        counts=[start.n_chunks])
+    ctx.mailbox.take(MsgType.TREE_START, state.active, tree)
+    chunks: list[EncryptedGradients] = ctx.mailbox.take_all(MsgType.ENCRYPTED_GRADIENTS,
+                                                            state.active, tree)
+    if sorted(c.chunk for c in chunks) != list(range(start.n_chunks)):
+        raise ProtocolError(f"tree {tree}: gradient chunks {sorted(c.chunk for c in chunks)}")
+    assert run.public is not None and state.bins is not None
+    n_train = state.bins.shape[0]
+    in_tree = decode_mask(start.in_tree, n_train)
+    ciphertexts: list[mpz] = []
+    for chunk in sorted(chunks, key=lambda c: c.chunk):
+        ciphertexts.extend(ciphertexts_from_bytes(chunk.ciphertexts, run.public))
+    if len(ciphertexts) != int(in_tree.sum()):
+        raise ProtocolError(f"tree {tree}: {len(ciphertexts)} ciphertexts for "
+                            f"{int(in_tree.sum())} rows")
+    run.tree, run.ciphertexts, run.in_tree = tree, ciphertexts, in_tree
+    run.enc_index = np.cumsum(in_tree) - 1
+    run.node_of_row = np.zeros(n_train, dtype=np.int64)
+    run.depth = 0
+
+
+def _apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
+                     tree: int, depth: int) -> list[int]:
+    """Route rows by the previous level's splits; return the nodes to build (smaller children)."""
+    ctx.mailbox.require((MsgType.NODE_POSITIONS, state.active, tree, depth - 1))
+    msg: NodePositions = ctx.mailbox.take(MsgType.NODE_POSITIONS, state.active, tree, depth - 1)
+    built = []
+    for split in msg.splits:
+        rows = np.flatnonzero(run.node_of_row == split.node)
+        mask = decode_mask(split.left, rows.size)
+        run.node_of_row[rows[mask]] = split.left_id
+        run.node_of_row[rows[~mask]] = split.right_id
+        n_left = int(run.in_tree[rows[mask]].sum())
+        n_right = int(run.in_tree[rows[~mask]].sum())
+        built.append(smaller_child(n_left, n_right, split.left_id, split.right_id))
+    run.depth = depth
+    return built
+
+
+def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+    """Alg. 1 lines 4-9: per node and feature, sum E(g, h, 1) per bin (smaller children only)."""
+    state: JobState = ctx.state
+    run: PassiveTraining = state.role_state
+    if body.depth == 0:
+        _start_tree(ctx, state, run, body.tree)
+        built = [0]
+    else:
+        if run.tree != body.tree or run.depth != body.depth - 1:
+            raise StageError(f"build_histograms t{body.tree} d{body.depth}: party is at "
+                             f"t{run.tree} d{run.depth}")
+        built = _apply_positions(ctx, state, run, body.tree, body.depth)
+    assert run.public is not None and state.bins is not None
+    n_bins = run.params.max_bin + 1
+    sums: list[mpz] = []
+    for node in built:
+        rows = np.flatnonzero((run.node_of_row == node) & run.in_tree)
+        sums.extend(_node_histogram(state.bins[rows], run.enc_index[rows], run.ciphertexts,
+                                    n_bins, run.public.nsquare))
+    ctx.send(state.active, MsgType.ENCRYPTED_HISTOGRAMS, EncryptedHistograms(
+        tree=body.tree, depth=body.depth, nodes=built, n_features=state.bins.shape[1],
+        n_bins=n_bins, ciphertexts=ciphertexts_to_bytes(sums, run.public)))
+    return MsgType.ACK, Ack(count=len(built))
+
+
+def _node_histogram(bins: np.ndarray, enc_index: np.ndarray, ciphertexts: list[mpz],
+                    n_bins: int, nsquare: mpz) -> list[mpz]:
+    """Homomorphic bin sums (products of ciphertexts) of one node, features x bins."""
+    out: list[mpz] = []
+    one = mpz(1)  # the trivial encryption of 0 marks an empty bin
+    for j in range(bins.shape[1]):
+        order = np.argsort(bins[:, j], kind="stable")
+        sorted_bins = bins[order, j]
+        members = enc_index[order].tolist()
+        bounds = np.searchsorted(sorted_bins, np.arange(n_bins + 1), side="left").tolist()
+        for b in range(n_bins):
+            lo, hi = bounds[b], bounds[b + 1]
+            if lo == hi:
+                out.append(one)
+                continue
+            acc = ciphertexts[members[lo]]
+            for i in members[lo + 1:hi]:
+                acc = acc * ciphertexts[i] % nsquare
+            out.append(acc)
+    return out
+
+
+def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+    """Alg. 2 last step: record the owned splits, return each node's left instance space."""
+    state: JobState = ctx.state
+    run: PassiveTraining = state.role_state
+    ctx.mailbox.require((MsgType.SPLIT_CHOICES, state.active, body.tree, body.depth))
+    msg: SplitChoices = ctx.mailbox.take(MsgType.SPLIT_CHOICES, state.active, body.tree, body.depth)
+    if run.tree != body.tree or run.depth != body.depth:
+        raise StageError(f"apply_splits t{body.tree} d{body.depth}: party is at t{run.tree} d{run.depth}")
+    assert state.bins is not None
+    out = []
+    for choice in msg.splits:
+        if not (0 <= choice.feature < state.bins.shape[1] and 0 <= choice.bin < run.params.max_bin):
+            raise ProtocolError(f"split on feature {choice.feature} bin {choice.bin} is out of range")
+        rows = np.flatnonzero(run.node_of_row == choice.node)
+        mask = goes_left(state.bins[rows, choice.feature], choice.bin, choice.missing_left,
+                         run.params.max_bin)
+        record_id = len(run.records)
+        run.records[record_id] = LookupRecord(
+            feature=choice.feature, bin=choice.bin, missing_left=choice.missing_left,
+            threshold=split_threshold(state.cuts[choice.feature], choice.bin))
+        out.append(AppliedSplit(node=choice.node, record_id=record_id, left=encode_mask(mask)))
+    ctx.send(state.active, MsgType.APPLIED_SPLITS, AppliedSplits(body.tree, body.depth, out))
+    return MsgType.ACK, Ack(count=len(out))
+
+
+def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+    """Drop the tree's ciphertexts; the lookup records stay."""
+    state: JobState = ctx.state
+    run: PassiveTraining = state.role_state
+    run.ciphertexts = []
+    ctx.mailbox.drop_tree(body.tree)
+    return MsgType.ACK, Ack(count=len(run.records))
+
+
+def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+    """Write the lookup table: the only model part a passive party holds."""
+    state: JobState = ctx.state
+    run: PassiveTraining = state.role_state
+    write_json_atomic(Path(ctx.party.model_dir) / "lookup.json", lookup_to_dict(
+        state.party, ctx.job, state.data.names, run.records))
+    write_json_atomic(Path(ctx.party.model_dir) / "party.json", {
+        "party": state.party, "role": "passive", "job": ctx.job, "saved_at": time.time(),
+        "active": state.active, "id_column": ctx.party.id_column})
+    return MsgType.ACK, Ack(count=len(run.records))
+
+
+def lookup_to_dict(party: str, job: str, names: tuple[str, ...],
+                   records: dict[int, LookupRecord]) -> dict[str, Any]:
+    """Versioned JSON form of a lookup table."""
+    return {"format": LOOKUP_FORMAT, "version": LOOKUP_VERSION, "party": party, "job": job,
+            "features": list(names),
+            "records": {str(k): {"feature": r.feature, "bin": r.bin, "threshold": r.threshold,
+                                 "missing_left": r.missing_left} for k, r in records.items()}}
+
+
+def lookup_from_dict(raw: dict[str, Any]) -> tuple[tuple[str, ...], dict[int, LookupRecord]]:
+    """Feature names and records of a lookup file."""
+    if raw.get("format") != LOOKUP_FORMAT or raw.get("version") != LOOKUP_VERSION:
+        raise ProtocolError(f"not a {LOOKUP_FORMAT} v{LOOKUP_VERSION} file")
+    records = {int(k): LookupRecord(feature=int(v["feature"]), bin=int(v["bin"]),
+                                    threshold=float(v["threshold"]),
+                                    missing_left=bool(v["missing_left"]))
+               for k, v in raw["records"].items()}
+    return tuple(raw["features"]), records

@@ -1,0 +1,56 @@
+"""Handler registries: message kind -> the step that answers it, per role."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from messages.bodies import Ack
+from messages.envelope import MsgType
+from workers import active, alignment, passive, scoring
+from workers.runtime import Handler, StepContext
+
+
+def close_job(ctx: StepContext, _: Any) -> tuple[MsgType, Any]:
+    """Forget the job's state (its files stay)."""
+    return MsgType.ACK, Ack()
+
+
+ACTIVE_HANDLERS: dict[MsgType, Handler] = {
+    MsgType.OPEN_JOB: active.open_job,
+    MsgType.OPEN_PREDICTION: scoring.open_prediction,
+    MsgType.PSI_BLIND: alignment.psi_blind,
+    MsgType.PSI_INTERSECT: alignment.psi_intersect,
+    MsgType.BIN_FEATURES: active.bin_features,
+    MsgType.ENCRYPT_GRADIENTS: active.encrypt_gradients,
+    MsgType.FIND_BEST_SPLITS: active.find_best_splits,
+    MsgType.BROADCAST_NODES: active.broadcast_nodes,
+    MsgType.FINISH_TREE: active.finish_tree,
+    MsgType.SAVE_MODEL: active.save_model_part,
+    MsgType.FINISH_TRAVERSAL: scoring.finish_traversal,
+    MsgType.EVALUATE_VALIDATION: scoring.evaluate_validation,
+    MsgType.WRITE_SCORES: scoring.write_scores,
+    MsgType.CLOSE_JOB: close_job,
+}
+
+PASSIVE_HANDLERS: dict[MsgType, Handler] = {
+    MsgType.OPEN_JOB: passive.open_job,
+    MsgType.OPEN_PREDICTION: scoring.open_prediction,
+    MsgType.PSI_BLIND: alignment.psi_blind,
+    MsgType.PSI_REBLIND: alignment.psi_reblind,
+    MsgType.BIN_FEATURES: passive.bin_features,
+    MsgType.BUILD_HISTOGRAMS: passive.build_encrypted_histograms,
+    MsgType.APPLY_SPLITS: passive.apply_splits,
+    MsgType.FINISH_TREE: passive.finish_tree,
+    MsgType.SAVE_MODEL: passive.save_model_part,
+    MsgType.EVALUATE_NODES: scoring.evaluate_nodes,
+    MsgType.CLOSE_JOB: close_job,
+}
+
+
+def handlers_for(role: str) -> dict[MsgType, Handler]:
+    """The registry of a role."""
+    if role == "active":
+        return ACTIVE_HANDLERS
+    if role == "passive":
+        return PASSIVE_HANDLERS
+    raise ValueError(f"unknown role {role!r}")

@@ -1,0 +1,217 @@
+"""The worker loop: receive, validate, dispatch to the role's handlers, reply.
+
+Commands from the flow run a handler and get exactly one reply. Peer messages (ciphertexts,
+instance spaces) are filed in the job's mailbox; a handler that needs one that has not arrived
+raises ``NotReady`` and its command is retried whenever new peer data comes in. A handler's
+failure becomes an ``ErrorReply``; the worker keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from boosting import BoostingError
+from crypto import CryptoError
+from messages import DecodeError, MessageError
+from messages.bodies import ErrorReply
+from messages.envelope import COMMANDS, Envelope, MsgType, decode_envelope, encode_envelope
+from messages.transport import Transport
+from workers import DataError, NotReady, ProtocolError
+
+log = logging.getLogger("fedboost.worker")
+
+USER_ERRORS = (DataError, BoostingError)
+
+
+@dataclass(frozen=True, slots=True)
+class PartySpec:
+    """A worker's local configuration: never sent over the wire."""
+
+    name: str
+    role: str
+    data: str
+    id_column: str
+    label: str | None
+    model_dir: str
+
+
+MailKey = tuple[MsgType, str, int, int]
+
+
+@dataclass(slots=True)
+class Mailbox:
+    """Peer messages of one job, filed by (kind, sender, tree, depth)."""
+
+    items: dict[MailKey, list[Any]] = field(default_factory=dict)
+
+    def put(self, key: MailKey, body: Any) -> None:
+        self.items.setdefault(key, []).append(body)
+
+    def take(self, kind: MsgType, sender: str, tree: int = -1, depth: int = -1) -> Any:
+        """Remove and return one message, or raise ``NotReady``."""
+        bodies = self.items.get((kind, sender, tree, depth))
+        if not bodies:
+            raise NotReady(f"{kind.name} from {sender}")
+        body = bodies.pop(0)
+        if not bodies:
+            del self.items[(kind, sender, tree, depth)]
+        return body
+
+    def count(self, kind: MsgType, sender: str, tree: int = -1, depth: int = -1) -> int:
+        return len(self.items.get((kind, sender, tree, depth), []))
+
+    def require(self, *keys: MailKey, counts: list[int] | None = None) -> None:
+        """Raise ``NotReady`` unless every key has (at least ``counts[i]``) messages.
+
+        Handlers call this before taking anything, so a retried command finds its inputs intact.
+        """
+        for i, key in enumerate(keys):
+            need = 1 if counts is None else counts[i]
+            if len(self.items.get(key, [])) < need:
+                raise NotReady(f"{key[0].name} from {key[1]}")
+
+    def take_all(self, kind: MsgType, sender: str, tree: int = -1, depth: int = -1) -> list[Any]:
+        return self.items.pop((kind, sender, tree, depth), [])
+
+    def drop_tree(self, tree: int) -> None:
+        """Forget everything of a finished tree."""
+        self.items = {k: v for k, v in self.items.items() if k[2] != tree}
+
+
+@dataclass(slots=True)
+class StepContext:
+    """What a handler may use: its party, its job's state and mailbox, and a way to send."""
+
+    party: PartySpec
+    job: str
+    task: str
+    state: Any
+    mailbox: Mailbox
+    _send: Callable[[str, MsgType, Any, str], None]
+
+    def send(self, recipient: str, kind: MsgType, body: Any) -> None:
+        """Send a peer message for this job."""
+        self._send(recipient, kind, body, self.task)
+
+
+Handler = Callable[[StepContext, Any], tuple[MsgType, Any]]
+
+# Mail keys need the tree/depth of each peer message; bodies without them file under -1.
+def _mail_key(env: Envelope) -> MailKey:
+    tree = getattr(env.body, "tree", -1)
+    depth = getattr(env.body, "depth", -1)
+    if env.kind == MsgType.DECISIONS:
+        tree = env.body.batch
+    if env.kind == MsgType.PSI_POINTS:
+        depth = env.body.stage
+    return (env.kind, env.sender, tree, depth)
+
+
+@dataclass(slots=True)
+class _Job:
+    state: Any = None
+    mailbox: Mailbox = field(default_factory=Mailbox)
+    pending: list[Envelope] = field(default_factory=list)
+
+
+class Worker:
+    """A party's long-running worker."""
+
+    def __init__(self, party: PartySpec, transport: Transport,
+                 handlers: dict[MsgType, Handler], *, exit_on_close: bool = False) -> None:
+        self.party = party
+        self.transport = transport
+        self.handlers = handlers
+        self.exit_on_close = exit_on_close
+        self.jobs: dict[str, _Job] = {}
+        self._stopping = False
+
+    def stop(self, *_: object) -> None:
+        """Finish the current message and exit the loop."""
+        self._stopping = True
+
+    def serve(self) -> None:
+        """Serve until stopped (SIGTERM/SIGINT) or, in single-job mode, until CLOSE_JOB."""
+        signal.signal(signal.SIGTERM, self.stop)
+        log.info("worker %s (%s) serving", self.party.name, self.party.role)
+        while not self._stopping:
+            data = self.transport.receive(timeout=0.5)
+            if data is not None:
+                self.handle_bytes(data)
+        self.transport.close()
+
+    def handle_bytes(self, data: bytes) -> None:
+        """Process one raw message; never raises."""
+        try:
+            env = decode_envelope(data)
+        except MessageError as exc:
+            log.warning("%s: rejected malformed message: %s", self.party.name, exc)
+            return
+        if env.recipient != self.party.name:
+            log.warning("%s: rejected message addressed to %r", self.party.name, env.recipient)
+            return
+        job = self.jobs.setdefault(env.job, _Job())
+        if env.kind in COMMANDS:
+            self._run(job, env)
+        else:
+            job.mailbox.put(_mail_key(env), env.body)
+            self._retry_pending(job)
+
+    def _retry_pending(self, job: _Job) -> None:
+        waiting, job.pending = job.pending, []
+        for env in waiting:
+            self._run(job, env)
+
+    def _run(self, job: _Job, env: Envelope) -> None:
+        handler = self.handlers.get(env.kind)
+        if handler is None:
+            self._reply(env, MsgType.ERROR, ErrorReply(self.party.name, env.kind.name,
+                        f"{self.party.role} party has no step {env.kind.name}", False))
+            return
+        ctx = StepContext(self.party, env.job, env.task, job.state, job.mailbox, self._send_for(env.job))
+        start = time.perf_counter()
+        try:
+            kind, body = handler(ctx, env.body)
+        except NotReady:
+            job.pending.append(env)
+            return
+        except USER_ERRORS as exc:
+            kind, body = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name, str(exc), True)
+        except (ProtocolError, CryptoError, DecodeError, MessageError) as exc:
+            log.warning("%s: %s failed: %s", self.party.name, env.kind.name, exc)
+            kind, body = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name, str(exc), False)
+        except Exception as exc:  # a bug must not take the worker down
+            log.error("%s: %s crashed:\n%s", self.party.name, env.kind.name, traceback.format_exc())
+            kind, body = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name,
+                                                   f"internal error: {exc!r}", False)
+        if ctx.state is not None:
+            job.state = ctx.state
+        log.debug("%s job=%s step=%s %.3fs", self.party.name, env.job, env.kind.name,
+                  time.perf_counter() - start)
+        self._reply(env, kind, body)
+        if env.kind == MsgType.CLOSE_JOB:
+            self.jobs.pop(env.job, None)
+            if self.exit_on_close:
+                self._stopping = True
+
+    def _send_for(self, job: str) -> Callable[[str, MsgType, Any, str], None]:
+        def send(recipient: str, kind: MsgType, body: Any, task: str) -> None:
+            env = Envelope(job=job, task=task, sender=self.party.name, recipient=recipient,
+                           kind=kind, body=body)
+            self.transport.send(recipient, encode_envelope(env))
+        return send
+
+    def _reply(self, env: Envelope, kind: MsgType, body: Any) -> None:
+        self._send_for(env.job)(env.sender, kind, body, env.task)
+
+
+def model_dir(party: PartySpec) -> Path:
+    """Where this party keeps its model part."""
+    return Path(party.model_dir)

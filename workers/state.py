@@ -1,0 +1,66 @@
+"""Per-job state of a party, kept by its worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from boosting._typing import BinMatrix, FloatArray, IntArray
+from crypto.psi import PsiKey
+from workers import StageError
+from workers.data import PartyData
+
+
+@dataclass(slots=True)
+class JobState:
+    """What one party knows about one job."""
+
+    kind: str  # "train" or "predict"
+    party: str
+    active: str
+    passives: list[str]
+    data: PartyData
+    valid_fraction: float = 0.0
+    valid_seed: int = 0
+    key_bits: int = 2048
+    predict_batch: int = 4096
+    psi: PsiKey = field(default_factory=PsiKey)
+    psi_order: IntArray | None = None
+    """Data row of each id in the order this party sent its blinded ids."""
+    aligned: IntArray | None = None
+    """Data row of each aligned position (the federation's common row order)."""
+    valid: np.ndarray | None = None
+    """Mask over aligned positions held out for validation."""
+    cuts: list[FloatArray] = field(default_factory=list)
+    bins: BinMatrix | None = None
+    """Binned features of the training rows."""
+    score_x: FloatArray | None = None
+    """Raw features of the rows scored federatedly (validation rows, or rows to predict)."""
+    role_state: Any = None
+
+    def require_aligned(self) -> tuple[IntArray, np.ndarray]:
+        """The aligned rows and validation mask, or a stage error."""
+        if self.aligned is None or self.valid is None:
+            raise StageError(f"{self.party}: entities are not aligned yet (run PSI first)")
+        return self.aligned, self.valid
+
+    @property
+    def train_rows(self) -> IntArray:
+        aligned, valid = self.require_aligned()
+        return aligned[~valid]
+
+    @property
+    def valid_rows(self) -> IntArray:
+        aligned, valid = self.require_aligned()
+        return aligned[valid]
+
+    def batch_rows(self, batch: int) -> slice:
+        """Positions in the scoring set covered by a prediction batch."""
+        if self.score_x is None:
+            raise StageError(f"{self.party}: nothing to score in this job")
+        start = batch * self.predict_batch
+        if batch < 0 or start >= max(1, self.score_x.shape[0]):
+            raise StageError(f"{self.party}: batch {batch} is out of range")
+        return slice(start, min(start + self.predict_batch, self.score_x.shape[0]))
