@@ -24,7 +24,8 @@ def party_specs(config: JobConfig, out_dir: Path,
     for name, party in config.parties.items():
         path = (data or {}).get(name, party.data)
         specs.append(PartySpec(name=name, role=party.role, data=str(path), id_column=party.id,
-                               label=party.label, model_dir=str(out_dir / name)))
+                               label=party.label, model_dir=str(out_dir / name),
+                               columns=party.columns))
     return specs
 
 

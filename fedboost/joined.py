@@ -36,7 +36,7 @@ def join_parties(config: JobConfig) -> JoinedData:
     loaded: dict[str, PartyData] = {}
     for name, party in config.parties.items():
         loaded[name] = load_party_csv(name, party.data, party.id, party.label,
-                                      require_label=party.role == "active")
+                                      require_label=party.role == "active", columns=party.columns)
     order = [config.active, *config.passives]
     common = set(loaded[order[0]].ids)
     for name in order[1:]:

@@ -29,6 +29,8 @@ class PartyConfig(_Strict):
     data: Path
     id: str = "id"
     label: str | None = None
+    columns: list[str] | None = None
+    """Feature columns this party contributes (default: all but id and label)."""
 
 
 class ParamsConfig(_Strict):

@@ -89,7 +89,7 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     if actives != [ctx.party.name]:
         raise ProtocolError(f"job names {actives} as active party, this worker is {ctx.party.name}")
     data = load_party_csv(ctx.party.name, ctx.party.data, ctx.party.id_column, ctx.party.label,
-                          require_label=True)
+                          require_label=True, columns=ctx.party.columns)
     params = params_of(body)
     public, private = generate_keypair(spec.key_bits)
     state = JobState(kind="train", party=ctx.party.name, active=ctx.party.name,

@@ -24,11 +24,12 @@ class PartyData:
     y: FloatArray | None
 
 
-def load_party_csv(party: str, path: Path, id_column: str, label: str | None,
-                   *, require_label: bool) -> PartyData:
+def load_party_csv(party: str, path: Path | str, id_column: str, label: str | None,
+                   *, require_label: bool, columns: list[str] | None = None) -> PartyData:
     """Read and validate one party's file.
 
     Empty cells and NA/NaN are missing values; anything else must parse as a number.
+    ``columns`` restricts the features to those named (in that order).
     """
     where = f"party {party}: file {path}"
     try:
@@ -56,6 +57,13 @@ def load_party_csv(party: str, path: Path, id_column: str, label: str | None,
     _check_ids(where, ids)
     label_at = header.index(label) if label is not None and label in header else -1
     feature_at = [j for j in range(len(header)) if j not in (id_at, label_at)]
+    if columns is not None:
+        absent = [c for c in columns if c not in header]
+        if absent:
+            raise DataError(f"{where}: no feature column(s) {', '.join(absent)}")
+        feature_at = [header.index(c) for c in columns]
+        if id_at in feature_at or label_at in feature_at:
+            raise DataError(f"{where}: the id or label column cannot be a feature")
     if not feature_at:
         raise DataError(f"{where}: no feature columns")
     x = np.empty((len(body), len(feature_at)))

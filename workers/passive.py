@@ -71,7 +71,7 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     if ctx.party.name not in [p.name for p in spec.parties if p.role == "passive"]:
         raise ProtocolError(f"job does not list {ctx.party.name} as a passive party")
     data = load_party_csv(ctx.party.name, ctx.party.data, ctx.party.id_column, None,
-                          require_label=False)
+                          require_label=False, columns=ctx.party.columns)
     state = JobState(kind="train", party=ctx.party.name, active=actives[0],
                      passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
                      key_bits=spec.key_bits)

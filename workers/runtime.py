@@ -40,6 +40,8 @@ class PartySpec:
     id_column: str
     label: str | None
     model_dir: str
+    columns: list[str] | None = None
+    """Feature columns to use (default: every column but the id and the label)."""
 
 
 MailKey = tuple[MsgType, str, int, int]
@@ -115,18 +117,31 @@ def _mail_key(env: Envelope) -> MailKey:
 
 
 @dataclass(slots=True)
+class _Pending:
+    env: Envelope
+    since: float
+    waiting_for: str
+
+
+@dataclass(slots=True)
 class _Job:
     state: Any = None
     mailbox: Mailbox = field(default_factory=Mailbox)
-    pending: list[Envelope] = field(default_factory=list)
+    pending: list[_Pending] = field(default_factory=list)
+
+
+DEFAULT_PEER_TIMEOUT = 900.0
+"""Seconds a step may wait for a peer's message before it fails, naming the peer."""
 
 
 class Worker:
     """A party's long-running worker."""
 
     def __init__(self, party: PartySpec, transport: Transport,
-                 handlers: dict[MsgType, Handler], *, exit_on_close: bool = False) -> None:
+                 handlers: dict[MsgType, Handler], *, exit_on_close: bool = False,
+                 peer_timeout: float = DEFAULT_PEER_TIMEOUT) -> None:
         self.party = party
+        self.peer_timeout = peer_timeout
         self.transport = transport
         self.handlers = handlers
         self.exit_on_close = exit_on_close
@@ -145,7 +160,19 @@ class Worker:
             data = self.transport.receive(timeout=0.5)
             if data is not None:
                 self.handle_bytes(data)
+            self._expire_pending()
         self.transport.close()
+
+    def _expire_pending(self) -> None:
+        """Fail steps whose peer input never came, so no flow waits forever."""
+        now = time.monotonic()
+        for job in self.jobs.values():
+            expired = [p for p in job.pending if now - p.since > self.peer_timeout]
+            for p in expired:
+                job.pending.remove(p)
+                self._reply(p.env, MsgType.ERROR, ErrorReply(
+                    self.party.name, p.env.kind.name,
+                    f"waited {self.peer_timeout:.0f} s for {p.waiting_for}", False))
 
     def handle_bytes(self, data: bytes) -> None:
         """Process one raw message; never raises."""
@@ -166,10 +193,10 @@ class Worker:
 
     def _retry_pending(self, job: _Job) -> None:
         waiting, job.pending = job.pending, []
-        for env in waiting:
-            self._run(job, env)
+        for p in waiting:
+            self._run(job, p.env, since=p.since)
 
-    def _run(self, job: _Job, env: Envelope) -> None:
+    def _run(self, job: _Job, env: Envelope, since: float | None = None) -> None:
         handler = self.handlers.get(env.kind)
         if handler is None:
             self._reply(env, MsgType.ERROR, ErrorReply(self.party.name, env.kind.name,
@@ -179,8 +206,8 @@ class Worker:
         start = time.perf_counter()
         try:
             kind, body = handler(ctx, env.body)
-        except NotReady:
-            job.pending.append(env)
+        except NotReady as waiting:
+            job.pending.append(_Pending(env, since or time.monotonic(), str(waiting)))
             return
         except USER_ERRORS as exc:
             kind, body = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name, str(exc), True)

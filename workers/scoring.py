@@ -97,7 +97,7 @@ def _records(state: JobState) -> dict[int, LookupRecord]:
 def evaluate_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     """Round 1 (passive): decisions of all own records for one batch, bit-packed."""
     state: JobState = ctx.state
-    if state.kind == "predict":
+    if state.kind == "predict" and state.aligned is None:
         ctx.mailbox.require((MsgType.ALIGNED_ROWS, state.active, -1, -1))
         receive_alignment(ctx)
     x = _score_x(state)[state.batch_rows(body.tree)]

@@ -1,0 +1,39 @@
+"""Shared fixtures: real Prefect (ephemeral test harness), real keys, real data."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fedboost import _prefect_env
+
+_prefect_env.configure()
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not DATA.is_dir():
+        raise pytest.UsageError(f"real data not found at {DATA}: clone the repo beside shared/")
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One real ephemeral Prefect server for the whole session."""
+    os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(tmp_path_factory.mktemp("prefect-storage"))
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
+@pytest.fixture(scope="session")
+def keypair_1024():  # type: ignore[no-untyped-def]
+    """A real 1024-bit Paillier key pair, made once."""
+    from crypto.paillier import generate_keypair
+
+    return generate_keypair(1024)

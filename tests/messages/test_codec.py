@@ -1,0 +1,87 @@
+"""Envelope codec round-trips every kind; malformed input is a DecodeError, never a crash."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from messages import DecodeError
+from messages import bodies as b
+from messages.envelope import Envelope, MsgType, decode_envelope, encode_envelope
+from messages.instance_space import BITMAP, GAPS, decode_mask, encode_mask
+
+SAMPLES = {
+    MsgType.OPEN_JOB: b.OpenJob(b.JobSpec([b.PartyInfo("g", "active")], 3, 3, 0.3, 32, "binary",
+                                          1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0)),
+    MsgType.OPEN_PREDICTION: b.OpenPrediction([b.PartyInfo("g", "active")], 10, "/tmp/x"),
+    MsgType.ACK: b.Ack(3),
+    MsgType.SPLITS_FOUND: b.SplitsFound(["host"], 2, 1),
+    MsgType.TREE_FINISHED: b.TreeFinished([b.Metric("train_auc", 0.5)]),
+    MsgType.ERROR: b.ErrorReply("host", "X", "boom", True),
+    MsgType.ALIGNED: b.Aligned(10, 7, 3),
+    MsgType.PSI_POINTS: b.PsiPoints(1, b"\x01" * 64),
+    MsgType.ALIGNED_ROWS: b.AlignedRows(b"\x00" * 8, encode_mask(np.ones(3, bool))),
+    MsgType.PUBLIC_KEY: b.PublicKeyMsg(b"\x05", 3),
+    MsgType.TREE_START: b.TreeStart(1, encode_mask(np.ones(9, bool)), 2, 42, 9),
+    MsgType.ENCRYPTED_GRADIENTS: b.EncryptedGradients(1, 0, b"\x02" * 512),
+    MsgType.ENCRYPTED_HISTOGRAMS: b.EncryptedHistograms(1, 2, [3, 4], 5, 33, b"\x03" * 10),
+    MsgType.SPLIT_CHOICES: b.SplitChoices(1, 2, [b.SplitChoice(3, 4, 5, True)]),
+    MsgType.APPLIED_SPLITS: b.AppliedSplits(1, 2, [b.AppliedSplit(3, 0, encode_mask(np.ones(4, bool)))]),
+    MsgType.NODE_POSITIONS: b.NodePositions(1, 2, [b.NodeSplit(3, 5, 6, encode_mask(np.ones(4, bool)))]),
+    MsgType.DECISIONS: b.Decisions(0, [1, 2], 3, b"\x07"),
+}
+
+
+@pytest.mark.parametrize("kind", list(MsgType))
+def test_every_kind_round_trips(kind: MsgType) -> None:
+    body = SAMPLES.get(kind, b.Step(1, 2, ["host"]))
+    env = Envelope("job", "task", "guest", "host", kind, body)
+    assert decode_envelope(encode_envelope(env)) == env
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=st.binary(max_size=300))
+def test_garbage_is_rejected_cleanly(data: bytes) -> None:
+    try:
+        decode_envelope(data)
+    except DecodeError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text()
+                         | st.binary(), lambda c: st.lists(c, max_size=4), max_leaves=10),
+       kind=st.sampled_from([int(k) for k in MsgType] + [0, 999]))
+def test_wrong_body_shapes_are_rejected(body: object, kind: int) -> None:
+    data = msgpack.packb({"version": 1, "job": "j", "task": "t", "sender": "s",
+                          "recipient": "r", "kind": kind, "body": body}, use_bin_type=True)
+    try:
+        env = decode_envelope(data)
+    except DecodeError:
+        return
+    assert env.kind == kind
+
+
+@settings(max_examples=200, deadline=None)
+@given(bits=st.lists(st.booleans(), max_size=2000), sparse=st.booleans())
+def test_instance_space_round_trip_picks_smaller(bits: list[bool], sparse: bool) -> None:
+    mask = np.array(bits, dtype=bool)
+    if sparse:
+        mask[:] = False
+        mask[:: max(1, len(bits) // 3 or 1)] = len(bits) > 0
+    space = encode_mask(mask)
+    np.testing.assert_array_equal(decode_mask(space, mask.size), mask)
+    assert space.encoding in (BITMAP, GAPS)
+    assert len(space.data) <= (mask.size + 7) // 8
+
+
+def test_sparse_masks_travel_as_gaps() -> None:
+    mask = np.zeros(100_000, dtype=bool)
+    mask[[5, 70_000]] = True
+    space = encode_mask(mask)
+    assert space.encoding == GAPS and len(space.data) < 10
+    with pytest.raises(DecodeError):
+        decode_mask(space, 99)

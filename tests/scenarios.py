@@ -1,0 +1,96 @@
+"""Shared protocol scenarios: load a shipped config with overrides, train federatedly and
+centrally, and view trees in a form both trainers can be compared in."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from boosting.params import BoostParams
+from boosting.train import predict_blocks, train
+from boosting.tree import Model, load_model
+from fedboost.joined import JoinedData, join_parties
+from flows.config import JobConfig, parse_config
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+DATA = REPO.parent / "shared" / "data"
+
+
+def config_with(name: str, **overrides: Any) -> JobConfig:
+    """A shipped config with sections deep-merged from ``overrides`` (e.g. params={...})."""
+    raw = yaml.safe_load((CONFIGS / name).read_text())
+    raw = copy.deepcopy(raw)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key] = {**raw[key], **value}
+        else:
+            raw[key] = value
+    return parse_config(raw, base=CONFIGS, source=name)
+
+
+NodeView = tuple[Any, ...]
+
+
+def federated_view(out: Path, config: JobConfig) -> list[list[NodeView]]:
+    """Trees of a federated model, passive nodes resolved through the owners' lookup tables."""
+    model = load_model(out / config.active / "model.json")
+    lookups = {p: json.loads((out / p / "lookup.json").read_text())["records"]
+               for p in config.passives}
+    trees = []
+    for tree in model.trees:
+        nodes: list[NodeView] = []
+        for n in tree.nodes:
+            if n.is_leaf:
+                nodes.append((n.id, "leaf", n.value))
+            elif n.owner == config.active:
+                nodes.append((n.id, n.left, n.right, n.owner, n.feature, n.bin, n.missing_left))
+            else:
+                rec = lookups[n.owner][str(n.record_id)]
+                nodes.append((n.id, n.left, n.right, n.owner, rec["feature"], rec["bin"],
+                              rec["missing_left"]))
+        trees.append(nodes)
+    return trees
+
+
+def centralized_view(model: Model) -> list[list[NodeView]]:
+    """Trees of a centralized model in the same form."""
+    return [[(n.id, "leaf", n.value) if n.is_leaf else
+             (n.id, n.left, n.right, n.owner, n.feature, n.bin, n.missing_left)
+             for n in tree.nodes] for tree in model.trees]
+
+
+def train_centralized(config: JobConfig) -> tuple[Model, JoinedData]:
+    """The lossless reference on the joined data."""
+    joined = join_parties(config)
+    blocks, y = joined.part(valid=False)
+    return train(BoostParams.from_dict(config.params.model_dump()), blocks, y), joined
+
+
+def assert_same_trees(fed: list[list[NodeView]], cen: list[list[NodeView]], tol: float = 1e-6) -> None:
+    """Identical structure; leaf values within ``tol``."""
+    assert len(fed) == len(cen), f"{len(fed)} federated trees vs {len(cen)} centralized"
+    for t, (a, b) in enumerate(zip(fed, cen)):
+        assert [n[:2] + (n[2:] if n[1] != "leaf" else ()) for n in a] == \
+               [n[:2] + (n[2:] if n[1] != "leaf" else ()) for n in b], f"tree {t} structure differs"
+        for na, nb in zip(a, b):
+            if na[1] == "leaf":
+                assert math.isclose(na[2], nb[2], abs_tol=tol), f"tree {t} leaf {na[0]}"
+
+
+def read_scores(path: Path) -> tuple[list[str], np.ndarray]:
+    """Ids and score columns of a scores file."""
+    lines = path.read_text().splitlines()
+    rows = [line.split(",") for line in lines[1:]]
+    return [r[0] for r in rows], np.array([[float(v) for v in r[1:]] for r in rows])
+
+
+def centralized_predictions(model: Model, joined: JoinedData) -> np.ndarray:
+    """Centralized predictions on every joined row (ids sorted)."""
+    return predict_blocks(model, joined.blocks)
