@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -66,11 +67,36 @@ def _write_json(path: Path, payload: Any) -> None:
     write_json_atomic(path, payload)
 
 
+class _UserErrorFilter(logging.Filter):
+    """Keep tracebacks of user errors (bad data, empty intersection) off the console.
+
+    Prefect logs a failing task or flow with its traceback; for bad input the CLI prints one
+    line instead. Records still reach the Prefect API, so the UI shows the full failure.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from flows._tasks import PartyError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, PartyError) and exc.user_error:
+            self.seen.add(str(exc))
+            return False
+        message = record.getMessage()
+        return not any(text in message for text in self.seen)
+
+
 def _quiet_task_logs() -> None:
     """Show the flow's per-tree progress, not a line per task (the Prefect UI has those)."""
-    import logging
-
     logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
+    user_errors = _UserErrorFilter()
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
+        for handler in logging.getLogger(name or None).handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.addFilter(user_errors)
 
 
 def _metrics_summary(result: dict[str, Any]) -> str:
@@ -83,6 +109,8 @@ def _train(args: argparse.Namespace) -> int:
     from flows.config import load_config
 
     config = load_config(args.config)
+    import flows.secureboost  # noqa: F401  (sets up Prefect's logging before we adjust it)
+
     _quiet_task_logs()
     out = args.out or Path("runs") / config.job
     out.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ def test_default_credit_holdout_auc() -> None:
 
 
 def test_student_regression_close_to_xgboost() -> None:
-    config = config_with("student.yaml", validation={"fraction": 0.0})
+    config = config_with("student.yaml", params={"n_trees": 30}, validation={"fraction": 0.0})
     model, joined = train_centralized(config)
     x = np.hstack([b.x for b in joined.blocks])
     ours = rmse(joined.y, predict_blocks(model, joined.blocks)[:, 0])

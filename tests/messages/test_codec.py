@@ -52,7 +52,7 @@ def test_garbage_is_rejected_cleanly(data: bytes) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(body=st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text()
+@given(body=st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text()
                          | st.binary(), lambda c: st.lists(c, max_size=4), max_leaves=10),
        kind=st.sampled_from([int(k) for k in MsgType] + [0, 999]))
 def test_wrong_body_shapes_are_rejected(body: object, kind: int) -> None:

@@ -1,0 +1,122 @@
+"""The fedboost command as a user runs it: real processes, real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.scenarios import CONFIGS, DATA
+
+FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    return subprocess.run([*FEDBOOST, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _config(tmp_path: Path, guest: Path, host: Path, **extra: object) -> Path:
+    raw = yaml.safe_load((CONFIGS / "breast.yaml").read_text())
+    raw["parties"]["guest"]["data"] = str(guest)
+    raw["parties"]["host"]["data"] = str(host)
+    raw["crypto"]["key_bits"] = 1024
+    raw["params"]["n_trees"] = 3
+    raw.update(extra)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _edited(tmp_path: Path, name: str, edit) -> Path:  # type: ignore[no-untyped-def]
+    lines = (DATA / name).read_text().splitlines()
+    out = tmp_path / f"edited_{name}"
+    out.write_text("\n".join(edit(lines)) + "\n")
+    return out
+
+
+def test_train_predict_centralized(tmp_path: Path) -> None:
+    config = _config(tmp_path, DATA / "breast_hetero_guest.csv", DATA / "breast_hetero_host.csv")
+    done = _run("train", str(config), "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "tree 3/3" in done.stderr
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["n_aligned"] == 569 and metrics["n_valid"] == 171
+    assert {"train_auc", "valid_auc", "train_seconds", "tree_seconds"} <= set(metrics)
+    assert len(metrics["tree_seconds"]) == 3
+    assert (tmp_path / "run" / "guest" / "model.json").is_file()
+    assert (tmp_path / "run" / "host" / "lookup.json").is_file()
+    assert not (tmp_path / "run" / "host" / "model.json").exists()
+
+    scored = _run("predict", str(tmp_path / "run"), "--out", str(tmp_path / "scores.csv"),
+                  cwd=tmp_path)
+    assert scored.returncode == 0, scored.stderr
+    lines = (tmp_path / "scores.csv").read_text().splitlines()
+    assert lines[0] == "id,score" and len(lines) == 570
+
+    central = _run("centralized", str(config), "--out", str(tmp_path / "central"), cwd=tmp_path)
+    assert central.returncode == 0, central.stderr
+    cen = json.loads((tmp_path / "central" / "metrics.json").read_text())
+    assert cen["train_auc"] == pytest.approx(metrics["train_auc"], abs=1e-9)
+    assert cen["valid_auc"] == pytest.approx(metrics["valid_auc"], abs=1e-9)
+
+
+def _assert_one_error_line(done: subprocess.CompletedProcess[str], *expected: str) -> None:
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("fedboost: error:")]
+    assert len(errors) == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    for text in expected:
+        assert text in errors[0], errors[0]
+
+
+def test_missing_id_column(tmp_path: Path) -> None:
+    host = _edited(tmp_path, "breast_hetero_host.csv",
+                   lambda ls: [ls[0].replace("id,", "key,", 1), *ls[1:]])
+    done = _run("train", str(_config(tmp_path, DATA / "breast_hetero_guest.csv", host)), cwd=tmp_path)
+    _assert_one_error_line(done, "party host", str(host), "no id column 'id'")
+
+
+def test_duplicate_ids(tmp_path: Path) -> None:
+    guest = _edited(tmp_path, "breast_hetero_guest.csv", lambda ls: [*ls, ls[5]])
+    done = _run("train", str(_config(tmp_path, guest, DATA / "breast_hetero_host.csv")), cwd=tmp_path)
+    _assert_one_error_line(done, "party guest", str(guest), "duplicate id")
+
+
+def test_non_numeric_feature(tmp_path: Path) -> None:
+    def spoil(ls: list[str]) -> list[str]:
+        cells = ls[10].split(",")
+        cells[3] = "abc"
+        return [*ls[:10], ",".join(cells), *ls[11:]]
+
+    host = _edited(tmp_path, "breast_hetero_host.csv", spoil)
+    done = _run("train", str(_config(tmp_path, DATA / "breast_hetero_guest.csv", host)), cwd=tmp_path)
+    _assert_one_error_line(done, "party host", str(host), "row 11", "'x2'", "'abc' is not a number")
+
+
+def test_empty_intersection(tmp_path: Path) -> None:
+    host = _edited(tmp_path, "breast_hetero_host.csv",
+                   lambda ls: [ls[0], *[f"other-{line}" for line in ls[1:]]])
+    done = _run("train", str(_config(tmp_path, DATA / "breast_hetero_guest.csv", host)), cwd=tmp_path)
+    _assert_one_error_line(done, "party guest", "empty intersection", "host")
+
+
+def test_unknown_config_key(tmp_path: Path) -> None:
+    config = _config(tmp_path, DATA / "breast_hetero_guest.csv", DATA / "breast_hetero_host.csv",
+                     params={"n_trees": 3, "max_dept": 2})
+    done = _run("train", str(config), cwd=tmp_path)
+    _assert_one_error_line(done, str(config), "unknown key 'params.max_dept'")
+
+
+def test_bad_config_value(tmp_path: Path) -> None:
+    config = _config(tmp_path, DATA / "breast_hetero_guest.csv", DATA / "breast_hetero_host.csv",
+                     params={"n_trees": 0})
+    done = _run("train", str(config), cwd=tmp_path)
+    _assert_one_error_line(done, "key 'params.n_trees'", "greater than or equal to 1")
