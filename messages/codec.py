@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from messages import DecodeError
 
 T = TypeVar("T")
+_SCALARS = (bool, int, float, str, bytes)
 
 
 @cache
@@ -53,24 +54,9 @@ def _decode(tp: Any, raw: Any, where: str) -> Any:
         return [_decode(item, v, f"{where}[{i}]") for i, v in enumerate(raw)]
     if origin in (typing.Union, types.UnionType):
         raise DecodeError(f"{where}: union fields are not supported")
-    if tp is bool:
-        if not isinstance(raw, bool):
-            raise DecodeError(f"{where}: expected a bool")
-        return raw
-    if tp is int:
-        if not isinstance(raw, int) or isinstance(raw, bool):
-            raise DecodeError(f"{where}: expected an int")
-        return raw
-    if tp is float:
-        if not isinstance(raw, float):
-            raise DecodeError(f"{where}: expected a float")
-        return raw
-    if tp is str:
-        if not isinstance(raw, str):
-            raise DecodeError(f"{where}: expected a str")
-        return raw
-    if tp is bytes:
-        if not isinstance(raw, bytes):
-            raise DecodeError(f"{where}: expected bytes")
+    if tp in _SCALARS:
+        # bool is a subclass of int: only a bool field accepts True/False
+        if not isinstance(raw, tp) or (tp is not bool and isinstance(raw, bool)):
+            raise DecodeError(f"{where}: expected {tp.__name__}")
         return raw
     raise DecodeError(f"{where}: unsupported field type {tp!r}")

@@ -1,0 +1,22 @@
+# Two commands do all set-up on a fresh machine:
+#   make train   - a whole federated training (default_credit, embedded default)
+#   make test    - the test suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: train test bench
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+train: $(VENV)/.installed
+	$(VENV)/bin/fedboost train configs/default_credit.yaml --out runs/default-credit
+
+test: $(VENV)/.installed
+	$(PY) -m pytest
+
+bench: $(VENV)/.installed
+	$(PY) -m benchmarks.train

@@ -1,0 +1,1 @@
+"""Benchmarks: run outside the test suite, print ratios against baselines measured in the same run."""

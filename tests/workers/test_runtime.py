@@ -1,0 +1,73 @@
+"""The worker loop: bad input gets a clear error reply or is dropped, and the worker goes on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from messages.bodies import Ack, ErrorReply, JobSpec, OpenJob, PartyInfo, Step
+from messages.envelope import Envelope, MsgType, decode_envelope, encode_envelope
+from messages.transport import MemoryHub
+from workers.roles import handlers_for
+from workers.runtime import PartySpec, Worker
+from tests.scenarios import DATA
+
+
+def _spec(data: Path) -> JobSpec:
+    return JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")], 2, 3, 0.3, 32,
+                   "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 512, 0.0, 0)
+
+
+def _worker(tmp_path: Path, data: Path) -> tuple[Worker, MemoryHub]:
+    hub = MemoryHub(["host", "flow"])
+    party = PartySpec("host", "passive", str(data), "id", None, str(tmp_path))
+    return Worker(party, hub.endpoint("host"), handlers_for("passive")), hub
+
+
+def _command(kind: MsgType, body: object, task: str = "t") -> bytes:
+    return encode_envelope(Envelope("job", task, "flow", "host", kind, body))
+
+
+def _reply(hub: MemoryHub) -> Envelope:
+    data = hub.endpoint("flow").receive(timeout=5)
+    assert data is not None
+    return decode_envelope(data)
+
+
+def test_garbage_and_misaddressed_messages_are_dropped(tmp_path: Path) -> None:
+    worker, hub = _worker(tmp_path, DATA / "breast_hetero_host.csv")
+    worker.handle_bytes(b"\x93\x01\x02")
+    worker.handle_bytes(encode_envelope(Envelope("job", "t", "flow", "guest", MsgType.ACK, Ack())))
+    assert hub.endpoint("flow").receive(timeout=0.2) is None
+    worker.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA))))
+    reply = _reply(hub)
+    assert reply.kind == MsgType.ACK and reply.body.count == 569
+
+
+def test_bad_data_and_wrong_steps_get_error_replies(tmp_path: Path) -> None:
+    bad = tmp_path / "host.csv"
+    bad.write_text("id,x0\n1,2\n1,3\n")
+    worker, hub = _worker(tmp_path, bad)
+    worker.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(bad))))
+    reply = _reply(hub)
+    assert isinstance(reply.body, ErrorReply) and reply.body.user_error
+    assert "duplicate id '1' at rows 2 and 3" in reply.body.message and str(bad) in reply.body.message
+    worker.handle_bytes(_command(MsgType.FIND_BEST_SPLITS, Step(0, 0), "t2"))
+    reply = _reply(hub)
+    assert isinstance(reply.body, ErrorReply) and "no step FIND_BEST_SPLITS" in reply.body.message
+    worker.handle_bytes(_command(MsgType.APPLY_SPLITS, Step(0, 0), "t3"))  # no job state yet
+    reply = _reply(hub)
+    assert isinstance(reply.body, ErrorReply) and not reply.body.user_error
+
+
+def test_a_step_waiting_for_a_peer_times_out_naming_it(tmp_path: Path) -> None:
+    worker, hub = _worker(tmp_path, DATA / "breast_hetero_host.csv")
+    worker.peer_timeout = 0.0
+    worker.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA))))
+    _reply(hub)
+    worker.handle_bytes(_command(MsgType.PSI_BLIND, Step(), "b"))
+    _reply(hub)
+    worker.handle_bytes(_command(MsgType.PSI_REBLIND, Step(), "r"))
+    assert hub.endpoint("flow").receive(timeout=0.2) is None
+    worker._expire_pending()
+    reply = _reply(hub)
+    assert isinstance(reply.body, ErrorReply) and "PSI_POINTS from guest" in reply.body.message
