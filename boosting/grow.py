@@ -160,11 +160,10 @@ class TreeGrower:
         """Leaf weights and the finished tree; also each row's node (for prediction updates)."""
         out: list[TreeNode] = []
         for n in self.nodes:
-            if n.left < 0:
+            if n.split is None:
                 value = leaf_weight(n.totals, self.grad.scale, self.hess.scale, self.params)
                 out.append(TreeNode(id=n.id, value=value))
             else:
-                assert n.split is not None
                 out.append(TreeNode(id=n.id, left=n.left, right=n.right, owner=n.owner,
                                     feature=n.feature, bin=n.bin, threshold=n.threshold,
                                     missing_left=n.split.missing_left, record_id=n.record_id))

@@ -12,8 +12,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
 from messages import MessageError, TransportError
-from messages.bodies import ErrorReply
+from messages.bodies import Aligned, ErrorReply, Step
 from messages.envelope import Envelope, MsgType, decode_envelope, encode_envelope
 from messages.transport import Transport
 
@@ -107,11 +110,6 @@ def step_id(kind: MsgType, tree: int = -1, depth: int = -1) -> str:
 
 
 # ---- tasks shared by the training and prediction flows -------------------------------------
-from prefect import task  # noqa: E402  (kept below the link helpers it uses)
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from messages.bodies import Aligned, Step  # noqa: E402
-
 
 @task(name="align_entities", task_run_name="align-entities", cache_policy=NO_CACHE)
 def align_entities(job: str, active: str, passives: list[str]) -> Aligned:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -105,7 +106,8 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     """Bin own features on the training rows; set up labels and margins; send the public key."""
     state: JobState = ctx.state
     run: ActiveTraining = state.role_state
-    assert state.data.y is not None  # load_party_csv(require_label=True)
+    if state.data.y is None:
+        raise StageError(f"{state.party}: the active party has no labels")
     train_rows, valid_rows = state.train_rows, state.valid_rows
     y = state.data.y[train_rows]
     try:
@@ -171,7 +173,8 @@ def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: li
     ciphertexts = ciphertexts_from_bytes(msg.ciphertexts, run.public)
     if len(ciphertexts) != len(built) * msg.n_features * msg.n_bins:
         raise ProtocolError(f"{sender} sent {len(ciphertexts)} histogram ciphertexts")
-    assert run.packer is not None
+    if run.packer is None:
+        raise StageError("histograms arrived before any gradients were encrypted")
     sums = np.zeros((len(ciphertexts), 3), dtype=np.int64)
     for k, c in enumerate(ciphertexts):
         if c != 1:  # the empty bin is the trivial encryption of zero
@@ -189,10 +192,10 @@ def find_best_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
                           for p in participants])
     if grower.depth != body.depth:
         raise StageError(f"find_best_splits at depth {body.depth}, tree is at depth {grower.depth}")
-    assert state.bins is not None
+    bins = state.require_bins()
     built = grower.nodes_to_build()
     slots = grower.slot_of_row(built)
-    grower.add_histograms(0, built, build_histograms(state.bins, slots, grower.grad.ints,
+    grower.add_histograms(0, built, build_histograms(bins, slots, grower.grad.ints,
                                                      grower.hess.ints, len(built), run.params.max_bin))
     for passive in participants:
         msg = ctx.mailbox.take(MsgType.ENCRYPTED_HISTOGRAMS, passive, body.tree, body.depth)
@@ -227,7 +230,7 @@ def broadcast_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         msg: AppliedSplits = ctx.mailbox.take(MsgType.APPLIED_SPLITS, owner, body.tree, body.depth)
         for item in msg.splits:
             applied[(owner, item.node)] = item
-    assert state.bins is not None
+    bins = state.require_bins()
     out: list[NodeSplit] = []
     for node in list(grower.frontier):
         split = run.level_splits.get(node)
@@ -235,7 +238,7 @@ def broadcast_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
             continue
         rows = grower.node_rows(node)
         if split.block == 0:
-            mask = goes_left(state.bins[rows, split.feature], split.bin, split.missing_left,
+            mask = goes_left(bins[rows, split.feature], split.bin, split.missing_left,
                              run.params.max_bin)
             left, right = grower.split_node(
                 node, split, mask, owner=state.party,
@@ -278,15 +281,9 @@ def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     run: ActiveTraining = state.role_state
     directory = ctx.party.model_dir
     features = {state.party: state.data.names, **{p: () for p in state.passives}}
-    save_model(run.model(features), _path(directory, "model.json"))
-    write_json_atomic(_path(directory, "party.json"), {
+    save_model(run.model(features), Path(directory) / "model.json")
+    write_json_atomic(Path(directory) / "party.json", {
         "party": state.party, "role": "active", "job": ctx.job, "saved_at": time.time(),
         "parties": [state.party, *state.passives], "label": ctx.party.label,
         "id_column": ctx.party.id_column})
     return MsgType.ACK, Ack(count=len(run.trees))
-
-
-def _path(directory: str, name: str) -> Any:
-    from pathlib import Path
-
-    return Path(directory) / name

@@ -107,12 +107,12 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
                                                             state.active, tree)
     if sorted(c.chunk for c in chunks) != list(range(start.n_chunks)):
         raise ProtocolError(f"tree {tree}: gradient chunks {sorted(c.chunk for c in chunks)}")
-    assert run.public is not None and state.bins is not None
-    n_train = state.bins.shape[0]
+    public = _require_key(run)
+    n_train = state.require_bins().shape[0]
     in_tree = decode_mask(start.in_tree, n_train)
     ciphertexts: list[mpz] = []
     for chunk in sorted(chunks, key=lambda c: c.chunk):
-        ciphertexts.extend(ciphertexts_from_bytes(chunk.ciphertexts, run.public))
+        ciphertexts.extend(ciphertexts_from_bytes(chunk.ciphertexts, public))
     if len(ciphertexts) != int(in_tree.sum()):
         raise ProtocolError(f"tree {tree}: {len(ciphertexts)} ciphertexts for "
                             f"{int(in_tree.sum())} rows")
@@ -120,6 +120,12 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     run.enc_index = np.cumsum(in_tree) - 1
     run.node_of_row = np.zeros(n_train, dtype=np.int64)
     run.depth = 0
+
+
+def _require_key(run: PassiveTraining) -> PaillierPublicKey:
+    if run.public is None:
+        raise StageError("the active party's public key has not arrived")
+    return run.public
 
 
 def _apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
@@ -152,16 +158,16 @@ def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, A
             raise StageError(f"build_histograms t{body.tree} d{body.depth}: party is at "
                              f"t{run.tree} d{run.depth}")
         built = _apply_positions(ctx, state, run, body.tree, body.depth)
-    assert run.public is not None and state.bins is not None
+    public, bins = _require_key(run), state.require_bins()
     n_bins = run.params.max_bin + 1
     sums: list[mpz] = []
     for node in built:
         rows = np.flatnonzero((run.node_of_row == node) & run.in_tree)
-        sums.extend(_node_histogram(state.bins[rows], run.enc_index[rows], run.ciphertexts,
-                                    n_bins, run.public.nsquare))
+        sums.extend(_node_histogram(bins[rows], run.enc_index[rows], run.ciphertexts,
+                                    n_bins, public.nsquare))
     ctx.send(state.active, MsgType.ENCRYPTED_HISTOGRAMS, EncryptedHistograms(
-        tree=body.tree, depth=body.depth, nodes=built, n_features=state.bins.shape[1],
-        n_bins=n_bins, ciphertexts=ciphertexts_to_bytes(sums, run.public)))
+        tree=body.tree, depth=body.depth, nodes=built, n_features=bins.shape[1],
+        n_bins=n_bins, ciphertexts=ciphertexts_to_bytes(sums, public)))
     return MsgType.ACK, Ack(count=len(built))
 
 
@@ -195,13 +201,13 @@ def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     msg: SplitChoices = ctx.mailbox.take(MsgType.SPLIT_CHOICES, state.active, body.tree, body.depth)
     if run.tree != body.tree or run.depth != body.depth:
         raise StageError(f"apply_splits t{body.tree} d{body.depth}: party is at t{run.tree} d{run.depth}")
-    assert state.bins is not None
+    bins = state.require_bins()
     out = []
     for choice in msg.splits:
-        if not (0 <= choice.feature < state.bins.shape[1] and 0 <= choice.bin < run.params.max_bin):
+        if not (0 <= choice.feature < bins.shape[1] and 0 <= choice.bin < run.params.max_bin):
             raise ProtocolError(f"split on feature {choice.feature} bin {choice.bin} is out of range")
         rows = np.flatnonzero(run.node_of_row == choice.node)
-        mask = goes_left(state.bins[rows, choice.feature], choice.bin, choice.missing_left,
+        mask = goes_left(bins[rows, choice.feature], choice.bin, choice.missing_left,
                          run.params.max_bin)
         record_id = len(run.records)
         run.records[record_id] = LookupRecord(

@@ -165,7 +165,8 @@ def evaluate_validation(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     """Validation metrics of a training job from the scored hold-out rows."""
     state: JobState = ctx.state
     run: ActiveTraining = state.role_state
-    assert state.data.y is not None
+    if state.data.y is None:
+        raise StageError(f"{state.party}: no labels to validate against")
     y = state.data.y[state.valid_rows]
     pred = transform(run.params.objective, _scored_margin(run))
     metrics = evaluate(run.params.objective, y, pred, "valid")

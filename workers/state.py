@@ -46,6 +46,12 @@ class JobState:
             raise StageError(f"{self.party}: entities are not aligned yet (run PSI first)")
         return self.aligned, self.valid
 
+    def require_bins(self) -> BinMatrix:
+        """The binned training features, or a stage error."""
+        if self.bins is None:
+            raise StageError(f"{self.party}: features are not binned yet (run bin_features)")
+        return self.bins
+
     @property
     def train_rows(self) -> IntArray:
         aligned, valid = self.require_aligned()
