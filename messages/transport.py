@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import threading
+import time
 from multiprocessing.context import SpawnContext
 from typing import Any, Protocol
 
@@ -41,6 +43,17 @@ class MemoryHub:
         self.context: SpawnContext = mp.get_context("spawn")
         self.inboxes: dict[str, Any] = {name: self.context.Queue() for name in names}
         self.tap: Any = self.context.Queue() if record else None
+        self._records: list[tuple[str, str, bytes]] = []
+        if record:
+            # drain continuously: a sender blocked on a full tap pipe could not exit cleanly
+            threading.Thread(target=self._drain, name="memory-hub-tap", daemon=True).start()
+
+    def _drain(self) -> None:
+        try:
+            while True:
+                self._records.append(self.tap.get())
+        except (OSError, EOFError, ValueError):  # the queue closes at interpreter exit
+            return
 
     def endpoint(self, name: str) -> MemoryTransport:
         """The transport for participant ``name``."""
@@ -48,16 +61,13 @@ class MemoryHub:
             raise TransportError(f"no inbox for {name!r}")
         return MemoryTransport(name, self.inboxes, self.tap)
 
-    def recorded(self) -> list[tuple[str, str, bytes]]:
-        """Drain the tap."""
-        out = []
-        if self.tap is None:
-            return out
-        while True:
-            try:
-                out.append(self.tap.get(timeout=0.5))
-            except queue.Empty:
-                return out
+    def recorded(self, settle: float = 1.0) -> list[tuple[str, str, bytes]]:
+        """Everything recorded so far, once the tap has been quiet for ``settle`` seconds."""
+        count = -1
+        while count != len(self._records):
+            count = len(self._records)
+            time.sleep(settle)
+        return list(self._records)
 
 
 class MemoryTransport:

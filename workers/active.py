@@ -24,8 +24,8 @@ from boosting.split import SplitCandidate
 from boosting.train import allowed_blocks
 from boosting.tree import Model, Tree, node_values, save_model, write_json_atomic
 from crypto.encoding import GradientPacker
-from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_from_bytes,
-                             ciphertexts_to_bytes, generate_keypair)
+from crypto.paillier import PaillierPrivateKey, PaillierPublicKey, generate_keypair
+from crypto.pool import KeyHolderPool
 from messages.bodies import (Ack, AppliedSplits, EncryptedGradients, EncryptedHistograms, Metric,
                              NodePositions, NodeSplit, OpenJob, SplitChoice, SplitChoices,
                              SplitsFound, Step, TreeFinished, TreeStart)
@@ -58,6 +58,19 @@ class ActiveTraining:
     level_splits: dict[int, SplitCandidate | None] = field(default_factory=dict)
     trees: list[Tree] = field(default_factory=list)
     score_margin: np.ndarray | None = None
+    pool: KeyHolderPool | None = None
+    """Encryption/decryption processes (both cores), started with the first encrypted tree."""
+
+    def crypto_pool(self) -> KeyHolderPool:
+        if self.pool is None:
+            self.pool = KeyHolderPool(self.private)
+        return self.pool
+
+    def close(self) -> None:
+        """Stop the crypto processes."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     def require_grower(self, tree: int) -> TreeGrower:
         if self.grower is None or len(self.trees) != tree:
@@ -151,11 +164,11 @@ def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         packer = GradientPacker(value_bits=g.bits, max_rows=n)
         packer.check_fits(run.public.n.bit_length())
         run.packer = packer
-        ciphertexts = run.private.encrypt_batch(packer.pack(g.ints[in_tree], h.ints[in_tree]))
-        chunks = [ciphertexts[i:i + GRADIENT_CHUNK] for i in range(0, len(ciphertexts), GRADIENT_CHUNK)]
-        start = TreeStart(tree=tree, in_tree=encode_mask(in_tree), n_chunks=len(chunks),
+        encrypted = run.crypto_pool().encrypt(packer.pack(g.ints[in_tree], h.ints[in_tree]))
+        step = GRADIENT_CHUNK * run.public.ciphertext_bytes
+        blobs = [encrypted[i:i + step] for i in range(0, len(encrypted), step)]
+        start = TreeStart(tree=tree, in_tree=encode_mask(in_tree), n_chunks=len(blobs),
                           value_bits=g.bits, max_rows=n)
-        blobs = [ciphertexts_to_bytes(c, run.public) for c in chunks]
         for passive in participants:
             ctx.send(passive, MsgType.TREE_START, start)
             for k, blob in enumerate(blobs):
@@ -170,15 +183,21 @@ def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: li
         raise ProtocolError(f"{sender} built histograms of nodes {msg.nodes}, expected {built}")
     if msg.n_bins != run.params.max_bin + 1 or msg.n_features < 1:
         raise ProtocolError(f"{sender} sent histograms of {msg.n_features} x {msg.n_bins} bins")
-    ciphertexts = ciphertexts_from_bytes(msg.ciphertexts, run.public)
-    if len(ciphertexts) != len(built) * msg.n_features * msg.n_bins:
-        raise ProtocolError(f"{sender} sent {len(ciphertexts)} histogram ciphertexts")
+    width = run.public.ciphertext_bytes
+    count = len(built) * msg.n_features * msg.n_bins
+    if len(msg.ciphertexts) != count * width:
+        raise ProtocolError(f"{sender} sent {len(msg.ciphertexts)} bytes of histograms, "
+                            f"expected {count} ciphertexts of {width} bytes")
     if run.packer is None:
         raise StageError("histograms arrived before any gradients were encrypted")
-    sums = np.zeros((len(ciphertexts), 3), dtype=np.int64)
-    for k, c in enumerate(ciphertexts):
-        if c != 1:  # the empty bin is the trivial encryption of zero
-            sums[k] = run.packer.unpack_sum(run.private.raw_decrypt(c))
+    # the empty bin is the trivial encryption of zero: nothing to decrypt
+    empty = (1).to_bytes(width, "big")
+    filled = [k for k in range(count) if msg.ciphertexts[k * width:(k + 1) * width] != empty]
+    plain = run.crypto_pool().decrypt(b"".join(msg.ciphertexts[k * width:(k + 1) * width]
+                                               for k in filled))
+    sums = np.zeros((count, 3), dtype=np.int64)
+    for k, m in zip(filled, plain):
+        sums[k] = run.packer.unpack_sum(m)
     return sums.reshape(len(built), msg.n_features, msg.n_bins, 3)
 
 
@@ -273,6 +292,14 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     metrics = evaluate(run.params.objective, run.y, transform(run.params.objective, run.margin),
                        "train")
     return MsgType.TREE_FINISHED, TreeFinished([Metric(k, v) for k, v in metrics.items()])
+
+
+def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+    """Stop the job's crypto processes; the saved model stays."""
+    state: JobState | None = ctx.state
+    if state is not None and isinstance(state.role_state, ActiveTraining):
+        state.role_state.close()
+    return MsgType.ACK, Ack()
 
 
 def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:

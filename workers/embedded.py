@@ -24,7 +24,8 @@ def start_workers(hub: MemoryHub, parties: list[PartySpec],
     procs = []
     for party in parties:
         proc = hub.context.Process(target=run_worker, name=f"fedboost-{party.name}",
-                                   args=(party, hub.endpoint(party.name), log_level), daemon=True)
+                                   args=(party, hub.endpoint(party.name), log_level))
+        # not a daemon: the active party's worker starts its own crypto processes
         proc.start()
         procs.append(proc)
     return procs
@@ -35,5 +36,8 @@ def stop_workers(procs: list[BaseProcess], timeout: float = 10.0) -> None:
     for proc in procs:
         proc.join(timeout)
         if proc.is_alive():
-            proc.terminate()
+            proc.terminate()  # SIGTERM: the worker finishes its current step, then exits
+            proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
             proc.join(timeout)

@@ -29,7 +29,7 @@ ACTIVE_HANDLERS: dict[MsgType, Handler] = {
     MsgType.FINISH_TRAVERSAL: scoring.finish_traversal,
     MsgType.EVALUATE_VALIDATION: scoring.evaluate_validation,
     MsgType.WRITE_SCORES: scoring.write_scores,
-    MsgType.CLOSE_JOB: close_job,
+    MsgType.CLOSE_JOB: active.close_job,
 }
 
 PASSIVE_HANDLERS: dict[MsgType, Handler] = {

@@ -220,7 +220,7 @@ class Worker:
                                                    f"internal error: {exc!r}", False)
         if ctx.state is not None:
             job.state = ctx.state
-        log.debug("%s job=%s step=%s %.3fs", self.party.name, env.job, env.kind.name,
+        log.info("%s job=%s step=%s %.3fs", self.party.name, env.job, env.kind.name,
                   time.perf_counter() - start)
         self._reply(env, kind, body)
         if env.kind == MsgType.CLOSE_JOB:

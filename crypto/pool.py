@@ -1,0 +1,71 @@
+"""Paillier batches on several processes (both cores), ciphertexts crossing as bytes.
+
+The key holder's pool processes receive the private key at start-up from the party's own
+worker process (a local pipe on the party's machine, never the wire) and build their own
+window tables once. Each batch is cut into one slice per process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections.abc import Sequence
+
+from crypto._gmp import mpz
+from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_from_bytes,
+                             ciphertexts_to_bytes)
+
+_KEY: PaillierPrivateKey | None = None
+
+
+def _init(n: int, p: int, q: int) -> None:
+    global _KEY
+    _KEY = PaillierPrivateKey(PaillierPublicKey(mpz(n)), mpz(p), mpz(q))
+    _KEY.encrypt_batch([0])  # build the obfuscator tables now, not in the first batch
+
+
+def _encrypt(plaintexts: list[int]) -> bytes:
+    assert _KEY is not None  # set by the pool initializer
+    return ciphertexts_to_bytes(_KEY.encrypt_batch(plaintexts), _KEY.public_key)
+
+
+def _decrypt(blob: bytes) -> list[int]:
+    assert _KEY is not None
+    return [int(m) for m in _KEY.decrypt_batch(ciphertexts_from_bytes(blob, _KEY.public_key))]
+
+
+def default_processes() -> int:
+    """One process per core."""
+    return max(1, os.cpu_count() or 1)
+
+
+class KeyHolderPool:
+    """Encrypt and decrypt for the key holder on ``processes`` processes."""
+
+    def __init__(self, private: PaillierPrivateKey, processes: int | None = None) -> None:
+        self.private = private
+        self.processes = processes or default_processes()
+        self._pool = mp.get_context("spawn").Pool(
+            self.processes, initializer=_init,
+            initargs=(int(private.public_key.n), int(private.p), int(private.q)))
+
+    def _slices(self, count: int) -> list[slice]:
+        step = -(-count // self.processes) if count else 1
+        return [slice(i, min(i + step, count)) for i in range(0, count, step)]
+
+    def encrypt(self, plaintexts: Sequence[int]) -> bytes:
+        """Encrypt to concatenated fixed-width ciphertexts."""
+        parts = [list(plaintexts[s]) for s in self._slices(len(plaintexts))]
+        return b"".join(self._pool.map(_encrypt, parts))
+
+    def decrypt(self, ciphertexts: bytes) -> list[int]:
+        """Decrypt concatenated fixed-width ciphertexts."""
+        width = self.private.public_key.ciphertext_bytes
+        count = len(ciphertexts) // width
+        parts = [ciphertexts[s.start * width:s.stop * width] for s in self._slices(count)]
+        return [m for part in self._pool.map(_decrypt, parts) for m in part]
+
+    def close(self) -> None:
+        """Stop the processes."""
+        self._pool.terminate()
+        self._pool.join()

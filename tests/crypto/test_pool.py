@@ -1,0 +1,26 @@
+"""The key holder's process pool: same results as the single-process key, bytes in and out."""
+
+from __future__ import annotations
+
+import pytest
+
+from crypto import CryptoError
+from crypto.paillier import ciphertexts_from_bytes, ciphertexts_to_bytes
+from crypto.pool import KeyHolderPool
+
+
+def test_pool_encrypts_and_decrypts_like_the_key(keypair_1024) -> None:  # type: ignore[no-untyped-def]
+    pub, priv = keypair_1024
+    pool = KeyHolderPool(priv, processes=2)
+    try:
+        plain = list(range(1000, 1101))
+        blob = pool.encrypt(plain)
+        cts = ciphertexts_from_bytes(blob, pub)
+        assert len(cts) == len(plain) and len(set(cts)) == len(plain)
+        assert [int(m) for m in priv.decrypt_batch(cts)] == plain
+        assert pool.decrypt(ciphertexts_to_bytes(priv.encrypt_batch(plain), pub)) == plain
+        assert pool.encrypt([]) == b"" and pool.decrypt(b"") == []
+        with pytest.raises(CryptoError):
+            pool.decrypt(b"\xff" * pub.ciphertext_bytes)
+    finally:
+        pool.close()
