@@ -16,11 +16,9 @@ from prefect.cache_policies import NO_CACHE
 
 from flows._tasks import align_entities, close_job, link, step_id
 from flows.config import JobConfig
-from messages.bodies import Ack, JobSpec, OpenJob, PartyInfo, SplitsFound, Step, TreeFinished
+from messages.bodies import (VALIDATION_BATCH, Ack, JobSpec, OpenJob, PartyInfo, SplitsFound,
+                             Step, TreeFinished)
 from messages.envelope import MsgType
-
-PREDICT_BATCH = 4096
-
 
 def job_spec(config: JobConfig) -> JobSpec:
     """What every party is told about the job (no paths, no data)."""
@@ -104,7 +102,7 @@ def finish_tree(job: str, active: str, passives: list[str], tree: int) -> dict[s
 def evaluate_validation(job: str, active: str, passives: list[str], n_valid: int) -> dict[str, float]:
     """Score the hold-out rows federatedly (two rounds per batch) and compute metrics."""
     coord = link(job)
-    for batch in range(-(-n_valid // PREDICT_BATCH)):
+    for batch in range(-(-n_valid // VALIDATION_BATCH)):
         coord.call(passives, MsgType.EVALUATE_NODES, Step(batch),
                    step_id(MsgType.EVALUATE_NODES, batch))
         coord.call([active], MsgType.FINISH_TRAVERSAL, Step(batch),

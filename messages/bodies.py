@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 
 from messages.instance_space import InstanceSpace
 
+VALIDATION_BATCH = 4096
+"""Rows per prediction batch when a training job scores its hold-out (flow and parties agree)."""
+
 
 # ---- job set-up ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)

@@ -86,8 +86,6 @@ STEP_COMMANDS = frozenset(
 for _kind in STEP_COMMANDS:
     BODY_TYPES[_kind] = b.Step
 COMMANDS = STEP_COMMANDS | {MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION}
-REPLIES = frozenset({MsgType.ACK, MsgType.SPLITS_FOUND, MsgType.TREE_FINISHED, MsgType.ERROR,
-                     MsgType.ALIGNED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +137,3 @@ def decode_envelope(data: bytes) -> Envelope:
     return Envelope(job=raw["job"], task=raw["task"], sender=raw["sender"],
                     recipient=raw["recipient"], kind=kind, body=body)
 
-
-def body_repr(env: Envelope) -> dict[str, Any]:
-    """Small description for logs (never payload contents)."""
-    return {"job": env.job, "task": env.task, "sender": env.sender, "kind": env.kind.name}

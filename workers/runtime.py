@@ -14,7 +14,6 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from boosting import BoostingError
@@ -65,9 +64,6 @@ class Mailbox:
         if not bodies:
             del self.items[(kind, sender, tree, depth)]
         return body
-
-    def count(self, kind: MsgType, sender: str, tree: int = -1, depth: int = -1) -> int:
-        return len(self.items.get((kind, sender, tree, depth), []))
 
     def require(self, *keys: MailKey, counts: list[int] | None = None) -> None:
         """Raise ``NotReady`` unless every key has (at least ``counts[i]``) messages.
@@ -237,8 +233,3 @@ class Worker:
 
     def _reply(self, env: Envelope, kind: MsgType, body: Any) -> None:
         self._send_for(env.job)(env.sender, kind, body, env.task)
-
-
-def model_dir(party: PartySpec) -> Path:
-    """Where this party keeps its model part."""
-    return Path(party.model_dir)

@@ -25,7 +25,7 @@ from messages.envelope import MsgType
 from workers import DataError, ProtocolError, StageError
 from workers.active import ActiveTraining
 from workers.alignment import receive_alignment
-from workers.data import load_party_csv
+from workers.data import PartyData, load_party_csv
 from workers.passive import LookupRecord, PassiveTraining, lookup_from_dict
 from workers.runtime import StepContext
 from workers.state import JobState
@@ -73,7 +73,7 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
         raise DataError(f"party {ctx.party.name}: file {ctx.party.data}: missing model feature "
                         f"column(s) {', '.join(missing)}")
     columns = [data.names.index(n) for n in expected]
-    data = type(data)(ids=data.ids, names=tuple(expected), x=data.x[:, columns], y=data.y)
+    data = PartyData(ids=data.ids, names=tuple(expected), x=data.x[:, columns], y=data.y)
     state = JobState(kind="predict", party=ctx.party.name, active=actives[0], passives=passives,
                      data=data, predict_batch=body.batch_size)
     state.role_state = role_state

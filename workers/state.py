@@ -9,6 +9,7 @@ import numpy as np
 
 from boosting._typing import BinMatrix, FloatArray, IntArray
 from crypto.psi import PsiKey
+from messages.bodies import VALIDATION_BATCH
 from workers import StageError
 from workers.data import PartyData
 
@@ -25,7 +26,7 @@ class JobState:
     valid_fraction: float = 0.0
     valid_seed: int = 0
     key_bits: int = 2048
-    predict_batch: int = 4096
+    predict_batch: int = VALIDATION_BATCH
     psi: PsiKey = field(default_factory=PsiKey)
     psi_order: IntArray | None = None
     """Data row of each id in the order this party sent its blinded ids."""
