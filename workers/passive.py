@@ -7,6 +7,7 @@ values or labels.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from boosting.grow import smaller_child
 from boosting.params import BoostParams
 from boosting.tree import write_json_atomic
 from crypto._gmp import mpz
+from crypto.pool import default_processes
 from crypto.paillier import (PaillierPublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
                              public_key_from_n)
 from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradients,
@@ -60,6 +62,20 @@ class PassiveTraining:
     node_of_row: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     depth: int = -1
     records: dict[int, LookupRecord] = field(default_factory=dict)
+    pool: Any = None
+    """Processes that build histograms of feature shards (both cores), started on first use."""
+
+    def histogram_pool(self) -> Any:
+        if self.pool is None:
+            self.pool = mp.get_context("spawn").Pool(default_processes())
+        return self.pool
+
+    def close(self) -> None:
+        """Stop the histogram processes."""
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
 
 
 def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
@@ -160,15 +176,27 @@ def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, A
         built = _apply_positions(ctx, state, run, body.tree, body.depth)
     public, bins = _require_key(run), state.require_bins()
     n_bins = run.params.max_bin + 1
-    sums: list[mpz] = []
+    shards = np.array_split(np.arange(bins.shape[1]), min(default_processes(), bins.shape[1]))
+    tasks = []
     for node in built:
         rows = np.flatnonzero((run.node_of_row == node) & run.in_tree)
-        sums.extend(_node_histogram(bins[rows], run.enc_index[rows], run.ciphertexts,
-                                    n_bins, public.nsquare))
+        node_cts = ciphertexts_to_bytes([run.ciphertexts[i] for i in run.enc_index[rows]], public)
+        tasks += [(np.ascontiguousarray(bins[np.ix_(rows, shard)]), node_cts, n_bins, int(public.n))
+                  for shard in shards]
+    # node-major, features in order: the same layout as one process would produce
+    parts = run.histogram_pool().starmap(_shard_histogram, tasks)
     ctx.send(state.active, MsgType.ENCRYPTED_HISTOGRAMS, EncryptedHistograms(
         tree=body.tree, depth=body.depth, nodes=built, n_features=bins.shape[1],
-        n_bins=n_bins, ciphertexts=ciphertexts_to_bytes(sums, public)))
+        n_bins=n_bins, ciphertexts=b"".join(parts)))
     return MsgType.ACK, Ack(count=len(built))
+
+
+def _shard_histogram(bins: np.ndarray, ciphertexts: bytes, n_bins: int, n: int) -> bytes:
+    """Pool task: the encrypted histogram of one node over a shard of features."""
+    public = PaillierPublicKey(mpz(n))
+    cts = ciphertexts_from_bytes(ciphertexts, public)
+    sums = _node_histogram(bins, np.arange(len(cts)), cts, n_bins, public.nsquare)
+    return ciphertexts_to_bytes(sums, public)
 
 
 def _node_histogram(bins: np.ndarray, enc_index: np.ndarray, ciphertexts: list[mpz],
@@ -216,6 +244,14 @@ def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         out.append(AppliedSplit(node=choice.node, record_id=record_id, left=encode_mask(mask)))
     ctx.send(state.active, MsgType.APPLIED_SPLITS, AppliedSplits(body.tree, body.depth, out))
     return MsgType.ACK, Ack(count=len(out))
+
+
+def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+    """Stop the job's histogram processes; the saved lookup table stays."""
+    state: JobState | None = ctx.state
+    if state is not None and isinstance(state.role_state, PassiveTraining):
+        state.role_state.close()
+    return MsgType.ACK, Ack()
 
 
 def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
 
-from messages.bodies import Ack
 from messages.envelope import MsgType
 from workers import active, alignment, passive, scoring
-from workers.runtime import Handler, StepContext
-
-
-def close_job(ctx: StepContext, _: Any) -> tuple[MsgType, Any]:
-    """Forget the job's state (its files stay)."""
-    return MsgType.ACK, Ack()
+from workers.runtime import Handler
 
 
 ACTIVE_HANDLERS: dict[MsgType, Handler] = {
@@ -43,7 +36,7 @@ PASSIVE_HANDLERS: dict[MsgType, Handler] = {
     MsgType.FINISH_TREE: passive.finish_tree,
     MsgType.SAVE_MODEL: passive.save_model_part,
     MsgType.EVALUATE_NODES: scoring.evaluate_nodes,
-    MsgType.CLOSE_JOB: close_job,
+    MsgType.CLOSE_JOB: passive.close_job,
 }
 
 
