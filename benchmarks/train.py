@@ -4,7 +4,7 @@
 
 For each key size: one embedded run (guest + host worker processes, ephemeral Prefect) on the
 shipped default_credit config with ``--trees`` trees; prints PSI/set-up time, mean seconds per
-tree, and the baseline measured in the same run: phe's time to encrypt one tree's g and h
+tree, the time per protocol step, and the baseline measured in the same run: phe's time to encrypt one tree's g and h
 separately for every row (a sample of encryptions, extrapolated).
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +32,33 @@ def phe_tree_baseline(bits: int, rows: int, sample: int = 200) -> float:
     return (time.perf_counter() - start) / sample * 2 * rows
 
 
+# task run names of flows/secureboost.py without their "-t{tree}-d{depth}" coordinates
+JOB_STEPS = ["open-job", "align-entities", "bin-features", "save-models", "close-job"]
+TREE_STEPS = ["encrypt-gradients", "build-histograms", "find-splits", "apply-splits",
+              "broadcast-nodes", "finish-tree"]
+
+
+def step_seconds(flow_run_id: object) -> dict[str, float]:
+    """Total run time per task name of one flow run, read back from the Prefect API."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    totals: dict[str, float] = {}
+    runs: list = []  # type: ignore[type-arg]
+    with get_client(sync_client=True) as client:
+        while True:  # the API pages at 200
+            page = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+                limit=200, offset=len(runs))
+            runs += page
+            if len(page) < 200:
+                break
+    for run in runs:
+        name = re.sub(r"-t\d+(-d\d+)?$", "", run.name)
+        totals[name] = totals.get(name, 0.0) + run.total_run_time.total_seconds()
+    return totals
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--trees", type=int, default=5)
@@ -39,18 +67,23 @@ def main() -> None:
     _prefect_env.configure()
     import logging
 
-    from fedboost.embedded import train_embedded
+    from fedboost.embedded import party_specs, run_embedded
+    from flows.secureboost import vertical_secureboost
     from tests.scenarios import config_with
 
     logging.getLogger("prefect").setLevel(logging.WARNING)
     logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
     logging.getLogger("prefect.flow_runs").setLevel(logging.WARNING)
     rows = []
+    breakdowns = {}
     for bits in args.bits:
         config = config_with("default_credit.yaml", crypto={"key_bits": bits},
                              params={"n_trees": args.trees})
         with tempfile.TemporaryDirectory() as out:
-            result = train_embedded(config, Path(out))
+            state = run_embedded(config.job, party_specs(config, Path(out)),
+                                 lambda: vertical_secureboost(config, return_state=True))
+        result = state.result()
+        breakdowns[bits] = step_seconds(state.state_details.flow_run_id)
         per_tree = result["tree_seconds"]
         mean = sum(per_tree) / len(per_tree)
         setup = result["train_seconds"] - sum(per_tree)
@@ -62,6 +95,15 @@ def main() -> None:
     for bits, n, setup, mean, best, baseline in rows:
         print(f"{bits:>8} {n:>6} {setup:>9.1f} {mean:>7.2f} {best:>6.2f} {baseline:>20.0f} "
               f"{baseline / mean:>14.0f}x")
+    print("\nseconds by step (Prefect task run times; each step includes its messaging)")
+    print(f"{'per tree':<28}" + "".join(f"{b:>10}" for b in args.bits))
+    for step in TREE_STEPS:
+        cells = [breakdowns[b].get(step, 0.0) / args.trees for b in args.bits]
+        print(f"  {step:<26}" + "".join(f"{c:>10.3f}" for c in cells))
+    print("per job (once)")
+    for step in JOB_STEPS:
+        cells = [breakdowns[b].get(step, 0.0) for b in args.bits]
+        print(f"  {step:<26}" + "".join(f"{c:>10.3f}" for c in cells))
 
 
 if __name__ == "__main__":
