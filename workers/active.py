@@ -192,9 +192,9 @@ def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: li
         raise StageError("histograms arrived before any gradients were encrypted")
     # the empty bin is the trivial encryption of zero: nothing to decrypt
     empty = (1).to_bytes(width, "big")
-    filled = [k for k in range(count) if msg.ciphertexts[k * width:(k + 1) * width] != empty]
-    plain = run.crypto_pool().decrypt(b"".join(msg.ciphertexts[k * width:(k + 1) * width]
-                                               for k in filled))
+    cells = [msg.ciphertexts[k * width:(k + 1) * width] for k in range(count)]
+    filled = [k for k, cell in enumerate(cells) if cell != empty]
+    plain = run.crypto_pool().decrypt(b"".join(cells[k] for k in filled))
     sums = np.zeros((count, 3), dtype=np.int64)
     for k, m in zip(filled, plain):
         sums[k] = run.packer.unpack_sum(m)

@@ -56,7 +56,8 @@ class PassiveTraining:
     params: BoostParams
     public: PaillierPublicKey | None = None
     tree: int = -1
-    ciphertexts: list[mpz] = field(default_factory=list)
+    ciphertexts: bytes = b""
+    """The tree's E(g, h, 1) of in-tree rows, fixed width, as received (range-checked)."""
     enc_index: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     in_tree: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     node_of_row: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
@@ -126,13 +127,11 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     public = _require_key(run)
     n_train = state.require_bins().shape[0]
     in_tree = decode_mask(start.in_tree, n_train)
-    ciphertexts: list[mpz] = []
-    for chunk in sorted(chunks, key=lambda c: c.chunk):
-        ciphertexts.extend(ciphertexts_from_bytes(chunk.ciphertexts, public))
-    if len(ciphertexts) != int(in_tree.sum()):
-        raise ProtocolError(f"tree {tree}: {len(ciphertexts)} ciphertexts for "
-                            f"{int(in_tree.sum())} rows")
-    run.tree, run.ciphertexts, run.in_tree = tree, ciphertexts, in_tree
+    blob = b"".join(c.ciphertexts for c in sorted(chunks, key=lambda c: c.chunk))
+    count = len(ciphertexts_from_bytes(blob, public))  # validates length and range once
+    if count != int(in_tree.sum()):
+        raise ProtocolError(f"tree {tree}: {count} ciphertexts for {int(in_tree.sum())} rows")
+    run.tree, run.ciphertexts, run.in_tree = tree, blob, in_tree
     run.enc_index = np.cumsum(in_tree) - 1
     run.node_of_row = np.zeros(n_train, dtype=np.int64)
     run.depth = 0
@@ -177,10 +176,12 @@ def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, A
     public, bins = _require_key(run), state.require_bins()
     n_bins = run.params.max_bin + 1
     shards = np.array_split(np.arange(bins.shape[1]), min(default_processes(), bins.shape[1]))
+    width = public.ciphertext_bytes
     tasks = []
     for node in built:
         rows = np.flatnonzero((run.node_of_row == node) & run.in_tree)
-        node_cts = ciphertexts_to_bytes([run.ciphertexts[i] for i in run.enc_index[rows]], public)
+        node_cts = b"".join(run.ciphertexts[i * width:(i + 1) * width]
+                            for i in run.enc_index[rows].tolist())
         tasks += [(np.ascontiguousarray(bins[np.ix_(rows, shard)]), node_cts, n_bins, int(public.n))
                   for shard in shards]
     # node-major, features in order: the same layout as one process would produce
@@ -258,7 +259,7 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     """Drop the tree's ciphertexts; the lookup records stay."""
     state: JobState = ctx.state
     run: PassiveTraining = state.role_state
-    run.ciphertexts = []
+    run.ciphertexts = b""
     ctx.mailbox.drop_tree(body.tree)
     return MsgType.ACK, Ack(count=len(run.records))
 
