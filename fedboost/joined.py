@@ -50,10 +50,11 @@ def join_parties(config: JobConfig) -> JoinedData:
         row = {ident: k for k, ident in enumerate(data.ids)}
         take = np.array([row[i] for i in ids])
         blocks.append(FeatureBlock(name, data.names, data.x[take]))
+        if name == config.active:
+            active_take = take
     labels = loaded[config.active].y
     if labels is None:
         raise DataError(f"party {config.active}: no label column")
-    active_row = {ident: k for k, ident in enumerate(loaded[config.active].ids)}
-    y = labels[np.array([active_row[i] for i in ids])]
+    y = labels[active_take]
     valid = holdout_mask(len(ids), config.validation.fraction, config.validation.seed)
     return JoinedData(ids=ids, y=y, blocks=blocks, valid=valid)
