@@ -3,8 +3,10 @@
     python -m benchmarks.crypto [--bits 1024 2048] [--seconds 1.0]
 
 Rows: encrypt (ours as key holder with CRT, ours with the public key only, phe), add (ours,
-phe, raw gmpy2 ``c1*c2 % n2``), decrypt (ours CRT, phe CRT), and histogram accumulation (the
-passive party's per-bin ciphertext products on a default_credit-sized node, as multiplies/s).
+phe, raw gmpy2 ``c1*c2 % n2``), decrypt (ours CRT, phe CRT), histogram accumulation (the
+passive party's per-bin ciphertext products on a default_credit-sized node, as multiplies/s),
+and bin sums brought back to plaintext, one decryption each or packed several per ciphertext
+(crypto.compress: pack + decrypt + unpack), as sums/s.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import Callable
 import numpy as np
 import phe
 
+from crypto.compress import BinSumPacking
+from crypto.encoding import GradientPacker
 from crypto.paillier import generate_keypair
 
 
@@ -53,6 +57,7 @@ def measure(bits: int, seconds: float) -> dict[str, float]:
         "decrypt phe (CRT)": rate(lambda k: [phe_priv.raw_decrypt(int(cts[i % 64])) for i in range(k)], seconds),
     }
     out["histogram accumulation (mults/s)"] = histogram_rate(public, private, seconds)
+    out.update(bin_sum_rates(public, private, seconds))
     return out
 
 
@@ -65,11 +70,41 @@ def histogram_rate(public, private, seconds: float) -> float:  # type: ignore[no
     bins = np.random.default_rng(0).integers(0, 33, size=(rows, 10)).astype(np.uint8)
     index = np.arange(rows)
 
-    def run(k: int) -> None:
-        for _ in range(-(-k // (rows * 10))):
-            _node_histogram(bins, index, cts, 33, public.nsquare)
+    # rate() counts calls; each call is about one multiply per row and feature
+    return rows * 10 * rate(lambda k: [_node_histogram(bins, index, cts, 33, public.nsquare)
+                                       for _ in range(k)], seconds)
 
-    return rate(run, seconds)
+
+BENCH_PACKER = GradientPacker(value_bits=42, max_rows=30_000)
+"""default_credit's training rows: 59-bit slots, 177-bit bin sums."""
+
+
+def bin_sum_rates(public, private, seconds: float) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Bin sums to plaintext per second: decrypted one by one, or packed, decrypted, unpacked."""
+    packing = BinSumPacking.for_key(BENCH_PACKER.cell_bits, public.n.bit_length())
+    per, nsq = packing.per_ciphertext, public.nsquare
+    plain = BENCH_PACKER.pack([random.randint(-2**42, 2**42) for _ in range(per)],
+                              [random.randint(0, 2**42) for _ in range(per)])
+    cts = private.encrypt_batch(plain)
+    if packing.unpack(private.decrypt_batch(packing.pack(cts, nsq)), per) != plain:
+        raise RuntimeError("packed bin sums did not come back exactly")
+
+    def one_by_one(k: int) -> None:
+        for i in range(k):
+            BENCH_PACKER.unpack_sum(private.raw_decrypt(cts[i % per]))
+
+    def packed(k: int) -> None:
+        for _ in range(k):
+            for m in packing.unpack(private.decrypt_batch(packing.pack(cts, nsq)), per):
+                BENCH_PACKER.unpack_sum(m)
+
+    # rate() counts calls of ``packed``; each brings back one packed ciphertext's sums
+    return {
+        "bin sums, one decryption each (sums/s)": rate(one_by_one, seconds),
+        "bin sums packed (sums/s)": per * rate(packed, seconds),
+        "  of which packing them (sums/s)": per * rate(
+            lambda k: [packing.pack(cts, nsq) for _ in range(k)], seconds),
+    }
 
 
 def main() -> None:
@@ -78,17 +113,24 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0)
     args = parser.parse_args()
     results = {bits: measure(bits, args.seconds) for bits in args.bits}
-    names = list(next(iter(results.values())))
-    print(f"{'operation (ops/s, one core)':<40}" + "".join(f"{b:>12}" for b in args.bits))
-    for name in names:
-        print(f"{name:<40}" + "".join(f"{results[b][name]:>12,.0f}" for b in args.bits))
+    print(f"{'operation (ops/s, one core)':<44}" + "".join(f"{b:>12}" for b in args.bits))
+    for name in next(iter(results.values())):
+        print(f"{name:<44}" + "".join(f"{results[b][name]:>12,.0f}" for b in args.bits))
     print()
     for b in args.bits:
         r = results[b]
+        one, packed = r["bin sums, one decryption each (sums/s)"], r["bin sums packed (sums/s)"]
+        shifts = r["  of which packing them (sums/s)"]
         print(f"{b} bits: encrypt ours/phe = {r['encrypt ours (key holder, CRT)'] / r['encrypt phe']:.0f}x; "
               f"histogram accumulation / raw multiply = "
               f"{r['histogram accumulation (mults/s)'] / r['add raw gmpy2 c1*c2 % n2 (floor)']:.2f}; "
               f"decrypt ours/phe = {r['decrypt ours (CRT)'] / r['decrypt phe (CRT)']:.1f}x")
+        per = BinSumPacking.for_key(BENCH_PACKER.cell_bits, b).per_ciphertext
+        print(f"{b} bits: per bin sum, one decryption {1e3 / one:.3f} ms; packed {per} per "
+              f"ciphertext "
+              f"{1e3 / packed:.3f} ms (passive packing {1e3 / shifts:.3f} ms + key holder "
+              f"{1e3 / packed - 1e3 / shifts:.3f} ms); packing pays {packed / one:.1f}x overall, "
+              f"{(1 / one) / (1 / packed - 1 / shifts):.0f}x for the key holder")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,11 @@ class GradientPacker:
         """Bits per slot: a shifted value (value_bits + 1) times up to max_rows."""
         return self.value_bits + 2 + math.ceil(math.log2(self.max_rows + 1))
 
+    @property
+    def cell_bits(self) -> int:
+        """Bits of any sum of packed rows: each slot holds its own sum."""
+        return SLOTS * self.slot_bits
+
     def check_fits(self, n_bits: int) -> None:
         """Raise if three slots do not fit below n (plaintexts must stay < n)."""
         if SLOTS * self.slot_bits >= n_bits - 1:
