@@ -176,13 +176,19 @@ class EncryptedGradients:
 
 @dataclass(frozen=True, slots=True)
 class EncryptedHistograms:
-    """Per built node, features x bins of summed ciphertexts, fixed width, row-major."""
+    """Per built node, features x bins of encrypted bin sums (row-major), packed for the trip.
+
+    ``filled`` marks the non-empty bins over all nodes x features x bins; their sums travel
+    ``per_ciphertext`` to a fixed-width ciphertext, in that order (crypto.compress).
+    """
 
     tree: int
     depth: int
     nodes: list[int]
     n_features: int
     n_bins: int
+    filled: InstanceSpace
+    per_ciphertext: int
     ciphertexts: bytes
 
 

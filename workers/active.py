@@ -23,6 +23,7 @@ from boosting.params import BoostParams
 from boosting.split import SplitCandidate
 from boosting.train import allowed_blocks
 from boosting.tree import Model, Tree, node_values, save_model, write_json_atomic
+from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from crypto.paillier import PaillierPrivateKey, PaillierPublicKey, generate_keypair
 from crypto.pool import KeyHolderPool
@@ -183,20 +184,23 @@ def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: li
         raise ProtocolError(f"{sender} built histograms of nodes {msg.nodes}, expected {built}")
     if msg.n_bins != run.params.max_bin + 1 or msg.n_features < 1:
         raise ProtocolError(f"{sender} sent histograms of {msg.n_features} x {msg.n_bins} bins")
-    width = run.public.ciphertext_bytes
-    count = len(built) * msg.n_features * msg.n_bins
-    if len(msg.ciphertexts) != count * width:
-        raise ProtocolError(f"{sender} sent {len(msg.ciphertexts)} bytes of histograms, "
-                            f"expected {count} ciphertexts of {width} bytes")
     if run.packer is None:
         raise StageError("histograms arrived before any gradients were encrypted")
-    # the empty bin is the trivial encryption of zero: nothing to decrypt
-    empty = (1).to_bytes(width, "big")
-    cells = [msg.ciphertexts[k * width:(k + 1) * width] for k in range(count)]
-    filled = [k for k, cell in enumerate(cells) if cell != empty]
-    plain = run.crypto_pool().decrypt(b"".join(cells[k] for k in filled))
+    most = BinSumPacking.for_key(run.packer.cell_bits, run.public.n.bit_length()).per_ciphertext
+    if not 1 <= msg.per_ciphertext <= most:
+        raise ProtocolError(f"{sender} packed {msg.per_ciphertext} bin sums per ciphertext; "
+                            f"1 to {most} fit")
+    packing = BinSumPacking(run.packer.cell_bits, msg.per_ciphertext)
+    count = len(built) * msg.n_features * msg.n_bins
+    filled = np.flatnonzero(decode_mask(msg.filled, count))
+    width, expected = run.public.ciphertext_bytes, packing.n_ciphertexts(filled.size)
+    if len(msg.ciphertexts) != expected * width:
+        raise ProtocolError(f"{sender} sent {len(msg.ciphertexts)} bytes of histograms, expected "
+                            f"{expected} ciphertexts of {width} bytes")
+    # empty bins are not sent: their sums are zero
+    plain = packing.unpack(run.crypto_pool().decrypt(msg.ciphertexts), filled.size)
     sums = np.zeros((count, 3), dtype=np.int64)
-    for k, m in zip(filled, plain):
+    for k, m in zip(filled.tolist(), plain):
         sums[k] = run.packer.unpack_sum(m)
     return sums.reshape(len(built), msg.n_features, msg.n_bins, 3)
 

@@ -20,6 +20,8 @@ from boosting.grow import smaller_child
 from boosting.params import BoostParams
 from boosting.tree import write_json_atomic
 from crypto._gmp import mpz
+from crypto.compress import BinSumPacking, pack_bin_sums
+from crypto.encoding import GradientPacker
 from crypto.pool import default_processes
 from crypto.paillier import (PaillierPublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
                              public_key_from_n)
@@ -61,6 +63,8 @@ class PassiveTraining:
     enc_index: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     in_tree: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     node_of_row: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    packing: BinSumPacking | None = None
+    """How the tree's bin sums are packed for the trip back (from the gradients' layout)."""
     depth: int = -1
     records: dict[int, LookupRecord] = field(default_factory=dict)
     pool: Any = None
@@ -125,13 +129,18 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     if sorted(c.chunk for c in chunks) != list(range(start.n_chunks)):
         raise ProtocolError(f"tree {tree}: gradient chunks {sorted(c.chunk for c in chunks)}")
     public = _require_key(run)
+    if start.value_bits < 1 or start.max_rows < 1:
+        raise ProtocolError(f"tree {tree}: gradients of {start.value_bits} bits, "
+                            f"{start.max_rows} rows")
+    packing = BinSumPacking.for_key(GradientPacker(start.value_bits, start.max_rows).cell_bits,
+                                    public.n.bit_length())
     n_train = state.require_bins().shape[0]
     in_tree = decode_mask(start.in_tree, n_train)
     blob = b"".join(c.ciphertexts for c in sorted(chunks, key=lambda c: c.chunk))
     count = len(ciphertexts_from_bytes(blob, public))  # validates length and range once
     if count != int(in_tree.sum()):
         raise ProtocolError(f"tree {tree}: {count} ciphertexts for {int(in_tree.sum())} rows")
-    run.tree, run.ciphertexts, run.in_tree = tree, blob, in_tree
+    run.tree, run.ciphertexts, run.in_tree, run.packing = tree, blob, in_tree, packing
     run.enc_index = np.cumsum(in_tree) - 1
     run.node_of_row = np.zeros(n_train, dtype=np.int64)
     run.depth = 0
@@ -186,9 +195,14 @@ def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, A
                   for shard in shards]
     # node-major, features in order: the same layout as one process would produce
     parts = run.histogram_pool().starmap(_shard_histogram, tasks)
+    if run.packing is None:
+        raise StageError(f"build_histograms t{body.tree}: the tree's gradients have not arrived")
+    # several sums per ciphertext: the active party decrypts per_ciphertext times fewer numbers
+    filled, packed = pack_bin_sums(b"".join(parts), public, run.packing, run.histogram_pool().map)
     ctx.send(state.active, MsgType.ENCRYPTED_HISTOGRAMS, EncryptedHistograms(
         tree=body.tree, depth=body.depth, nodes=built, n_features=bins.shape[1],
-        n_bins=n_bins, ciphertexts=b"".join(parts)))
+        n_bins=n_bins, filled=encode_mask(np.array(filled, dtype=bool)),
+        per_ciphertext=run.packing.per_ciphertext, ciphertexts=packed))
     return MsgType.ACK, Ack(count=len(built))
 
 
