@@ -12,8 +12,13 @@ from crypto import CryptoError, OverflowRiskError
 from crypto._gmp import mpz
 from crypto.compress import BinSumPacking, pack_bin_sums
 from crypto.encoding import GradientPacker
-from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_from_bytes,
-                             ciphertexts_to_bytes, generate_keypair)
+from crypto.paillier import (
+    PaillierPrivateKey,
+    PaillierPublicKey,
+    ciphertexts_from_bytes,
+    ciphertexts_to_bytes,
+    generate_keypair,
+)
 
 BITS = 42  # value bits at up to a million rows (boosting.fixedpoint)
 Cell = tuple[int, int, int]  # (sum of g, sum of h, count)
