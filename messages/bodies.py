@@ -187,6 +187,35 @@ class EncryptedHistograms:
 
 
 @dataclass(frozen=True, slots=True)
+class HistogramShard:
+    """Work for one of a party's own processes: the histograms of a subset of its features.
+
+    Per built node (in order): that node's rows of the shard's bin codes (rows x features,
+    uint8, row-major) and the rows' E(g, h, 1), fixed width. Never leaves the party.
+    """
+
+    tree: int
+    depth: int
+    shard: int
+    n: bytes
+    n_bins: int
+    n_features: int
+    rows: list[int]
+    bins: bytes
+    ciphertexts: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ShardHistogram:
+    """A shard's result: per node, the shard's features x bins of summed ciphertexts."""
+
+    tree: int
+    depth: int
+    shard: int
+    ciphertexts: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class SplitChoice:
     """A split the owner party must apply: its feature index and bin threshold."""
 

@@ -306,7 +306,7 @@ def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     """Write the active party's model part: structure, owners, own thresholds, leaf values."""
     state: JobState = ctx.state
     run: ActiveTraining = state.role_state
-    directory = ctx.party.model_dir
+    directory = ctx.model_dir
     features = {state.party: state.data.names, **{p: () for p in state.passives}}
     save_model(run.model(features), Path(directory) / "model.json")
     write_json_atomic(Path(directory) / "party.json", {

@@ -32,6 +32,9 @@ SAMPLES = {
     MsgType.APPLIED_SPLITS: b.AppliedSplits(1, 2, [b.AppliedSplit(3, 0, encode_mask(np.ones(4, bool)))]),
     MsgType.NODE_POSITIONS: b.NodePositions(1, 2, [b.NodeSplit(3, 5, 6, encode_mask(np.ones(4, bool)))]),
     MsgType.DECISIONS: b.Decisions(0, [1, 2], 3, b"\x07"),
+    MsgType.HISTOGRAM_SHARD: b.HistogramShard(1, 0, 1, b"\x05", 33, 2, [3], b"\x00" * 6,
+                                              b"\x02" * 24),
+    MsgType.SHARD_HISTOGRAM: b.ShardHistogram(1, 0, 1, b"\x03" * 10),
 }
 
 
