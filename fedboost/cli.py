@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--processes", type=int, help="processes to start (default: the file's "
                         "'processes', 1): the extra ones share histogram work")
     worker.add_argument("--models", type=Path, help="model folder (default: the file's 'models')")
+    worker.add_argument("--health-file", help="touch this file while serving (health checks)")
     worker.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     worker.set_defaults(run=_worker)
@@ -74,6 +75,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="job file whose content becomes the deployment's default parameter")
     serve.add_argument("--cron", help="optional schedule, e.g. '0 2 * * *'")
     serve.set_defaults(run=_serve)
+    defs = sub.add_parser("definitions", help="write RabbitMQ users and permissions per party")
+    defs.add_argument("--party", action="append", required=True, metavar="NAME=PASSWORD",
+                      help="a party and its broker password (repeat per party)")
+    defs.add_argument("--flow-password", required=True, help="password of the flows' user")
+    defs.add_argument("--out", type=Path, required=True, help="definitions.json to write")
+    defs.set_defaults(run=_definitions)
     return parser
 
 
@@ -189,7 +196,7 @@ def _worker(args: argparse.Namespace) -> int:
         print(f"fedboost: error: party {config.party}: data file {config.data} not found",
               file=sys.stderr)
         return EXIT_USER_ERROR
-    return run_workers(config, getattr(logging, args.log_level))
+    return run_workers(config, getattr(logging, args.log_level), args.health_file)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -206,6 +213,22 @@ def _serve(args: argparse.Namespace) -> int:
         description="Vertical SecureBoost over RabbitMQ: the parameter is the job file's content "
                     "(transport.kind rabbitmq); the parties' workers must be running.")
     serve(deployment)
+    return 0
+
+
+def _definitions(args: argparse.Namespace) -> int:
+    from fedboost.broker import definitions
+
+    passwords = {}
+    for item in args.party:
+        name, sep, password = item.partition("=")
+        if not sep or not name or not password:
+            print(f"fedboost: error: --party {name!r}: expected NAME=PASSWORD", file=sys.stderr)
+            return EXIT_USER_ERROR
+        passwords[name] = password
+    args.out.write_text(json.dumps(definitions(passwords, args.flow_password), indent=2) + "\n")
+    print(f"wrote users, permissions and queues for {', '.join(sorted(passwords))} and flows "
+          f"to {args.out}")
     return 0
 
 

@@ -30,26 +30,28 @@ def party_spec(config: WorkerConfig) -> PartySpec:
                      columns=config.columns, processes=config.processes)
 
 
-def serve_party(config: WorkerConfig, log_level: int) -> None:
+def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = None) -> None:
     """Process entry point: connect, then serve jobs until SIGTERM/SIGINT."""
     _configure_logging(config.party, log_level)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     transport = RabbitTransport(config.party, config.transport.amqp_url(), party=True,
                                 chunk_bytes=config.transport.chunk_bytes)
     log.info("%s: connected to %s", config.party, redact(config.transport.amqp_url()))
-    worker = Worker(party_spec(config), transport, handlers_for(config.role))
+    worker = Worker(party_spec(config), transport, handlers_for(config.role),
+                    health_file=health_file)
     signal.signal(signal.SIGINT, worker.stop)
     worker.serve()
     log.info("%s: stopped", config.party)
 
 
-def run_workers(config: WorkerConfig, log_level: int) -> int:
+def run_workers(config: WorkerConfig, log_level: int, health_file: str | None = None) -> int:
     """Start ``config.processes`` processes of the party and wait for them."""
     if config.processes == 1:
-        serve_party(config, log_level)
+        serve_party(config, log_level, health_file)
         return 0
     context = mp.get_context("spawn")
-    procs: list[BaseProcess] = [context.Process(target=serve_party, args=(config, log_level),
+    procs: list[BaseProcess] = [context.Process(target=serve_party,
+                                                args=(config, log_level, health_file),
                                                 name=f"fedboost-{config.party}-{k}")
                                 for k in range(config.processes)]
     for proc in procs:
