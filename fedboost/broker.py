@@ -44,7 +44,8 @@ def definitions(passwords: dict[str, str], flow_password: str, vhost: str = "/")
     """
     users, permissions, queues = [], [], []
     for party, password in sorted(passwords.items()):
-        own = f"^({re.escape(queue_of(party))}|{re.escape(work_queue_of(party))})$"
+        # its inbox, its work queue, and the private queues of its big work shards
+        own = f"^({re.escape(queue_of(party))}|{re.escape(work_queue_of(party))}(\\..+)?)$"
         users.append(_user(user_of(party), password))
         permissions.append({"user": user_of(party), "vhost": vhost, "configure": own,
                             "write": PUBLISH_ONLY, "read": own})

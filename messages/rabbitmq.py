@@ -6,7 +6,9 @@ the right to create bindings, which would let a party bind another party's traff
 - ``fedboost.<party>``: the party's inbox (durable, single active consumer). Every process of
   the party subscribes; the broker lets exactly one consume, so a standby takes over if it dies.
 - ``fedboost.<party>.work``: the party's own work queue (durable, competing consumers): feature
-  shards of histogram building, taken by the party's helper processes.
+  shards of histogram building, taken by the party's helper processes. A shard larger than a
+  chunk waits in its own ``fedboost.<party>.work.<id>`` queue and the work queue carries a
+  ticket naming it: chunks on a shared queue would be dealt to different helpers.
 - ``fedboost.flow.<id>``: a flow run's reply queue (durable, expires a day after last use).
 
 Delivery: messages are persistent and published with confirms, to a queue that must exist
@@ -68,6 +70,17 @@ def redact(url: str) -> str:
 
 
 @dataclass(slots=True)
+class _Delivery:
+    """A whole message ready to hand over (or a work ticket whose data is still queued)."""
+
+    queue: str
+    data: bytes
+    tags: list[tuple[int, int]]
+    message_id: str
+    data_queue: str | None = None
+
+
+@dataclass(slots=True)
 class _Partial:
     """Chunks of one message received so far."""
 
@@ -104,11 +117,12 @@ class RabbitTransport:
         self.work = work_queue_of(name) if party else None
         self._taking_work = party
         self._generation = 0  # bumps on every reconnect: older delivery tags are void
-        self._ready: deque[tuple[str, bytes, list[tuple[int, int]], str]] = deque()
+        self._ready: deque[_Delivery] = deque()
         self._partials: dict[str, _Partial] = {}
         self._completed: OrderedDict[str, None] = OrderedDict()
         self._unacked: list[tuple[int, int]] = []
         self._last_id: str | None = None
+        self._last_data_queue: str | None = None
         self._connection: Any = None
         self._channel: Any = None
         self._work_tag: str | None = None
@@ -198,9 +212,18 @@ class RabbitTransport:
             log.info("%s: dropped a redelivered duplicate of %s", self.name, message_id)
             self._ack([tag])
             return
+        data_queue = headers.get("fb-data-queue")
+        if queue == self.work and isinstance(data_queue, str | bytes):
+            data_queue = data_queue.decode() if isinstance(data_queue, bytes) else data_queue
+            if data_queue.startswith(self.work + ".") and message_id:
+                self._ready.append(_Delivery(queue, b"", [tag], message_id, data_queue))
+            else:
+                log.warning("%s: dropped a work ticket naming %r", self.name, data_queue)
+                self._ack([tag])
+            return
         count = headers.get("fb-count")
         if count is None:
-            self._ready.append((queue, body, [tag], message_id))
+            self._ready.append(_Delivery(queue, body, [tag], message_id))
             return
         index, digest = headers.get("fb-index"), headers.get("fb-sha256")
         if (not isinstance(count, int) or not isinstance(index, int) or not 0 <= index < count
@@ -226,7 +249,7 @@ class RabbitTransport:
                         message_id)
             self._ack(partial.tags)
             return
-        self._ready.append((queue, data, partial.tags, message_id))
+        self._ready.append(_Delivery(queue, data, partial.tags, message_id))
 
     def receive(self, timeout: float) -> bytes | None:
         """The next whole message, or None after ``timeout`` s; acknowledge it when done."""
@@ -242,10 +265,53 @@ class RabbitTransport:
             except _CONNECTION_ERRORS as exc:
                 log.warning("%s: connection lost while receiving (%r)", self.name, exc)
                 self._connect()
-        queue, data, tags, message_id = self._ready.popleft()
-        if queue == self.inbox and self._work_tag is not None:
+        item = self._ready.popleft()
+        if item.queue == self.inbox and self._work_tag is not None:
             self._become_coordinator()
-        self._unacked, self._last_id = tags, message_id
+        self._unacked, self._last_id = item.tags, item.message_id
+        self._last_data_queue = item.data_queue
+        if item.data_queue is None:
+            return item.data
+        data = self._fetch_work_data(item.data_queue)
+        if data is None:  # nothing usable: the ticket is done with
+            self.acknowledge()
+            return self.receive(max(0.0, deadline - time.monotonic()))
+        return data
+
+    def _fetch_work_data(self, data_queue: str) -> bytes | None:
+        """Pull every chunk of a ticket's shard from its private queue (this process only)."""
+        partial: _Partial | None = None
+        try:
+            while partial is None or len(partial.chunks) < partial.count:
+                method, props, body = self._channel.basic_get(data_queue, auto_ack=False)
+                if method is None:
+                    log.warning("%s: work data in %s is incomplete", self.name, data_queue)
+                    return None
+                tag = (self._generation, method.delivery_tag)
+                self._unacked.append(tag)
+                headers = props.headers or {}
+                count, index = headers.get("fb-count"), headers.get("fb-index")
+                digest = headers.get("fb-sha256")
+                digest = digest.decode() if isinstance(digest, bytes) else digest
+                if partial is None:
+                    if (not isinstance(count, int) or count < 1
+                            or count * self.chunk_bytes > self.max_message_bytes + self.chunk_bytes):
+                        log.warning("%s: malformed work data in %s", self.name, data_queue)
+                        return None
+                    partial = _Partial(count, str(digest))
+                if (not isinstance(index, int) or not 0 <= index < partial.count
+                        or index in partial.chunks or count != partial.count):
+                    log.warning("%s: malformed work chunk in %s", self.name, data_queue)
+                    return None
+                partial.chunks[index] = body
+        except px.ChannelClosedByBroker as exc:  # e.g. the queue is gone (done by another)
+            log.warning("%s: work data %s unavailable: %s", self.name, data_queue, exc.reply_text)
+            self._connect()
+            return None
+        data = b"".join(partial.chunks[i] for i in range(partial.count))
+        if hashlib.sha256(data).hexdigest() != partial.digest:
+            log.warning("%s: work data in %s fails its SHA-256", self.name, data_queue)
+            return None
         return data
 
     def _become_coordinator(self) -> None:
@@ -254,10 +320,10 @@ class RabbitTransport:
         tag, self._work_tag = self._work_tag, None
         try:
             self._channel.basic_cancel(tag)
-            keep: deque[tuple[str, bytes, list[tuple[int, int]], str]] = deque()
+            keep: deque[_Delivery] = deque()
             for item in self._ready:
-                if item[0] == self.work:
-                    self._nack(item[2])
+                if item.queue == self.work:
+                    self._nack(item.tags)
                 else:
                     keep.append(item)
             self._ready = keep
@@ -272,6 +338,12 @@ class RabbitTransport:
             if len(self._completed) > _COMPLETED_IDS:
                 self._completed.popitem(last=False)
         self._ack(tags)
+        data_queue, self._last_data_queue = self._last_data_queue, None
+        if data_queue is not None:
+            try:
+                self._channel.queue_delete(data_queue)
+            except _CONNECTION_ERRORS as exc:
+                log.warning("%s: could not delete %s (%r)", self.name, data_queue, exc)
 
     def _ack(self, tags: list[tuple[int, int]]) -> None:
         try:
@@ -299,12 +371,32 @@ class RabbitTransport:
                       wait_for_queue=not recipient.startswith("flow."))
 
     def submit_work(self, data: bytes) -> None:
-        """Queue a shard of work for this party's helper processes."""
+        """Queue a shard of work for this party's helper processes.
+
+        A shard above one chunk goes to a private queue first, then a ticket naming it to the
+        work queue: whichever helper takes the ticket reads every chunk.
+        """
         if self.work is None:
             raise TransportError(f"{self.name} has no work queue")
-        self._publish(self.work, f"{self.name} helpers", data, wait_for_queue=True)
+        if len(data) <= self.chunk_bytes:
+            self._publish(self.work, f"{self.name} helpers", data, wait_for_queue=True)
+            return
+        data_queue = f"{self.work}.{uuid.uuid4().hex}"
+        try:
+            self._channel.queue_declare(data_queue, durable=True,
+                                        arguments={"x-expires": 24 * 3600 * 1000})
+        except _CONNECTION_ERRORS:
+            self._connect()
+            self._channel.queue_declare(data_queue, durable=True,
+                                        arguments={"x-expires": 24 * 3600 * 1000})
+        self._publish(data_queue, f"{self.name} helpers", data, wait_for_queue=True, chunked=True)
+        ticket = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent,
+                                      message_id=uuid.uuid4().hex,
+                                      headers={"fb-data-queue": data_queue})
+        self._publish_one(self.work, f"{self.name} helpers", b"", ticket, True)
 
-    def _publish(self, queue: str, recipient: str, data: bytes, *, wait_for_queue: bool) -> None:
+    def _publish(self, queue: str, recipient: str, data: bytes, *, wait_for_queue: bool,
+                 chunked: bool = False) -> None:
         if not isinstance(data, bytes):
             raise TypeError("transports carry bytes only")
         if len(data) > self.max_message_bytes:
@@ -312,10 +404,11 @@ class RabbitTransport:
                                  f"exceeds the {self.max_message_bytes}-byte limit")
         message_id = uuid.uuid4().hex
         count = max(1, math.ceil(len(data) / self.chunk_bytes))
-        digest = hashlib.sha256(data).hexdigest() if count > 1 else ""
+        chunked = chunked or count > 1
+        digest = hashlib.sha256(data).hexdigest() if chunked else ""
         for index in range(count):
             headers = ({"fb-index": index, "fb-count": count, "fb-sha256": digest}
-                       if count > 1 else None)
+                       if chunked else None)
             props = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent,
                                          message_id=message_id, headers=headers)
             chunk = data[index * self.chunk_bytes:(index + 1) * self.chunk_bytes]

@@ -125,6 +125,31 @@ def test_shards_go_to_helpers_not_the_coordinator(rabbit_url: str, names: tuple[
             t.close()
 
 
+def test_big_shards_reach_one_helper_whole_even_if_a_helper_dies(
+        rabbit_url: str, names: tuple[str, str]) -> None:
+    party = names[0]
+    coordinator = RabbitTransport(party, rabbit_url, party=True, chunk_bytes=1024)
+    first = RabbitTransport(party, rabbit_url, party=True, chunk_bytes=1024)
+    second = RabbitTransport(party, rabbit_url, party=True, chunk_bytes=1024)
+    flow = RabbitTransport(f"flow.{names[1]}", rabbit_url, party=False)
+    try:
+        flow.send(party, b"command")
+        assert _receive(coordinator) == b"command"
+        shards = [bytes([k]) * 5000 for k in range(4)]  # 5 chunks each
+        for shard in shards:
+            coordinator.submit_work(shard)
+        taken = first.receive(10)
+        assert taken in shards
+        first.close()  # dies before finishing: its shard goes back, chunks and all
+        got = sorted(_receive(second) for _ in range(4))
+        assert got == sorted(shards)
+        assert second.receive(0.5) is None
+    finally:
+        flow.delete_inbox()
+        for t in (coordinator, second, flow):
+            t.close()
+
+
 def test_errors_are_clear(rabbit_url: str, names: tuple[str, str]) -> None:
     a = RabbitTransport(names[0], rabbit_url, party=True, reconnect_seconds=1.0)
     try:
