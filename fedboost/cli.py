@@ -1,4 +1,4 @@
-"""The ``fedboost`` command: train, predict, centralized.
+"""The ``fedboost`` command: train, predict, centralized, worker, serve.
 
 User errors (bad config, bad data, empty intersection) end with one line on stderr naming the
 party and file, and exit status 1 (2 for command-line usage); faults keep their traceback.
@@ -58,6 +58,29 @@ def _parser() -> argparse.ArgumentParser:
     central.add_argument("config", type=Path, help="job file (YAML)")
     central.add_argument("--out", type=Path, help="output folder (default runs/<job>-centralized)")
     central.set_defaults(run=_centralized)
+    worker = sub.add_parser("worker", help="run a party's long-running worker on RabbitMQ")
+    worker.add_argument("--party", required=True, help="this party's name")
+    worker.add_argument("--config", required=True, type=Path,
+                        help="the party's worker file, or a job file naming the party")
+    worker.add_argument("--processes", type=int, help="processes to start (default: the file's "
+                        "'processes', 1): the extra ones share histogram work")
+    worker.add_argument("--models", type=Path, help="model folder (default: the file's 'models')")
+    worker.add_argument("--health-file", help="touch this file while serving (health checks)")
+    worker.add_argument("--log-level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    worker.set_defaults(run=_worker)
+    serve = sub.add_parser("serve", help="serve the training flow as a Prefect deployment")
+    serve.add_argument("--name", default="fedboost", help="deployment name (default fedboost)")
+    serve.add_argument("--config", type=Path,
+                       help="job file whose content becomes the deployment's default parameter")
+    serve.add_argument("--cron", help="optional schedule, e.g. '0 2 * * *'")
+    serve.set_defaults(run=_serve)
+    defs = sub.add_parser("definitions", help="write RabbitMQ users and permissions per party")
+    defs.add_argument("--party", action="append", required=True, metavar="NAME=PASSWORD",
+                      help="a party and its broker password (repeat per party)")
+    defs.add_argument("--flow-password", required=True, help="password of the flows' user")
+    defs.add_argument("--out", type=Path, required=True, help="definitions.json to write")
+    defs.set_defaults(run=_definitions)
     return parser
 
 
@@ -109,13 +132,16 @@ def _train(args: argparse.Namespace) -> int:
     from flows.config import load_config
 
     config = load_config(args.config)
-    import flows.secureboost  # noqa: F401  (sets up Prefect's logging before we adjust it)
+    from flows.secureboost import vertical_secureboost  # sets up Prefect's logging first
 
     _quiet_task_logs()
     out = args.out or Path("runs") / config.job
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "job.json", json.loads(config.model_dump_json()))
-    result = train_embedded(config, out)
+    if config.transport.kind == "rabbitmq":  # the parties' workers run on their own
+        result = vertical_secureboost(config)
+    else:
+        result = train_embedded(config, out)
     history = result.pop("history")
     result["trees"] = [{"tree": k, "seconds": s, **m}
                        for k, (s, m) in enumerate(zip(result["tree_seconds"], history))]
@@ -149,6 +175,60 @@ def _predict(args: argparse.Namespace) -> int:
     result = run_embedded(job, specs, lambda: federated_predict(
         job, config.active, config.passives, str(out), args.batch_size))
     print(f"scored {result['n_scored']} rows in {result['seconds']:.1f} s: {out}")
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from fedboost.worker import run_workers
+    from flows.config import load_worker_config
+
+    config = load_worker_config(args.config, args.party)
+    update: dict[str, Any] = {}
+    if args.processes is not None:
+        if args.processes < 1:
+            print("fedboost: error: --processes must be at least 1", file=sys.stderr)
+            return EXIT_USER_ERROR
+        update["processes"] = args.processes
+    if args.models is not None:
+        update["models"] = args.models.resolve()
+    config = config.model_copy(update=update)
+    if not config.data.is_file():
+        print(f"fedboost: error: party {config.party}: data file {config.data} not found",
+              file=sys.stderr)
+        return EXIT_USER_ERROR
+    return run_workers(config, getattr(logging, args.log_level), args.health_file)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from prefect import serve
+
+    from flows.config import load_config
+    from flows.secureboost import vertical_secureboost
+
+    parameters = None
+    if args.config is not None:
+        parameters = {"config": json.loads(load_config(args.config).model_dump_json())}
+    deployment = vertical_secureboost.to_deployment(
+        name=args.name, parameters=parameters, cron=args.cron, tags=["fedboost"],
+        description="Vertical SecureBoost over RabbitMQ: the parameter is the job file's content "
+                    "(transport.kind rabbitmq); the parties' workers must be running.")
+    serve(deployment)
+    return 0
+
+
+def _definitions(args: argparse.Namespace) -> int:
+    from fedboost.broker import definitions
+
+    passwords = {}
+    for item in args.party:
+        name, sep, password = item.partition("=")
+        if not sep or not name or not password:
+            print(f"fedboost: error: --party {name!r}: expected NAME=PASSWORD", file=sys.stderr)
+            return EXIT_USER_ERROR
+        passwords[name] = password
+    args.out.write_text(json.dumps(definitions(passwords, args.flow_password), indent=2) + "\n")
+    print(f"wrote users, permissions and queues for {', '.join(sorted(passwords))} and flows "
+          f"to {args.out}")
     return 0
 
 

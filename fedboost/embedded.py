@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from flows._tasks import Coordinator, attach, detach
-from flows.config import JobConfig
+from crypto.pool import default_processes
+from flows.config import JobConfig, PartyConfig
 from messages.transport import MemoryHub
 from workers.embedded import start_workers, stop_workers
 from workers.runtime import PartySpec
@@ -25,15 +26,24 @@ def party_specs(config: JobConfig, out_dir: Path,
         path = (data or {}).get(name, party.data)
         specs.append(PartySpec(name=name, role=party.role, data=str(path), id_column=party.id,
                                label=party.label, model_dir=str(out_dir / name),
-                               columns=party.columns))
+                               columns=party.columns, processes=processes_of(party)))
     return specs
+
+
+def processes_of(party: PartyConfig) -> int:
+    """Worker processes of a party: passive parties default to one per core (histogram shards);
+    the active party's one process spreads its crypto over the cores itself."""
+    if party.processes is not None:
+        return party.processes
+    return default_processes() if party.role == "passive" else 1
 
 
 def run_embedded(job: str, specs: list[PartySpec], run_flow: Callable[[], T], *,
                  hub: MemoryHub | None = None, log_level: int = logging.WARNING) -> T:
     """Start the parties' workers, run the flow against them, and stop them whatever happens."""
-    hub = hub or MemoryHub([s.name for s in specs] + [FLOW_ENDPOINT])
-    procs = start_workers(hub, specs, log_level)
+    hub = hub or MemoryHub([s.name for s in specs] + [FLOW_ENDPOINT],
+                           helpers={s.name: s.processes - 1 for s in specs if s.processes > 1})
+    procs, helpers = start_workers(hub, specs, log_level)
     attach(Coordinator(job=job, transport=hub.endpoint(FLOW_ENDPOINT)))
     try:
         return run_flow()
@@ -43,6 +53,9 @@ def run_embedded(job: str, specs: list[PartySpec], run_flow: Callable[[], T], *,
             if proc.is_alive():
                 proc.terminate()
         stop_workers(procs)
+        for helper in helpers:  # helpers serve until told to stop
+            helper.terminate()
+        stop_workers(helpers)
 
 
 def train_embedded(config: JobConfig, out_dir: Path, *, hub: MemoryHub | None = None) -> dict[str, Any]:

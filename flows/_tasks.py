@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +21,8 @@ from prefect.cache_policies import NO_CACHE
 from messages import MessageError, TransportError
 from messages.bodies import Aligned, ErrorReply, Step
 from messages.envelope import Envelope, MsgType, decode_envelope, encode_envelope
+from flows.config import TransportConfig
+from messages.rabbitmq import RabbitTransport
 from messages.transport import Transport
 
 log = logging.getLogger("fedboost.flow")
@@ -68,6 +73,7 @@ class Coordinator:
             data = self.transport.receive(timeout=min(left, 1.0))
             if data is None:
                 continue
+            self.transport.acknowledge()  # a reply needs no redelivery: the step is re-sent
             try:
                 env = decode_envelope(data)
             except MessageError as exc:
@@ -94,6 +100,29 @@ def attach(coordinator: Coordinator) -> None:
 def detach(job: str) -> None:
     """Forget a job's coordinator."""
     _LINKS.pop(job, None)
+
+
+@contextmanager
+def connected(job: str, transport: TransportConfig) -> Iterator[Coordinator]:
+    """The job's coordinator: the one attached by the caller (the embedded default starts
+    its workers and attaches), or a new connection to the broker for the flow run's lifetime
+    (deployments, ``fedboost train`` with ``transport.kind: rabbitmq``)."""
+    if job in _LINKS:
+        yield _LINKS[job]
+        return
+    if transport.kind != "rabbitmq":
+        raise TransportError(f"job {job!r}: transport {transport.kind!r} has no running workers "
+                             f"to reach; run it with 'fedboost train', or use rabbitmq")
+    endpoint = RabbitTransport(f"flow.{job}.{uuid.uuid4().hex[:8]}", transport.amqp_url(),
+                               party=False, chunk_bytes=transport.chunk_bytes)
+    coordinator = Coordinator(job=job, transport=endpoint)
+    attach(coordinator)
+    try:
+        yield coordinator
+    finally:
+        detach(job)
+        endpoint.delete_inbox()
+        endpoint.close()
 
 
 def link(job: str) -> Coordinator:

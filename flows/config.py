@@ -6,6 +6,7 @@ the config file's folder.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -26,11 +27,16 @@ class PartyConfig(_Strict):
     """One party: its role and (in the embedded default) its data file."""
 
     role: Literal["active", "passive"]
-    data: Path
+    data: Path | None = None
+    """The party's CSV file; needed where this file starts the party's worker (embedded
+    default, ``fedboost worker``), not by a flow that reaches running workers over a broker."""
     id: str = "id"
     label: str | None = None
     columns: list[str] | None = None
     """Feature columns this party contributes (default: all but id and label)."""
+    processes: int | None = Field(None, ge=1, le=64)
+    """Worker processes the embedded default starts for this party (default: one per core for
+    a passive party, whose histogram shards they share; one for the active party)."""
 
 
 class ParamsConfig(_Strict):
@@ -71,10 +77,31 @@ class ValidationConfig(_Strict):
     seed: int = Field(0, ge=0)
 
 
-class TransportConfig(_Strict):
-    """How parties talk: ``memory`` is the embedded default (one machine, no services)."""
+AMQP_URL_ENV = "FEDBOOST_AMQP_URL"
+"""Overrides ``transport.url``: keeps broker passwords out of shared job files."""
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
-    kind: Literal["memory"] = "memory"
+
+class TransportConfig(_Strict):
+    """How parties talk: ``memory`` is the embedded default (one machine, no services);
+    ``rabbitmq`` reaches long-running party workers through a broker."""
+
+    kind: Literal["memory", "rabbitmq"] = "memory"
+    url: str | None = None
+    """``amqp://user:password@host:port/vhost`` (default: the local broker as guest)."""
+    chunk_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024, le=128 * 1024 * 1024)
+    """Messages above this size travel in chunks (RabbitMQ 4 refuses messages above 16 MiB)."""
+
+    @field_validator("url")
+    @classmethod
+    def _amqp(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("amqp://", "amqps://")):
+            raise ValueError("must be an amqp:// or amqps:// URL")
+        return v
+
+    def amqp_url(self) -> str:
+        """The broker URL: the environment's ``FEDBOOST_AMQP_URL``, else ``url``, else local."""
+        return os.environ.get(AMQP_URL_ENV) or self.url or DEFAULT_AMQP_URL
 
 
 class JobConfig(_Strict):
@@ -110,6 +137,11 @@ class JobConfig(_Strict):
         for name in self.passives:
             if self.parties[name].label is not None:
                 raise ValueError(f"parties.{name}.label: only the active party holds labels")
+        if self.transport.kind == "memory":
+            for name, party in self.parties.items():
+                if party.data is None:
+                    raise ValueError(f"parties.{name}.data: the embedded default needs every "
+                                     f"party's data file")
         return self
 
     @property
@@ -143,11 +175,71 @@ def parse_config(raw: Any, *, base: Path, source: str) -> JobConfig:
         config = JobConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(f"config file {source}: {describe(exc)}") from None
-    parties = {
-        name: p.model_copy(update={"data": (base / p.data) if not p.data.is_absolute() else p.data})
-        for name, p in config.parties.items()
-    }
+    parties = {name: p.model_copy(update={"data": _resolve(base, p.data)})
+               for name, p in config.parties.items()}
     return config.model_copy(update={"parties": parties})
+
+
+def _resolve(base: Path, path: Path | None) -> Path | None:
+    return path if path is None or path.is_absolute() else base / path
+
+
+class WorkerConfig(_Strict):
+    """A party's own worker file: only its data, where its models go, and the broker."""
+
+    party: str
+    role: Literal["active", "passive"]
+    data: Path
+    id: str = "id"
+    label: str | None = None
+    columns: list[str] | None = None
+    models: Path = Path("models")
+    """This party's model part of job J goes to ``models/J/<party>/``."""
+    processes: int = Field(1, ge=1, le=64)
+    """Processes this command starts (one coordinates, the others take histogram shards)."""
+    transport: TransportConfig = TransportConfig(kind="rabbitmq")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkerConfig:
+        if self.transport.kind != "rabbitmq":
+            raise ValueError("transport.kind: a long-running worker needs rabbitmq")
+        if (self.role == "active") != (self.label is not None):
+            raise ValueError("label: the active party needs one, a passive party must not have one")
+        return self
+
+
+def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
+    """A worker's settings from its own worker file, or from its entry in a job file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"config file {path}: cannot parse ({exc})") from None
+    base = path.resolve().parent
+    if isinstance(raw, dict) and "parties" in raw:
+        job = parse_config(raw, base=base, source=str(path))
+        if party not in job.parties:
+            raise ConfigError(f"config file {path}: no party {party!r} (parties: "
+                              f"{', '.join(job.parties)})")
+        entry = job.parties[party]
+        raw = {"party": party, "role": entry.role, "data": entry.data, "id": entry.id,
+               "label": entry.label, "columns": entry.columns,
+               "models": base / "models", "transport": job.transport.model_dump()}
+        if entry.data is None:
+            raise ConfigError(f"config file {path}: parties.{party}.data is required to start "
+                              f"its worker")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path}: expected a mapping at the top level")
+    try:
+        config = WorkerConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"config file {path}: {describe(exc)}") from None
+    if config.party != party:
+        raise ConfigError(f"config file {path} is for party {config.party!r}, not {party!r}")
+    return config.model_copy(update={"data": _resolve(base, config.data),
+                                     "models": _resolve(base, config.models)})
 
 
 def describe(exc: ValidationError) -> str:

@@ -12,9 +12,11 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.artifacts import (create_progress_artifact, create_table_artifact,
+                               update_progress_artifact)
 from prefect.cache_policies import NO_CACHE
 
-from flows._tasks import align_entities, close_job, link, step_id
+from flows._tasks import align_entities, close_job, connected, link, step_id
 from flows.config import JobConfig
 from messages.bodies import (VALIDATION_BATCH, Ack, JobSpec, OpenJob, PartyInfo, SplitsFound,
                              Step, TreeFinished)
@@ -118,9 +120,18 @@ def save_models(job: str, parties: list[str]) -> None:
     link(job).call(parties, MsgType.SAVE_MODEL, Step(), step_id(MsgType.SAVE_MODEL))
 
 
-@flow(name="vertical_secureboost", flow_run_name="{config.job}", validate_parameters=False)
+@flow(name="vertical_secureboost", flow_run_name="{config.job}")
 def vertical_secureboost(config: JobConfig) -> dict[str, Any]:
-    """Train a SecureBoost model between one active and several passive parties."""
+    """Train a SecureBoost model between one active and several passive parties.
+
+    ``config`` is the job file's content (a deployment's parameter). Over RabbitMQ the flow
+    connects to the running party workers itself; the embedded default attaches its own.
+    """
+    with connected(config.job, config.transport):
+        return _train(config)
+
+
+def _train(config: JobConfig) -> dict[str, Any]:
     logger = get_run_logger()
     job, active, passives = config.job, config.active, config.passives
     params = config.params
@@ -131,6 +142,7 @@ def vertical_secureboost(config: JobConfig) -> dict[str, Any]:
                 aligned.n_valid)
     per_round = bin_features(job, active, passives)
     n_trees = params.n_trees * per_round
+    progress = create_progress_artifact(0.0, description=f"{job}: trees done (%)")
     tree_seconds: list[float] = []
     history: list[dict[str, float]] = []
     for tree in range(n_trees):
@@ -148,6 +160,7 @@ def vertical_secureboost(config: JobConfig) -> dict[str, Any]:
         metrics = finish_tree(job, active, members, tree)
         tree_seconds.append(time.perf_counter() - tree_start)
         history.append(metrics)
+        update_progress_artifact(progress, 100.0 * (tree + 1) / n_trees)
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
         logger.info("tree %d/%d done in %.2f s: %s", tree + 1, n_trees, tree_seconds[-1], shown)
     result: dict[str, Any] = {"n_aligned": aligned.n_aligned, "n_train": aligned.n_train,
@@ -158,4 +171,10 @@ def vertical_secureboost(config: JobConfig) -> dict[str, Any]:
     close_job(job, [active, *passives])
     result.update(train_seconds=time.perf_counter() - started, tree_seconds=tree_seconds,
                   history=history, key_bits=config.crypto.key_bits)
+    create_table_artifact(
+        [{"tree": k + 1, "seconds": round(sec, 3), **m}
+         for k, (sec, m) in enumerate(zip(tree_seconds, history, strict=True))],
+        description=f"{job}: metrics per tree; final "
+                    + ", ".join(f"{k}={v:.4f}" for k, v in result.items()
+                                if k.startswith(("train_", "valid_")) and isinstance(v, float)))
     return result

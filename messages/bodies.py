@@ -176,10 +176,13 @@ class EncryptedGradients:
 
 @dataclass(frozen=True, slots=True)
 class EncryptedHistograms:
-    """Per built node, features x bins of encrypted bin sums (row-major), packed for the trip.
+    """Per built node, features x bins of encrypted bin sums, packed for the trip.
 
-    ``filled`` marks the non-empty bins over all nodes x features x bins; their sums travel
-    ``per_ciphertext`` to a fixed-width ciphertext, in that order (crypto.compress).
+    The features come in shards (``shard_features`` of them each, in feature order), as the
+    passive party's processes built them. ``filled`` marks the non-empty bins, shard by shard,
+    each shard node-major (node, feature, bin); the sums of a shard's filled bins travel
+    ``per_ciphertext`` to a fixed-width ciphertext (crypto.compress), the shards one after the
+    other, a shard's last ciphertext possibly holding fewer.
     """
 
     tree: int
@@ -187,8 +190,43 @@ class EncryptedHistograms:
     nodes: list[int]
     n_features: int
     n_bins: int
+    shard_features: list[int]
     filled: InstanceSpace
     per_ciphertext: int
+    ciphertexts: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramShard:
+    """Work for one of a party's own processes: the histograms of a subset of its features.
+
+    Per built node (in order): that node's rows of the shard's bin codes (rows x features,
+    uint8, row-major) and the rows' E(g, h, 1), fixed width. Never leaves the party.
+    """
+
+    tree: int
+    depth: int
+    shard: int
+    n: bytes
+    n_bins: int
+    n_features: int
+    rows: list[int]
+    bins: bytes
+    ciphertexts: bytes
+    cell_bits: int
+    per_ciphertext: int
+    """How to pack the bin sums (crypto.compress.BinSumPacking)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardHistogram:
+    """A shard's result: which of its bins (node, feature, bin) are filled, and their sums
+    packed ``per_ciphertext`` to a ciphertext."""
+
+    tree: int
+    depth: int
+    shard: int
+    filled: InstanceSpace
     ciphertexts: bytes
 
 

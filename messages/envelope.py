@@ -56,6 +56,9 @@ class MsgType(IntEnum):
     NODE_POSITIONS = 208
     DECISIONS = 210
 
+    HISTOGRAM_SHARD = 220
+    SHARD_HISTOGRAM = 221
+
 
 BODY_TYPES: dict[MsgType, type] = {
     MsgType.OPEN_JOB: b.OpenJob,
@@ -75,6 +78,8 @@ BODY_TYPES: dict[MsgType, type] = {
     MsgType.APPLIED_SPLITS: b.AppliedSplits,
     MsgType.NODE_POSITIONS: b.NodePositions,
     MsgType.DECISIONS: b.Decisions,
+    MsgType.HISTOGRAM_SHARD: b.HistogramShard,
+    MsgType.SHARD_HISTOGRAM: b.ShardHistogram,
 }
 STEP_COMMANDS = frozenset(
     {MsgType.PSI_BLIND, MsgType.PSI_REBLIND, MsgType.PSI_INTERSECT, MsgType.BIN_FEATURES,
@@ -86,6 +91,8 @@ STEP_COMMANDS = frozenset(
 for _kind in STEP_COMMANDS:
     BODY_TYPES[_kind] = b.Step
 COMMANDS = STEP_COMMANDS | {MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION}
+WORK = frozenset({MsgType.HISTOGRAM_SHARD})
+"""Shards of a step that a party's coordinating process hands to its own helper processes."""
 
 
 @dataclass(frozen=True, slots=True)

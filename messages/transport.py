@@ -1,8 +1,12 @@
-"""Transports: one interface, an embedded implementation (RabbitMQ joins behind it later).
+"""Transports: one interface; the embedded implementation here, RabbitMQ in ``rabbitmq.py``.
 
 A transport endpoint belongs to one named participant (a party or a flow); it sends bytes to
 another participant's inbox and receives from its own. Only bytes cross: every message goes
 through the msgpack codec, so no Python object is ever shared between parties.
+
+A party may run several processes: one coordinates (reads the party's inbox and holds the
+job's state), the others are helpers that take shards of work (histograms of feature subsets)
+from the party's own work queue and answer to its inbox.
 """
 
 from __future__ import annotations
@@ -26,7 +30,16 @@ class Transport(Protocol):
         """Deliver ``data`` to ``recipient``'s inbox."""
 
     def receive(self, timeout: float) -> bytes | None:
-        """Next message from this participant's inbox, or None after ``timeout`` seconds."""
+        """Next message for this process, or None after ``timeout`` seconds."""
+
+    def acknowledge(self) -> None:
+        """The last received message is fully handled (a broker may now forget it)."""
+
+    def submit_work(self, data: bytes) -> None:
+        """Queue a shard of work for this party's helper processes."""
+
+    def helpers(self) -> int:
+        """How many helper processes of this party take shards of work now."""
 
     def close(self) -> None:
         """Release resources."""
@@ -39,9 +52,12 @@ class MemoryHub:
     to inspect everything that crossed between parties).
     """
 
-    def __init__(self, names: list[str], *, record: bool = False) -> None:
+    def __init__(self, names: list[str], *, record: bool = False,
+                 helpers: dict[str, int] | None = None) -> None:
         self.context: SpawnContext = mp.get_context("spawn")
         self.inboxes: dict[str, Any] = {name: self.context.Queue() for name in names}
+        self.helpers = dict(helpers or {})
+        self.work: dict[str, Any] = {name: self.context.Queue() for name in self.helpers}
         self.tap: Any = self.context.Queue() if record else None
         self._records: list[tuple[str, str, bytes]] = []
         if record:
@@ -55,11 +71,14 @@ class MemoryHub:
         except (OSError, EOFError, ValueError):  # the queue closes at interpreter exit
             return
 
-    def endpoint(self, name: str) -> MemoryTransport:
-        """The transport for participant ``name``."""
+    def endpoint(self, name: str, *, helper: bool = False) -> MemoryTransport:
+        """The transport of participant ``name``'s coordinating process, or of a helper."""
         if name not in self.inboxes:
             raise TransportError(f"no inbox for {name!r}")
-        return MemoryTransport(name, self.inboxes, self.tap)
+        if helper and not self.helpers.get(name):
+            raise TransportError(f"{name!r} has no helper processes")
+        return MemoryTransport(name, self.inboxes, self.tap, work=self.work.get(name),
+                               helper=helper, n_helpers=self.helpers.get(name, 0))
 
     def recorded(self, settle: float = 1.0) -> list[tuple[str, str, bytes]]:
         """Everything recorded so far, once the tap has been quiet for ``settle`` seconds."""
@@ -71,12 +90,19 @@ class MemoryHub:
 
 
 class MemoryTransport:
-    """Embedded transport over multiprocessing queues (bytes only)."""
+    """Embedded transport over multiprocessing queues (bytes only).
 
-    def __init__(self, name: str, inboxes: dict[str, Any], tap: Any) -> None:
+    The coordinating process reads the inbox; helpers read the party's work queue.
+    """
+
+    def __init__(self, name: str, inboxes: dict[str, Any], tap: Any, *, work: Any = None,
+                 helper: bool = False, n_helpers: int = 0) -> None:
         self.name = name
         self._inboxes = inboxes
         self._tap = tap
+        self._work = work
+        self._source = work if helper else inboxes[name]
+        self._n_helpers = n_helpers
 
     def send(self, recipient: str, data: bytes) -> None:
         """Put ``data`` in the recipient's inbox."""
@@ -93,10 +119,23 @@ class MemoryTransport:
     def receive(self, timeout: float) -> bytes | None:
         """Wait up to ``timeout`` s for the next message."""
         try:
-            data = self._inboxes[self.name].get(timeout=timeout)
+            data = self._source.get(timeout=timeout)
         except queue.Empty:
             return None
         return bytes(data)
+
+    def acknowledge(self) -> None:
+        """Nothing to do: a process-local queue has no redelivery."""
+
+    def submit_work(self, data: bytes) -> None:
+        """Put a shard of work on the party's work queue."""
+        if self._work is None:
+            raise TransportError(f"{self.name} has no helper processes")
+        self._work.put(data)
+
+    def helpers(self) -> int:
+        """The helper processes started with the hub."""
+        return self._n_helpers
 
     def close(self) -> None:
         """Nothing to release: the hub owns the queues."""

@@ -31,6 +31,25 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
 
 
+BROKER_URL = os.environ.get("FEDBOOST_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+
+
+@pytest.fixture(scope="session")
+def rabbit_url() -> str:
+    """The real local RabbitMQ. Under CI=true a missing broker fails the test, never skips it."""
+    import pika
+    import pika.exceptions
+
+    try:
+        pika.BlockingConnection(pika.URLParameters(BROKER_URL)).close()
+    except pika.exceptions.AMQPError as exc:
+        message = f"RabbitMQ is not reachable at {BROKER_URL}: {exc!r} (rabbitmq-server -detached)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return BROKER_URL
+
+
 @pytest.fixture(scope="session")
 def keypair_1024():  # type: ignore[no-untyped-def]
     """A real 1024-bit Paillier key pair, made once."""

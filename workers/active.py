@@ -190,19 +190,32 @@ def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: li
     if not 1 <= msg.per_ciphertext <= most:
         raise ProtocolError(f"{sender} packed {msg.per_ciphertext} bin sums per ciphertext; "
                             f"1 to {most} fit")
+    if not msg.shard_features or min(msg.shard_features) < 1 \
+            or sum(msg.shard_features) != msg.n_features:
+        raise ProtocolError(f"{sender} sent shards of {msg.shard_features} features for "
+                            f"{msg.n_features}")
     packing = BinSumPacking(run.packer.cell_bits, msg.per_ciphertext)
-    count = len(built) * msg.n_features * msg.n_bins
-    filled = np.flatnonzero(decode_mask(msg.filled, count))
-    width, expected = run.public.ciphertext_bytes, packing.n_ciphertexts(filled.size)
-    if len(msg.ciphertexts) != expected * width:
+    nodes, width = len(built), run.public.ciphertext_bytes
+    filled = decode_mask(msg.filled, nodes * msg.n_features * msg.n_bins)
+    # each shard's filled bins are packed on their own: segment the mask and the ciphertexts
+    segments, first = [], 0
+    for features in msg.shard_features:
+        cells = nodes * features * msg.n_bins
+        segments.append(np.flatnonzero(filled[first:first + cells]))
+        first += cells
+    counts = [packing.n_ciphertexts(seg.size) for seg in segments]
+    if len(msg.ciphertexts) != sum(counts) * width:
         raise ProtocolError(f"{sender} sent {len(msg.ciphertexts)} bytes of histograms, expected "
-                            f"{expected} ciphertexts of {width} bytes")
-    # empty bins are not sent: their sums are zero
-    plain = packing.unpack(run.crypto_pool().decrypt(msg.ciphertexts), filled.size)
-    sums = np.zeros((count, 3), dtype=np.int64)
-    for k, m in zip(filled.tolist(), plain):
-        sums[k] = run.packer.unpack_sum(m)
-    return sums.reshape(len(built), msg.n_features, msg.n_bins, 3)
+                            f"{sum(counts)} ciphertexts of {width} bytes")
+    plain = run.crypto_pool().decrypt(msg.ciphertexts)
+    blocks, start = [], 0
+    for features, seg, count in zip(msg.shard_features, segments, counts, strict=True):
+        sums = np.zeros((nodes * features * msg.n_bins, 3), dtype=np.int64)  # empty bins: zero
+        for k, m in zip(seg.tolist(), packing.unpack(plain[start:start + count], seg.size)):
+            sums[k] = run.packer.unpack_sum(m)
+        blocks.append(sums.reshape(nodes, features, msg.n_bins, 3))
+        start += count
+    return np.concatenate(blocks, axis=1)
 
 
 def find_best_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
@@ -310,7 +323,7 @@ def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     """Write the active party's model part: structure, owners, own thresholds, leaf values."""
     state: JobState = ctx.state
     run: ActiveTraining = state.role_state
-    directory = ctx.party.model_dir
+    directory = ctx.model_dir
     features = {state.party: state.data.names, **{p: () for p in state.passives}}
     save_model(run.model(features), Path(directory) / "model.json")
     write_json_atomic(Path(directory) / "party.json", {

@@ -7,10 +7,8 @@ values or labels.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,14 +18,13 @@ from boosting.grow import smaller_child
 from boosting.params import BoostParams
 from boosting.tree import write_json_atomic
 from crypto._gmp import mpz
-from crypto.compress import BinSumPacking, pack_bin_sums
+from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
-from crypto.pool import default_processes
 from crypto.paillier import (PaillierPublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
                              public_key_from_n)
 from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradients,
-                             EncryptedHistograms, NodePositions, OpenJob, PublicKeyMsg,
-                             SplitChoices, Step, TreeStart)
+                             EncryptedHistograms, HistogramShard, NodePositions, OpenJob,
+                             PublicKeyMsg, ShardHistogram, SplitChoices, Step, TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import ProtocolError, StageError
@@ -39,6 +36,8 @@ from workers.state import JobState
 
 LOOKUP_FORMAT = "fedboost-lookup"
 LOOKUP_VERSION = 1
+MAX_KEY_BYTES = 512
+"""4096-bit moduli, the largest key a job may configure."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,20 +66,25 @@ class PassiveTraining:
     """How the tree's bin sums are packed for the trip back (from the gradients' layout)."""
     depth: int = -1
     records: dict[int, LookupRecord] = field(default_factory=dict)
-    pool: Any = None
-    """Processes that build histograms of feature shards (both cores), started on first use."""
+    level: LevelWork | None = None
+    """The level whose histograms are being built (shards handed out, results arriving)."""
 
-    def histogram_pool(self) -> Any:
-        if self.pool is None:
-            self.pool = mp.get_context("spawn").Pool(default_processes())
-        return self.pool
 
-    def close(self) -> None:
-        """Stop the histogram processes."""
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-            self.pool = None
+@dataclass(slots=True)
+class LevelWork:
+    """One level's histogram shards: which are back, and how to put them together."""
+
+    key: tuple[int, int]
+    built: list[int]
+    n_bins: int
+    n_features: int
+    widths: list[int]
+    """Features per shard, in feature order."""
+    parts: dict[int, ShardHistogram] = field(default_factory=dict)
+
+    @property
+    def n_shards(self) -> int:
+        return len(self.widths)
 
 
 def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
@@ -171,9 +175,39 @@ def _apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
 
 
 def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
-    """Alg. 1 lines 4-9: per node and feature, sum E(g, h, 1) per bin (smaller children only)."""
+    """Alg. 1 lines 4-9: per node and feature, sum E(g, h, 1) per bin (smaller children only).
+
+    The features are split into one shard per process of this party: helpers take theirs from
+    the party's work queue while this process sums the first shard; the step completes when
+    every shard's histograms are back.
+    """
     state: JobState = ctx.state
     run: PassiveTraining = state.role_state
+    level = (body.tree, body.depth)
+    if run.level is None or run.level.key != level:
+        run.level = _dispatch_shards(ctx, state, run, body)
+    work = run.level
+    ctx.mailbox.require((MsgType.SHARD_HISTOGRAM, ctx.party.name, *level),
+                        counts=[work.n_shards - len(work.parts)])
+    for part in ctx.mailbox.take_all(MsgType.SHARD_HISTOGRAM, ctx.party.name, *level):
+        if not 0 < part.shard < work.n_shards or part.shard in work.parts:
+            raise ProtocolError(f"unexpected histogram shard {part.shard} of {work.n_shards}")
+        work.parts[part.shard] = part
+    run.level = None
+    parts = [work.parts[k] for k in range(work.n_shards)]
+    cells = len(work.built) * work.n_bins
+    filled = np.concatenate([decode_mask(p.filled, cells * n) for p, n in zip(parts, work.widths)])
+    ctx.send(state.active, MsgType.ENCRYPTED_HISTOGRAMS, EncryptedHistograms(
+        tree=body.tree, depth=body.depth, nodes=work.built, n_features=work.n_features,
+        n_bins=work.n_bins, shard_features=work.widths, filled=encode_mask(filled),
+        per_ciphertext=run.packing.per_ciphertext if run.packing else 0,
+        ciphertexts=b"".join(p.ciphertexts for p in parts)))
+    return MsgType.ACK, Ack(count=len(work.built))
+
+
+def _dispatch_shards(ctx: StepContext, state: JobState, run: PassiveTraining,
+                     body: Step) -> LevelWork:
+    """Position the rows, hand out all feature shards but the first, and sum the first here."""
     if body.depth == 0:
         _start_tree(ctx, state, run, body.tree)
         built = [0]
@@ -184,34 +218,68 @@ def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, A
         built = _apply_positions(ctx, state, run, body.tree, body.depth)
     public, bins = _require_key(run), state.require_bins()
     n_bins = run.params.max_bin + 1
-    shards = np.array_split(np.arange(bins.shape[1]), min(default_processes(), bins.shape[1]))
+    n_features = bins.shape[1]
+    shards = np.array_split(np.arange(n_features), max(1, min(1 + ctx.helpers(), n_features)))
     width = public.ciphertext_bytes
-    tasks = []
-    for node in built:
-        rows = np.flatnonzero((run.node_of_row == node) & run.in_tree)
-        node_cts = b"".join(run.ciphertexts[i * width:(i + 1) * width]
-                            for i in run.enc_index[rows].tolist())
-        tasks += [(np.ascontiguousarray(bins[np.ix_(rows, shard)]), node_cts, n_bins, int(public.n))
-                  for shard in shards]
-    # node-major, features in order: the same layout as one process would produce
-    parts = run.histogram_pool().starmap(_shard_histogram, tasks)
     if run.packing is None:
         raise StageError(f"build_histograms t{body.tree}: the tree's gradients have not arrived")
-    # several sums per ciphertext: the active party decrypts per_ciphertext times fewer numbers
-    filled, packed = pack_bin_sums(b"".join(parts), public, run.packing, run.histogram_pool().map)
-    ctx.send(state.active, MsgType.ENCRYPTED_HISTOGRAMS, EncryptedHistograms(
-        tree=body.tree, depth=body.depth, nodes=built, n_features=bins.shape[1],
-        n_bins=n_bins, filled=encode_mask(np.array(filled, dtype=bool)),
-        per_ciphertext=run.packing.per_ciphertext, ciphertexts=packed))
-    return MsgType.ACK, Ack(count=len(built))
+    node_rows = [np.flatnonzero((run.node_of_row == node) & run.in_tree) for node in built]
+    node_cts = b"".join(run.ciphertexts[i * width:(i + 1) * width]
+                        for rows in node_rows for i in run.enc_index[rows].tolist())
+    n_bytes = int(public.n).to_bytes((int(public.n).bit_length() + 7) // 8, "big")
+    tasks = [HistogramShard(
+        tree=body.tree, depth=body.depth, shard=k, n=n_bytes, n_bins=n_bins,
+        n_features=len(features), rows=[int(r.size) for r in node_rows],
+        bins=b"".join(np.ascontiguousarray(bins[np.ix_(rows, features)]).tobytes()
+                      for rows in node_rows),
+        ciphertexts=node_cts, cell_bits=run.packing.cell_bits,
+        per_ciphertext=run.packing.per_ciphertext) for k, features in enumerate(shards)]
+    for task in tasks[1:]:
+        ctx.submit_work(MsgType.HISTOGRAM_SHARD, task)
+    work = LevelWork(key=(body.tree, body.depth), built=built, n_bins=n_bins,
+                     n_features=n_features, widths=[len(f) for f in shards])
+    work.parts[0] = shard_histograms(tasks[0])
+    return work
 
 
-def _shard_histogram(bins: np.ndarray, ciphertexts: bytes, n_bins: int, n: int) -> bytes:
-    """Pool task: the encrypted histogram of one node over a shard of features."""
-    public = PaillierPublicKey(mpz(n))
-    cts = ciphertexts_from_bytes(ciphertexts, public)
-    sums = _node_histogram(bins, np.arange(len(cts)), cts, n_bins, public.nsquare)
-    return ciphertexts_to_bytes(sums, public)
+def histogram_shard(ctx: StepContext, body: HistogramShard) -> tuple[MsgType, Any]:
+    """Work step (a helper process of this party): the encrypted histograms of one shard."""
+    return MsgType.SHARD_HISTOGRAM, shard_histograms(body)
+
+
+def shard_histograms(task: HistogramShard) -> ShardHistogram:
+    """Validate a shard, sum its ciphertexts per node, feature and bin, and pack the sums.
+
+    Several bin sums travel per ciphertext (crypto.compress), so the active party decrypts
+    ``per_ciphertext`` times fewer numbers; empty bins travel as a mask.
+    """
+    if len(task.n) > MAX_KEY_BYTES or not 2 <= task.n_bins <= 256 or task.n_features < 1:
+        raise ProtocolError("histogram shard: key size or bin count out of range")
+    if any(r < 0 for r in task.rows):
+        raise ProtocolError("histogram shard: negative row count")
+    public = public_key_from_n(int.from_bytes(task.n, "big"))
+    packing = BinSumPacking(task.cell_bits, task.per_ciphertext)
+    packing.check_fits(int(public.n).bit_length())
+    total = sum(task.rows)
+    if len(task.bins) != total * task.n_features:
+        raise ProtocolError(f"histogram shard: {len(task.bins)} bin codes for {total} rows x "
+                            f"{task.n_features} features")
+    codes = np.frombuffer(task.bins, dtype=np.uint8).reshape(total, task.n_features)
+    if codes.size and int(codes.max()) >= task.n_bins:
+        raise ProtocolError("histogram shard: bin code out of range")
+    cts = ciphertexts_from_bytes(task.ciphertexts, public)  # checks width and range
+    if len(cts) != total:
+        raise ProtocolError(f"histogram shard: {len(cts)} ciphertexts for {total} rows")
+    sums: list[mpz] = []
+    first = 0
+    for count in task.rows:
+        sums += _node_histogram(codes[first:first + count], np.arange(first, first + count), cts,
+                                task.n_bins, public.nsquare)
+        first += count
+    filled = np.array([c != 1 for c in sums], dtype=bool)  # 1 is the trivial E(0): empty bin
+    packed = packing.pack([c for c in sums if c != 1], public.nsquare)
+    return ShardHistogram(tree=task.tree, depth=task.depth, shard=task.shard,
+                          filled=encode_mask(filled), ciphertexts=ciphertexts_to_bytes(packed, public))
 
 
 def _node_histogram(bins: np.ndarray, enc_index: np.ndarray, ciphertexts: list[mpz],
@@ -262,10 +330,7 @@ def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
 
 
 def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
-    """Stop the job's histogram processes; the saved lookup table stays."""
-    state: JobState | None = ctx.state
-    if state is not None and isinstance(state.role_state, PassiveTraining):
-        state.role_state.close()
+    """Forget the job (the worker drops its state); the saved lookup table stays."""
     return MsgType.ACK, Ack()
 
 
@@ -282,9 +347,9 @@ def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     """Write the lookup table: the only model part a passive party holds."""
     state: JobState = ctx.state
     run: PassiveTraining = state.role_state
-    write_json_atomic(Path(ctx.party.model_dir) / "lookup.json", lookup_to_dict(
+    write_json_atomic(ctx.model_dir / "lookup.json", lookup_to_dict(
         state.party, ctx.job, state.data.names, run.records))
-    write_json_atomic(Path(ctx.party.model_dir) / "party.json", {
+    write_json_atomic(ctx.model_dir / "party.json", {
         "party": state.party, "role": "passive", "job": ctx.job, "saved_at": time.time(),
         "active": state.active, "id_column": ctx.party.id_column})
     return MsgType.ACK, Ack(count=len(run.records))

@@ -37,6 +37,7 @@ PASSIVE_HANDLERS: dict[MsgType, Handler] = {
     MsgType.SAVE_MODEL: passive.save_model_part,
     MsgType.EVALUATE_NODES: scoring.evaluate_nodes,
     MsgType.CLOSE_JOB: passive.close_job,
+    MsgType.HISTOGRAM_SHARD: passive.histogram_shard,
 }
 
 

@@ -4,6 +4,10 @@ Commands from the flow run a handler and get exactly one reply. Peer messages (c
 instance spaces) are filed in the job's mailbox; a handler that needs one that has not arrived
 raises ``NotReady`` and its command is retried whenever new peer data comes in. A handler's
 failure becomes an ``ErrorReply``; the worker keeps serving.
+
+Work messages (``WORK``) are shards of a step that the party's coordinating process hands to
+its own helper processes; they need no job state and their reply goes back to the party's inbox.
+A message is acknowledged to the transport only once its outcome (reply sent, or filed) is done.
 """
 
 from __future__ import annotations
@@ -14,13 +18,14 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from boosting import BoostingError
 from crypto import CryptoError
 from messages import DecodeError, MessageError
 from messages.bodies import ErrorReply
-from messages.envelope import COMMANDS, Envelope, MsgType, decode_envelope, encode_envelope
+from messages.envelope import COMMANDS, WORK, Envelope, MsgType, decode_envelope, encode_envelope
 from messages.transport import Transport
 from workers import DataError, NotReady, ProtocolError
 
@@ -41,6 +46,8 @@ class PartySpec:
     model_dir: str
     columns: list[str] | None = None
     """Feature columns to use (default: every column but the id and the label)."""
+    processes: int = 1
+    """Worker processes of this party: one coordinates, the others take histogram shards."""
 
 
 MailKey = tuple[MsgType, str, int, int]
@@ -93,10 +100,26 @@ class StepContext:
     state: Any
     mailbox: Mailbox
     _send: Callable[[str, MsgType, Any, str], None]
+    _transport: Transport
 
     def send(self, recipient: str, kind: MsgType, body: Any) -> None:
         """Send a peer message for this job."""
         self._send(recipient, kind, body, self.task)
+
+    def submit_work(self, kind: MsgType, body: Any) -> None:
+        """Hand a shard of this step to the party's helper processes."""
+        env = Envelope(job=self.job, task=self.task, sender=self.party.name,
+                       recipient=self.party.name, kind=kind, body=body)
+        self._transport.submit_work(encode_envelope(env))
+
+    def helpers(self) -> int:
+        """How many helper processes of this party take shards now."""
+        return self._transport.helpers()
+
+    @property
+    def model_dir(self) -> Path:
+        """Where this job's model part lives (``{job}`` in the configured path is the job id)."""
+        return Path(self.party.model_dir.replace("{job}", self.job))
 
 
 Handler = Callable[[StepContext, Any], tuple[MsgType, Any]]
@@ -135,8 +158,11 @@ class Worker:
 
     def __init__(self, party: PartySpec, transport: Transport,
                  handlers: dict[MsgType, Handler], *, exit_on_close: bool = False,
-                 peer_timeout: float = DEFAULT_PEER_TIMEOUT) -> None:
+                 peer_timeout: float = DEFAULT_PEER_TIMEOUT,
+                 health_file: str | None = None) -> None:
         self.party = party
+        self.health_file = Path(health_file) if health_file else None
+        self._last_beat = 0.0
         self.peer_timeout = peer_timeout
         self.transport = transport
         self.handlers = handlers
@@ -156,8 +182,17 @@ class Worker:
             data = self.transport.receive(timeout=0.5)
             if data is not None:
                 self.handle_bytes(data)
+                self.transport.acknowledge()
             self._expire_pending()
+            self._beat()
         self.transport.close()
+
+    def _beat(self) -> None:
+        """Touch the health file (a container health check reads its age)."""
+        now = time.monotonic()
+        if self.health_file is not None and now - self._last_beat > 5.0:
+            self.health_file.touch()
+            self._last_beat = now
 
     def _expire_pending(self) -> None:
         """Fail steps whose peer input never came, so no flow waits forever."""
@@ -180,12 +215,26 @@ class Worker:
         if env.recipient != self.party.name:
             log.warning("%s: rejected message addressed to %r", self.party.name, env.recipient)
             return
+        own = env.sender == self.party.name
+        if env.kind in WORK:
+            if not own:
+                log.warning("%s: rejected %s work from %r", self.party.name, env.kind.name, env.sender)
+                return
+            self._run(_Job(), env)  # shards carry everything they need: no job state
+            return
         job = self.jobs.setdefault(env.job, _Job())
         if env.kind in COMMANDS:
             self._run(job, env)
+        elif env.kind == MsgType.ERROR and own:
+            self._fail_pending(job, env)  # a helper process failed a shard of a waiting step
         else:
             job.mailbox.put(_mail_key(env), env.body)
             self._retry_pending(job)
+
+    def _fail_pending(self, job: _Job, failure: Envelope) -> None:
+        for p in [p for p in job.pending if p.env.task == failure.task]:
+            job.pending.remove(p)
+            self._reply(p.env, MsgType.ERROR, failure.body)
 
     def _retry_pending(self, job: _Job) -> None:
         waiting, job.pending = job.pending, []
@@ -198,7 +247,8 @@ class Worker:
             self._reply(env, MsgType.ERROR, ErrorReply(self.party.name, env.kind.name,
                         f"{self.party.role} party has no step {env.kind.name}", False))
             return
-        ctx = StepContext(self.party, env.job, env.task, job.state, job.mailbox, self._send_for(env.job))
+        ctx = StepContext(self.party, env.job, env.task, job.state, job.mailbox,
+                          self._send_for(env.job), self.transport)
         start = time.perf_counter()
         try:
             kind, body = handler(ctx, env.body)
@@ -216,8 +266,9 @@ class Worker:
                                                    f"internal error: {exc!r}", False)
         if ctx.state is not None:
             job.state = ctx.state
-        log.info("%s job=%s step=%s %.3fs", self.party.name, env.job, env.kind.name,
-                  time.perf_counter() - start)
+        waited = f" (first tried {time.monotonic() - since:.3f}s ago)" if since else ""
+        log.info("%s job=%s step=%s %.3fs%s", self.party.name, env.job, env.kind.name,
+                 time.perf_counter() - start, waited)
         self._reply(env, kind, body)
         if env.kind == MsgType.CLOSE_JOB:
             self.jobs.pop(env.job, None)

@@ -64,7 +64,7 @@ def _leaves(value: Any) -> list[Any]:
 
 def test_privacy_of_every_message(tmp_path: Path) -> None:
     config = config_with("breast.yaml", crypto={"key_bits": 1024})
-    hub = MemoryHub(["guest", "host", FLOW_ENDPOINT], record=True)
+    hub = MemoryHub(["guest", "host", FLOW_ENDPOINT], record=True, helpers={"host": 1})
     train_embedded(config, tmp_path, hub=hub)
     recorded = hub.recorded()
     model = load_model(tmp_path / "guest" / "model.json")

@@ -28,11 +28,15 @@ SAMPLES = {
     MsgType.TREE_START: b.TreeStart(1, encode_mask(np.ones(9, bool)), 2, 42, 9),
     MsgType.ENCRYPTED_GRADIENTS: b.EncryptedGradients(1, 0, b"\x02" * 512),
     MsgType.ENCRYPTED_HISTOGRAMS: b.EncryptedHistograms(
-        1, 2, [3, 4], 5, 33, encode_mask(np.ones(330, bool)), 11, b"\x03" * 10),
+        1, 2, [3, 4], 5, 33, [3, 2], encode_mask(np.ones(330, bool)), 11, b"\x03" * 10),
     MsgType.SPLIT_CHOICES: b.SplitChoices(1, 2, [b.SplitChoice(3, 4, 5, True)]),
     MsgType.APPLIED_SPLITS: b.AppliedSplits(1, 2, [b.AppliedSplit(3, 0, encode_mask(np.ones(4, bool)))]),
     MsgType.NODE_POSITIONS: b.NodePositions(1, 2, [b.NodeSplit(3, 5, 6, encode_mask(np.ones(4, bool)))]),
     MsgType.DECISIONS: b.Decisions(0, [1, 2], 3, b"\x07"),
+    MsgType.HISTOGRAM_SHARD: b.HistogramShard(1, 0, 1, b"\x05", 33, 2, [3], b"\x00" * 6,
+                                              b"\x02" * 24, 177, 11),
+    MsgType.SHARD_HISTOGRAM: b.ShardHistogram(1, 0, 1, encode_mask(np.ones(66, bool)),
+                                              b"\x03" * 10),
 }
 
 

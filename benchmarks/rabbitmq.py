@@ -1,0 +1,130 @@
+"""RabbitMQ against the embedded default, and scaling a passive party out over processes.
+
+    python -m benchmarks.rabbitmq [--trees 3] [--bits 2048] [--url amqp://...]
+
+Three runs of default_credit in one invocation, same config and seed:
+  memory      the embedded default (host: 2 processes on in-memory queues)
+  rabbitmq-2  party workers started with 'fedboost worker' (host: --processes 2)
+  rabbitmq-1  the same with one host process
+Prints seconds per tree and the host's build-histograms seconds per tree (Prefect task run
+times), the RabbitMQ/memory cost ratio and the 1-process/2-process histogram speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.train import step_seconds
+from fedboost import _prefect_env
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _job(tag: str, url: str, bits: int, trees: int) -> dict[str, Any]:
+    raw = yaml.safe_load((REPO / "configs" / "default_credit.yaml").read_text())
+    for party in raw["parties"].values():
+        party["data"] = str((REPO / "configs" / party["data"]).resolve())
+    raw["parties"] = {f"guest{tag}": raw["parties"]["guest"], f"host{tag}": raw["parties"]["host"]}
+    raw["job"] = f"bench-{tag}"
+    raw["params"]["n_trees"] = trees
+    raw["crypto"]["key_bits"] = bits
+    raw["transport"] = {"kind": "rabbitmq", "url": url}
+    return raw
+
+
+def _measure(run: Any) -> dict[str, float]:
+    state = run()
+    result = state.result()
+    steps = step_seconds(state.state_details.flow_run_id)
+    trees = len(result["tree_seconds"])
+    return {"s/tree": sum(result["tree_seconds"]) / trees,
+            "hist s/tree": steps.get("build-histograms", 0.0) / trees,
+            "train_auc": result["train_auc"]}
+
+
+def _rabbit_run(url: str, bits: int, trees: int, host_processes: int, work: Path) -> dict[str, float]:
+    from flows.config import load_config
+    from flows.secureboost import vertical_secureboost
+
+    tag = uuid.uuid4().hex[:6]
+    job_file = work / f"job-{tag}.yaml"
+    job_file.write_text(yaml.safe_dump(_job(tag, url, bits, trees)))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "fedboost.cli", "worker", "--party", party, "--config",
+         str(job_file), "--models", str(work / "models"), "--processes", str(n),
+         "--log-level", "WARNING"], env=env, cwd=work)
+        for party, n in ((f"guest{tag}", 1), (f"host{tag}", host_processes))]
+    try:
+        config = load_config(job_file)
+        return _measure(lambda: vertical_secureboost(config, return_state=True))
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=60)
+        _delete_queues(url, [f"guest{tag}", f"host{tag}"])
+
+
+def _delete_queues(url: str, parties: list[str]) -> None:
+    import pika
+
+    from messages.rabbitmq import queue_of, work_queue_of
+
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    for party in parties:
+        channel.queue_delete(queue_of(party))
+        channel.queue_delete(work_queue_of(party))
+    connection.close()
+
+
+def _memory_run(bits: int, trees: int, work: Path) -> dict[str, float]:
+    from fedboost.embedded import party_specs, run_embedded
+    from flows.secureboost import vertical_secureboost
+    from tests.scenarios import config_with
+
+    config = config_with("default_credit.yaml", crypto={"key_bits": bits}, params={"n_trees": trees})
+    return _measure(lambda: run_embedded(config.job, party_specs(config, work / "memory"),
+                                         lambda: vertical_secureboost(config, return_state=True)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--trees", type=int, default=3)
+    parser.add_argument("--bits", type=int, default=2048)
+    parser.add_argument("--url", default="amqp://guest:guest@127.0.0.1:5672/%2F")
+    args = parser.parse_args()
+    _prefect_env.configure()
+    import logging
+
+    for name in ("prefect", "prefect.task_runs", "prefect.flow_runs"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        runs = {"memory": _memory_run(args.bits, args.trees, work),
+                "rabbitmq-2": _rabbit_run(args.url, args.bits, args.trees, 2, work),
+                "rabbitmq-1": _rabbit_run(args.url, args.bits, args.trees, 1, work)}
+    print(f"\ndefault_credit, {args.bits}-bit keys, {args.trees} trees per run")
+    print(f"{'run':<12} {'s/tree':>8} {'host histograms s/tree':>24} {'train_auc':>10}")
+    for name, r in runs.items():
+        print(f"{name:<12} {r['s/tree']:>8.2f} {r['hist s/tree']:>24.2f} {r['train_auc']:>10.4f}")
+    cost = runs["rabbitmq-2"]["s/tree"] / runs["memory"]["s/tree"]
+    speedup = runs["rabbitmq-1"]["hist s/tree"] / runs["rabbitmq-2"]["hist s/tree"]
+    print(f"\nRabbitMQ / in-memory seconds per tree (host 2 processes each): {cost:.3f}")
+    print(f"host histograms, 1 process / 2 processes: {speedup:.2f}x faster with two")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,474 @@
+"""RabbitMQ transport (pika): the same ``Transport`` interface over a broker.
+
+Topology (no exchange of our own: the default exchange routes by queue name, so nobody needs
+the right to create bindings, which would let a party bind another party's traffic):
+
+- ``fedboost.<party>``: the party's inbox (durable, single active consumer). Every process of
+  the party subscribes; the broker lets exactly one consume, so a standby takes over if it dies.
+- ``fedboost.<party>.work``: the party's own work queue (durable, competing consumers): feature
+  shards of histogram building, taken by the party's helper processes. A shard larger than a
+  chunk waits in its own ``fedboost.<party>.work.<id>`` queue and the work queue carries a
+  ticket naming it: chunks on a shared queue would be dealt to different helpers.
+- ``fedboost.flow.<id>``: a flow run's reply queue (durable, expires a day after last use).
+
+Delivery: messages are persistent and published with confirms, to a queue that must exist
+(``mandatory``), so a send either reached the broker's disk or raises. A received message is
+acknowledged only when the caller says its outcome is done (``acknowledge``); a connection lost
+before that redelivers it, and the ids of recently completed messages drop the duplicate.
+Payloads above ``chunk_bytes`` travel as numbered chunks with a SHA-256 of the whole, and are
+reassembled and checked before they are handed over. Lost connections are re-established with
+exponential backoff for up to ``reconnect_seconds``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+import uuid
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pika
+import pika.exceptions as px
+
+from messages import TransportError
+
+log = logging.getLogger("fedboost.transport")
+
+QUEUE_PREFIX = "fedboost."
+DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
+"""Below RabbitMQ 4's default 16 MiB ``max_message_size``."""
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+INBOX_ARGUMENTS = {"x-single-active-consumer": True}
+FLOW_QUEUE_ARGUMENTS = {"x-expires": 24 * 3600 * 1000}
+_COMPLETED_IDS = 100_000
+_CONNECTION_ERRORS = (px.AMQPConnectionError, px.ConnectionClosed, px.StreamLostError,
+                      px.ChannelWrongStateError, px.ChannelClosed, ConnectionError)
+
+
+def queue_of(participant: str) -> str:
+    """The inbox queue of a party (``host``) or of a flow run (``flow.<id>``)."""
+    return QUEUE_PREFIX + participant
+
+
+def work_queue_of(party: str) -> str:
+    """A party's own work queue (feature shards for its helper processes)."""
+    return QUEUE_PREFIX + party + ".work"
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for logs and errors."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(slots=True)
+class _Delivery:
+    """A whole message ready to hand over (or a work ticket whose data is still queued)."""
+
+    queue: str
+    data: bytes
+    tags: list[tuple[int, int]]
+    message_id: str
+    data_queue: str | None = None
+
+
+@dataclass(slots=True)
+class _Partial:
+    """Chunks of one message received so far."""
+
+    count: int
+    digest: str
+    chunks: dict[int, bytes] = field(default_factory=dict)
+    tags: list[tuple[int, int]] = field(default_factory=list)
+    since: float = field(default_factory=time.monotonic)
+
+
+class RabbitTransport:
+    """A participant's connection to the broker.
+
+    ``party=True`` for a party's worker process (inbox with single active consumer, plus its
+    work queue); ``False`` for a flow run (one private reply queue).
+    """
+
+    def __init__(self, name: str, url: str, *, party: bool, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, inbox_prefetch: int = 0,
+                 reconnect_seconds: float = 300.0, heartbeat: int = 120) -> None:
+        if chunk_bytes < 1024:
+            raise ValueError("chunk_bytes must be at least 1024")
+        self.name = name
+        self.url = url
+        self.party = party
+        self.chunk_bytes = chunk_bytes
+        # every chunk of the largest message must fit the prefetch window (at most 65,535
+        # unacknowledged deliveries), or it could never complete
+        self.max_message_bytes = min(max_message_bytes, chunk_bytes * 32_000)
+        self.inbox_prefetch = inbox_prefetch or 2 * math.ceil(self.max_message_bytes / chunk_bytes) + 8
+        self.reconnect_seconds = reconnect_seconds
+        self.heartbeat = heartbeat
+        self.inbox = queue_of(name)
+        self.work = work_queue_of(name) if party else None
+        self._taking_work = party
+        self._generation = 0  # bumps on every reconnect: older delivery tags are void
+        self._ready: deque[_Delivery] = deque()
+        self._partials: dict[str, _Partial] = {}
+        self._completed: OrderedDict[str, None] = OrderedDict()
+        self._unacked: list[tuple[int, int]] = []
+        self._last_id: str | None = None
+        self._last_data_queue: str | None = None
+        self._connection: Any = None
+        self._channel: Any = None
+        self._work_tag: str | None = None
+        self._inbox_tag: str | None = None
+        self._connect(first=True)
+
+    # ---- connection -------------------------------------------------------------------------
+
+    def _connect(self, first: bool = False) -> None:
+        delay, deadline = 0.5, time.monotonic() + self.reconnect_seconds
+        while True:
+            try:
+                self._open()
+                if not first:
+                    log.warning("%s: reconnected to %s", self.name, redact(self.url))
+                return
+            except (px.ProbableAuthenticationError, px.ProbableAccessDeniedError) as exc:
+                raise TransportError(f"{self.name}: broker {redact(self.url)} refused the "
+                                     f"login: {exc!r}") from None
+            except px.ChannelClosedByBroker as exc:
+                raise TransportError(f"{self.name}: broker refused queue setup "
+                                     f"({exc.reply_code} {exc.reply_text})") from None
+            except _CONNECTION_ERRORS as exc:
+                if time.monotonic() + delay > deadline:
+                    raise TransportError(f"{self.name}: cannot reach broker {redact(self.url)} "
+                                         f"after {self.reconnect_seconds:.0f} s: {exc!r}") from None
+                log.warning("%s: broker %s unreachable (%r); retrying in %.1f s", self.name,
+                            redact(self.url), exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 15.0)
+
+    def _open(self) -> None:
+        self._drop_connection()
+        params = pika.URLParameters(self.url)
+        params.heartbeat = self.heartbeat
+        params.blocked_connection_timeout = 300
+        params.client_properties = {"connection_name": f"fedboost {self.name}"}
+        connection = pika.BlockingConnection(params)
+        channel = connection.channel()
+        channel.confirm_delivery()
+        self._connection, self._channel = connection, channel
+        self._generation += 1
+        # undelivered chunks and unacknowledged messages come back from the broker
+        self._ready.clear()
+        self._partials.clear()
+        self._unacked = []
+        arguments = INBOX_ARGUMENTS if self.party else FLOW_QUEUE_ARGUMENTS
+        channel.queue_declare(self.inbox, durable=True, arguments=arguments)
+        channel.basic_qos(prefetch_count=self.inbox_prefetch)
+        self._inbox_tag = channel.basic_consume(self.inbox, self._on_message(self.inbox),
+                                                auto_ack=False)
+        self._work_tag = None
+        if self.work is not None:
+            channel.queue_declare(self.work, durable=True)
+            if self._taking_work:
+                self._consume_work()
+
+    def _consume_work(self) -> None:
+        # one shard at a time per process, so shards spread over the party's processes
+        self._channel.basic_qos(prefetch_count=1)
+        self._work_tag = self._channel.basic_consume(self.work, self._on_message(self.work),
+                                                     auto_ack=False)
+
+    def _drop_connection(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None and connection.is_open:
+            try:
+                connection.close()
+            except Exception as exc:  # noqa: BLE001 - already broken; nothing to save
+                log.debug("%s: closing a broken connection: %r", self.name, exc)
+
+    def _on_message(self, queue: str) -> Any:
+        generation = self._generation
+
+        def handle(_ch: Any, method: Any, props: Any, body: bytes) -> None:
+            self._file(queue, (generation, method.delivery_tag), props, body,
+                       bool(method.redelivered))
+        return handle
+
+    # ---- receiving --------------------------------------------------------------------------
+
+    def _file(self, queue: str, tag: tuple[int, int], props: Any, body: bytes,
+              redelivered: bool) -> None:
+        headers = props.headers or {}
+        message_id = props.message_id or ""
+        if message_id in self._completed:
+            log.info("%s: dropped a redelivered duplicate of %s", self.name, message_id)
+            self._ack([tag])
+            return
+        data_queue = headers.get("fb-data-queue")
+        if queue == self.work and isinstance(data_queue, str | bytes):
+            data_queue = data_queue.decode() if isinstance(data_queue, bytes) else data_queue
+            if data_queue.startswith(self.work + ".") and message_id:
+                self._ready.append(_Delivery(queue, b"", [tag], message_id, data_queue))
+            else:
+                log.warning("%s: dropped a work ticket naming %r", self.name, data_queue)
+                self._ack([tag])
+            return
+        count = headers.get("fb-count")
+        if count is None:
+            self._ready.append(_Delivery(queue, body, [tag], message_id))
+            return
+        index, digest = headers.get("fb-index"), headers.get("fb-sha256")
+        if (not isinstance(count, int) or not isinstance(index, int) or not 0 <= index < count
+                or count * self.chunk_bytes > self.max_message_bytes + self.chunk_bytes
+                or not isinstance(digest, str | bytes) or not message_id):
+            log.warning("%s: dropped a malformed chunk on %s", self.name, queue)
+            self._ack([tag])
+            return
+        digest = digest.decode() if isinstance(digest, bytes) else digest
+        partial = self._partials.setdefault(message_id, _Partial(count, digest))
+        if partial.count != count or partial.digest != digest or index in partial.chunks:
+            log.warning("%s: dropped a duplicate or inconsistent chunk of %s", self.name, message_id)
+            self._ack([tag])
+            return
+        partial.chunks[index] = body
+        partial.tags.append(tag)
+        if len(partial.chunks) < count:
+            return
+        del self._partials[message_id]
+        data = b"".join(partial.chunks[i] for i in range(count))
+        if hashlib.sha256(data).hexdigest() != digest:
+            log.warning("%s: dropped %s: reassembled payload fails its SHA-256", self.name,
+                        message_id)
+            self._ack(partial.tags)
+            return
+        self._ready.append(_Delivery(queue, data, partial.tags, message_id))
+
+    def receive(self, timeout: float) -> bytes | None:
+        """The next whole message, or None after ``timeout`` s; acknowledge it when done."""
+        if self._unacked:
+            raise TransportError(f"{self.name}: acknowledge the previous message first")
+        deadline = time.monotonic() + timeout
+        while not self._ready:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                self._connection.process_data_events(time_limit=min(left, 1.0))
+            except _CONNECTION_ERRORS as exc:
+                log.warning("%s: connection lost while receiving (%r)", self.name, exc)
+                self._connect()
+        item = self._ready.popleft()
+        if item.queue == self.inbox and self._work_tag is not None:
+            self._become_coordinator()
+        self._unacked, self._last_id = item.tags, item.message_id
+        self._last_data_queue = item.data_queue
+        if item.data_queue is None:
+            return item.data
+        data = self._fetch_work_data(item.data_queue)
+        if data is None:  # nothing usable: the ticket is done with
+            self.acknowledge()
+            return self.receive(max(0.0, deadline - time.monotonic()))
+        return data
+
+    def _fetch_work_data(self, data_queue: str) -> bytes | None:
+        """Pull every chunk of a ticket's shard from its private queue (this process only)."""
+        partial: _Partial | None = None
+        try:
+            while partial is None or len(partial.chunks) < partial.count:
+                method, props, body = self._channel.basic_get(data_queue, auto_ack=False)
+                if method is None:
+                    log.warning("%s: work data in %s is incomplete", self.name, data_queue)
+                    return None
+                tag = (self._generation, method.delivery_tag)
+                self._unacked.append(tag)
+                headers = props.headers or {}
+                count, index = headers.get("fb-count"), headers.get("fb-index")
+                digest = headers.get("fb-sha256")
+                digest = digest.decode() if isinstance(digest, bytes) else digest
+                if partial is None:
+                    if (not isinstance(count, int) or count < 1
+                            or count * self.chunk_bytes > self.max_message_bytes + self.chunk_bytes):
+                        log.warning("%s: malformed work data in %s", self.name, data_queue)
+                        return None
+                    partial = _Partial(count, str(digest))
+                if (not isinstance(index, int) or not 0 <= index < partial.count
+                        or index in partial.chunks or count != partial.count):
+                    log.warning("%s: malformed work chunk in %s", self.name, data_queue)
+                    return None
+                partial.chunks[index] = body
+        except px.ChannelClosedByBroker as exc:  # e.g. the queue is gone (done by another)
+            log.warning("%s: work data %s unavailable: %s", self.name, data_queue, exc.reply_text)
+            self._connect()
+            return None
+        data = b"".join(partial.chunks[i] for i in range(partial.count))
+        if hashlib.sha256(data).hexdigest() != partial.digest:
+            log.warning("%s: work data in %s fails its SHA-256", self.name, data_queue)
+            return None
+        return data
+
+    def _become_coordinator(self) -> None:
+        """This process is the party's active inbox consumer: leave shard work to helpers."""
+        self._taking_work = False
+        tag, self._work_tag = self._work_tag, None
+        try:
+            self._channel.basic_cancel(tag)
+            keep: deque[_Delivery] = deque()
+            for item in self._ready:
+                if item.queue == self.work:
+                    self._nack(item.tags)
+                else:
+                    keep.append(item)
+            self._ready = keep
+        except _CONNECTION_ERRORS:
+            self._connect()
+
+    def acknowledge(self) -> None:
+        """The last received message is done: the broker may forget it."""
+        tags, self._unacked = self._unacked, []
+        if self._last_id:
+            self._completed[self._last_id] = None
+            if len(self._completed) > _COMPLETED_IDS:
+                self._completed.popitem(last=False)
+        self._ack(tags)
+        data_queue, self._last_data_queue = self._last_data_queue, None
+        if data_queue is not None:
+            try:
+                self._channel.queue_delete(data_queue)
+            except _CONNECTION_ERRORS as exc:
+                log.warning("%s: could not delete %s (%r)", self.name, data_queue, exc)
+
+    def _ack(self, tags: list[tuple[int, int]]) -> None:
+        try:
+            for generation, tag in tags:
+                if generation == self._generation:  # older tags died with their connection
+                    self._channel.basic_ack(tag)
+        except _CONNECTION_ERRORS as exc:
+            log.warning("%s: connection lost while acknowledging (%r)", self.name, exc)
+            self._connect()
+
+    def _nack(self, tags: list[tuple[int, int]]) -> None:
+        for generation, tag in tags:
+            if generation == self._generation:
+                self._channel.basic_nack(tag, requeue=True)
+
+    # ---- sending ----------------------------------------------------------------------------
+
+    def send(self, recipient: str, data: bytes) -> None:
+        """Deliver ``data`` to ``recipient``'s inbox (chunked if large).
+
+        A party's queue that does not exist yet is waited for (its worker may be starting); a
+        flow run's queue that does not exist means the run is over, and the reply is dropped.
+        """
+        self._publish(queue_of(recipient), recipient, data,
+                      wait_for_queue=not recipient.startswith("flow."))
+
+    def submit_work(self, data: bytes) -> None:
+        """Queue a shard of work for this party's helper processes.
+
+        A shard above one chunk goes to a private queue first, then a ticket naming it to the
+        work queue: whichever helper takes the ticket reads every chunk.
+        """
+        if self.work is None:
+            raise TransportError(f"{self.name} has no work queue")
+        if len(data) <= self.chunk_bytes:
+            self._publish(self.work, f"{self.name} helpers", data, wait_for_queue=True)
+            return
+        data_queue = f"{self.work}.{uuid.uuid4().hex}"
+        try:
+            self._channel.queue_declare(data_queue, durable=True,
+                                        arguments={"x-expires": 24 * 3600 * 1000})
+        except _CONNECTION_ERRORS:
+            self._connect()
+            self._channel.queue_declare(data_queue, durable=True,
+                                        arguments={"x-expires": 24 * 3600 * 1000})
+        self._publish(data_queue, f"{self.name} helpers", data, wait_for_queue=True, chunked=True)
+        ticket = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent,
+                                      message_id=uuid.uuid4().hex,
+                                      headers={"fb-data-queue": data_queue})
+        self._publish_one(self.work, f"{self.name} helpers", b"", ticket, True)
+
+    def _publish(self, queue: str, recipient: str, data: bytes, *, wait_for_queue: bool,
+                 chunked: bool = False) -> None:
+        if not isinstance(data, bytes):
+            raise TypeError("transports carry bytes only")
+        if len(data) > self.max_message_bytes:
+            raise TransportError(f"{self.name}: message of {len(data)} bytes to {recipient} "
+                                 f"exceeds the {self.max_message_bytes}-byte limit")
+        message_id = uuid.uuid4().hex
+        count = max(1, math.ceil(len(data) / self.chunk_bytes))
+        chunked = chunked or count > 1
+        digest = hashlib.sha256(data).hexdigest() if chunked else ""
+        for index in range(count):
+            headers = ({"fb-index": index, "fb-count": count, "fb-sha256": digest}
+                       if chunked else None)
+            props = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent,
+                                         message_id=message_id, headers=headers)
+            chunk = data[index * self.chunk_bytes:(index + 1) * self.chunk_bytes]
+            if not self._publish_one(queue, recipient, chunk, props, wait_for_queue):
+                return
+
+    def _publish_one(self, queue: str, recipient: str, body: bytes, props: Any,
+                     wait_for_queue: bool) -> bool:
+        """Publish until the broker confirms; a chunk published twice is dropped on receipt."""
+        deadline = time.monotonic() + self.reconnect_seconds
+        delay = 0.5
+        while True:
+            try:
+                self._channel.basic_publish("", queue, body, props, mandatory=True)
+                return True
+            except px.UnroutableError:
+                if not wait_for_queue:
+                    log.warning("%s: dropped a message for %s: its queue is gone", self.name,
+                                recipient)
+                    return False
+                # the recipient's queue does not exist yet: its worker has not started
+                if time.monotonic() + delay > deadline:
+                    raise TransportError(f"{self.name}: no queue {queue} for {recipient}: is "
+                                         f"its worker running?") from None
+                log.warning("%s: waiting for %s's queue %s", self.name, recipient, queue)
+            except px.NackError:
+                if time.monotonic() + delay > deadline:
+                    raise TransportError(f"{self.name}: broker refused a message for "
+                                         f"{recipient}") from None
+            except px.ChannelClosedByBroker as exc:
+                raise TransportError(f"{self.name}: broker refused to publish to {queue}: "
+                                     f"{exc.reply_code} {exc.reply_text}") from None
+            except _CONNECTION_ERRORS as exc:
+                log.warning("%s: connection lost while sending (%r)", self.name, exc)
+                self._connect()
+                continue
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    # ---- party processes --------------------------------------------------------------------
+
+    def helpers(self) -> int:
+        """Other processes of this party ready to take shards of work."""
+        if self.work is None:
+            return 0
+        try:
+            method = self._channel.queue_declare(self.work, durable=True, passive=True).method
+        except _CONNECTION_ERRORS:
+            self._connect()
+            return 0
+        return int(method.consumer_count) - (1 if self._work_tag is not None else 0)
+
+    def close(self) -> None:
+        """Close the connection; unacknowledged messages go back to their queues."""
+        self._drop_connection()
+
+    def delete_inbox(self) -> None:
+        """Remove a flow run's reply queue once the run is over."""
+        try:
+            self._channel.basic_cancel(self._inbox_tag)
+            self._channel.queue_delete(self.inbox)
+        except _CONNECTION_ERRORS as exc:
+            log.warning("%s: could not delete %s (%r)", self.name, self.inbox, exc)
