@@ -6,6 +6,7 @@ passive parties get only ciphertexts, the splits they own, and instance spaces.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,8 @@ from workers.state import JobState
 
 GRADIENT_CHUNK = 4096
 """Ciphertexts per message: 2 MiB at 2048-bit keys, well below broker message caps."""
+
+log = logging.getLogger("fedboost.worker")
 
 
 @dataclass(slots=True)
@@ -165,7 +168,9 @@ def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         packer = GradientPacker(value_bits=g.bits, max_rows=n)
         packer.check_fits(run.public.n.bit_length())
         run.packer = packer
+        started = time.perf_counter()
         encrypted = run.crypto_pool().encrypt(packer.pack(g.ints[in_tree], h.ints[in_tree]))
+        encrypted_at = time.perf_counter()
         step = GRADIENT_CHUNK * run.public.ciphertext_bytes
         blobs = [encrypted[i:i + step] for i in range(0, len(encrypted), step)]
         start = TreeStart(tree=tree, in_tree=encode_mask(in_tree), n_chunks=len(blobs),
@@ -174,6 +179,8 @@ def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
             ctx.send(passive, MsgType.TREE_START, start)
             for k, blob in enumerate(blobs):
                 ctx.send(passive, MsgType.ENCRYPTED_GRADIENTS, EncryptedGradients(tree, k, blob))
+        log.debug("%s t%d: encrypted %d rows in %.3fs, sent in %.3fs", ctx.party.name, tree,
+                  int(in_tree.sum()), encrypted_at - started, time.perf_counter() - encrypted_at)
     return MsgType.ACK, Ack(count=int(in_tree.sum()))
 
 

@@ -7,6 +7,7 @@ values or labels.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,8 @@ from workers.alignment import receive_alignment
 from workers.data import load_party_csv
 from workers.runtime import StepContext
 from workers.state import JobState
+
+log = logging.getLogger("fedboost.worker")
 
 LOOKUP_FORMAT = "fedboost-lookup"
 LOOKUP_VERSION = 1
@@ -208,6 +211,7 @@ def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, A
 def _dispatch_shards(ctx: StepContext, state: JobState, run: PassiveTraining,
                      body: Step) -> LevelWork:
     """Position the rows, hand out all feature shards but the first, and sum the first here."""
+    started = time.perf_counter()
     if body.depth == 0:
         _start_tree(ctx, state, run, body.tree)
         built = [0]
@@ -234,11 +238,16 @@ def _dispatch_shards(ctx: StepContext, state: JobState, run: PassiveTraining,
                       for rows in node_rows),
         ciphertexts=node_cts, cell_bits=run.packing.cell_bits,
         per_ciphertext=run.packing.per_ciphertext) for k, features in enumerate(shards)]
+    handed_out = time.perf_counter()
     for task in tasks[1:]:
         ctx.submit_work(MsgType.HISTOGRAM_SHARD, task)
     work = LevelWork(key=(body.tree, body.depth), built=built, n_bins=n_bins,
                      n_features=n_features, widths=[len(f) for f in shards])
+    summed = time.perf_counter()
     work.parts[0] = shard_histograms(tasks[0])
+    log.debug("%s t%d d%d: %d shards; prepared in %.3fs, handed out in %.3fs, own shard %.3fs",
+              ctx.party.name, body.tree, body.depth, len(tasks), handed_out - started,
+              summed - handed_out, time.perf_counter() - summed)
     return work
 
 

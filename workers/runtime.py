@@ -249,11 +249,11 @@ class Worker:
             return
         ctx = StepContext(self.party, env.job, env.task, job.state, job.mailbox,
                           self._send_for(env.job), self.transport)
-        start = time.perf_counter()
+        start, first_try = time.perf_counter(), since or time.monotonic()
         try:
             kind, body = handler(ctx, env.body)
         except NotReady as waiting:
-            job.pending.append(_Pending(env, since or time.monotonic(), str(waiting)))
+            job.pending.append(_Pending(env, first_try, str(waiting)))
             return
         except USER_ERRORS as exc:
             kind, body = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name, str(exc), True)
