@@ -1,13 +1,14 @@
 """RabbitMQ against the embedded default, and scaling a passive party out over processes.
 
-    python -m benchmarks.rabbitmq [--trees 3] [--bits 2048] [--url amqp://...]
+    python -m benchmarks.rabbitmq [--trees 3] [--rounds 2] [--bits 2048] [--url amqp://...]
 
-Three runs of default_credit in one invocation, same config and seed:
+Each round runs default_credit three ways, same config and seed, in this order:
+  rabbitmq-1  party workers started with 'fedboost worker' (host: one process)
+  rabbitmq-2  the same with '--processes 2' for the host
   memory      the embedded default (host: 2 processes on in-memory queues)
-  rabbitmq-2  party workers started with 'fedboost worker' (host: --processes 2)
-  rabbitmq-1  the same with one host process
 Prints seconds per tree and the host's build-histograms seconds per tree (Prefect task run
-times), the RabbitMQ/memory cost ratio and the 1-process/2-process histogram speed-up.
+times) per run and averaged over rounds (this machine's speed drifts, so the three kinds take
+turns), then the RabbitMQ/memory cost ratio and the 1-process/2-process histogram speed-up.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--trees", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--bits", type=int, default=2048)
     parser.add_argument("--url", default="amqp://guest:guest@127.0.0.1:5672/%2F")
     args = parser.parse_args()
@@ -111,17 +113,26 @@ def main() -> None:
 
     for name in ("prefect", "prefect.task_runs", "prefect.flow_runs"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    runs: dict[str, list[dict[str, float]]] = {"rabbitmq-1": [], "rabbitmq-2": [], "memory": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        runs = {"memory": _memory_run(args.bits, args.trees, work),
-                "rabbitmq-2": _rabbit_run(args.url, args.bits, args.trees, 2, work),
-                "rabbitmq-1": _rabbit_run(args.url, args.bits, args.trees, 1, work)}
-    print(f"\ndefault_credit, {args.bits}-bit keys, {args.trees} trees per run")
+        for _ in range(args.rounds):
+            runs["rabbitmq-1"].append(_rabbit_run(args.url, args.bits, args.trees, 1, work))
+            runs["rabbitmq-2"].append(_rabbit_run(args.url, args.bits, args.trees, 2, work))
+            runs["memory"].append(_memory_run(args.bits, args.trees, work))
+    print(f"\ndefault_credit, {args.bits}-bit keys, {args.trees} trees per run, "
+          f"{args.rounds} rounds")
     print(f"{'run':<12} {'s/tree':>8} {'host histograms s/tree':>24} {'train_auc':>10}")
-    for name, r in runs.items():
-        print(f"{name:<12} {r['s/tree']:>8.2f} {r['hist s/tree']:>24.2f} {r['train_auc']:>10.4f}")
-    cost = runs["rabbitmq-2"]["s/tree"] / runs["memory"]["s/tree"]
-    speedup = runs["rabbitmq-1"]["hist s/tree"] / runs["rabbitmq-2"]["hist s/tree"]
+    mean: dict[str, dict[str, float]] = {}
+    for name, results in runs.items():
+        for r in results:
+            print(f"{name:<12} {r['s/tree']:>8.2f} {r['hist s/tree']:>24.2f} "
+                  f"{r['train_auc']:>10.4f}")
+        mean[name] = {k: sum(r[k] for r in results) / len(results) for k in results[0]}
+    for name, r in mean.items():
+        print(f"{'mean ' + name:<12} {r['s/tree']:>8.2f} {r['hist s/tree']:>24.2f}")
+    cost = mean["rabbitmq-2"]["s/tree"] / mean["memory"]["s/tree"]
+    speedup = mean["rabbitmq-1"]["hist s/tree"] / mean["rabbitmq-2"]["hist s/tree"]
     print(f"\nRabbitMQ / in-memory seconds per tree (host 2 processes each): {cost:.3f}")
     print(f"host histograms, 1 process / 2 processes: {speedup:.2f}x faster with two")
 

@@ -83,6 +83,8 @@ class Coordinator:
                 log.warning("flow %s: dropped stale reply %s from %s", self.job, env.task, env.sender)
                 continue
             replies[env.sender] = env.body
+            if isinstance(env.body, ErrorReply):
+                break  # fail fast: the others may be waiting for the failed party's data
         errors = [r for r in replies.values() if isinstance(r, ErrorReply)]
         if errors:
             raise PartyError(sorted(errors, key=lambda e: not e.user_error)[0])

@@ -43,6 +43,8 @@ class JobSpec:
     key_bits: int
     valid_fraction: float
     valid_seed: int
+    label: str
+    """The active party's label column name: a passive party refuses a column of that name."""
 
 
 @dataclass(frozen=True, slots=True)

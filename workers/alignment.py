@@ -88,7 +88,8 @@ def psi_intersect(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     rows = np.flatnonzero(present)
     if rows.size == 0:
         raise DataError(f"party {state.party}: empty intersection of ids with "
-                        f"{', '.join(state.passives)}; check the id columns hold the same keys")
+                        f"{', '.join(state.passives)}; check the id columns hold the same keys, "
+                        f"spelled the same way ('17', '17.0' and '0017' are different ids)")
     aligned = rows[np.argsort(np.array([state.data.ids[r] for r in rows]), kind="stable")]
     position = np.full(n_own, -1, dtype=np.int64)
     position[aligned] = np.arange(aligned.size)

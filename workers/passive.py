@@ -28,7 +28,7 @@ from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradient
                              PublicKeyMsg, ShardHistogram, SplitChoices, Step, TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
-from workers import ProtocolError, StageError
+from workers import DataError, ProtocolError, StageError
 from workers.active import params_of
 from workers.alignment import receive_alignment
 from workers.data import load_party_csv
@@ -100,6 +100,11 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
         raise ProtocolError(f"job does not list {ctx.party.name} as a passive party")
     data = load_party_csv(ctx.party.name, ctx.party.data, ctx.party.id_column, None,
                           require_label=False, columns=ctx.party.columns)
+    if spec.label and spec.label in data.names and ctx.party.columns is None:
+        # labels stay with the active party: a same-named column here is most likely a copy
+        raise DataError(f"party {ctx.party.name}: file {ctx.party.data}: column {spec.label!r} has "
+                        f"the name of the active party's label; a passive party must not hold "
+                        f"labels: remove it, or list this party's features with 'columns:'")
     state = JobState(kind="train", party=ctx.party.name, active=actives[0],
                      passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
                      key_bits=spec.key_bits)
@@ -144,8 +149,9 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     n_train = state.require_bins().shape[0]
     in_tree = decode_mask(start.in_tree, n_train)
     blob = b"".join(c.ciphertexts for c in sorted(chunks, key=lambda c: c.chunk))
-    count = len(ciphertexts_from_bytes(blob, public))  # validates length and range once
-    if count != int(in_tree.sum()):
+    # the range of every ciphertext is checked where it is used: in the shards, in parallel
+    count, rest = divmod(len(blob), public.ciphertext_bytes)
+    if rest or count != int(in_tree.sum()):
         raise ProtocolError(f"tree {tree}: {count} ciphertexts for {int(in_tree.sum())} rows")
     run.tree, run.ciphertexts, run.in_tree, run.packing = tree, blob, in_tree, packing
     run.enc_index = np.cumsum(in_tree) - 1

@@ -149,6 +149,21 @@ class _Job:
     pending: list[_Pending] = field(default_factory=list)
 
 
+OPENERS = frozenset({MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION})
+
+
+def is_flow(name: str) -> bool:
+    """Flow endpoints are ``flow`` (embedded) or ``flow.<job>.<id>`` (RabbitMQ); party names
+    never contain a dot and are never ``flow``."""
+    return name == "flow" or name.startswith("flow.")
+
+
+def _is_peer(job: _Job, sender: str) -> bool:
+    state = job.state
+    return state is not None and sender in (state.active, *state.passives)
+MAX_PENDING = 64
+"""Steps of one job that may wait for peer data at once (the flow sends a handful)."""
+
 DEFAULT_PEER_TIMEOUT = 900.0
 """Seconds a step may wait for a peer's message before it fails, naming the peer."""
 
@@ -222,11 +237,33 @@ class Worker:
                 return
             self._run(_Job(), env)  # shards carry everything they need: no job state
             return
-        job = self.jobs.setdefault(env.job, _Job())
+        if env.kind in COMMANDS and not is_flow(env.sender):
+            log.warning("%s: rejected %s from %r: commands come from flows", self.party.name,
+                        env.kind.name, env.sender)
+            return
+        if env.kind in OPENERS:
+            job = self.jobs.setdefault(env.job, _Job())
+        elif env.job in self.jobs:
+            job = self.jobs[env.job]
+        else:  # late, early or forged: nothing to file it under, and no state to grow
+            log.warning("%s: %s for unknown job %r", self.party.name, env.kind.name, env.job)
+            if env.kind in COMMANDS:
+                self._reply(env, MsgType.ERROR, ErrorReply(
+                    self.party.name, env.kind.name, f"job {env.job!r} is not open here", False))
+            return
         if env.kind in COMMANDS:
+            if any(p.env.task == env.task for p in job.pending):
+                return  # the same step again while it waits: one answer will come
+            if len(job.pending) >= MAX_PENDING:
+                self._reply(env, MsgType.ERROR, ErrorReply(
+                    self.party.name, env.kind.name, f"{MAX_PENDING} steps already wait", False))
+                return
             self._run(job, env)
         elif env.kind == MsgType.ERROR and own:
             self._fail_pending(job, env)  # a helper process failed a shard of a waiting step
+        elif not (own or _is_peer(job, env.sender)):
+            log.warning("%s: rejected %s from %r: not a party of job %r", self.party.name,
+                        env.kind.name, env.sender, env.job)
         else:
             job.mailbox.put(_mail_key(env), env.body)
             self._retry_pending(job)
@@ -283,4 +320,8 @@ class Worker:
         return send
 
     def _reply(self, env: Envelope, kind: MsgType, body: Any) -> None:
-        self._send_for(env.job)(env.sender, kind, body, env.task)
+        try:
+            self._send_for(env.job)(env.sender, kind, body, env.task)
+        except MessageError as exc:  # an unreachable sender must not stop the worker
+            log.error("%s: could not answer %s to %r: %s", self.party.name, env.kind.name,
+                      env.sender, exc)

@@ -15,7 +15,7 @@ from messages.instance_space import BITMAP, GAPS, decode_mask, encode_mask
 
 SAMPLES = {
     MsgType.OPEN_JOB: b.OpenJob(b.JobSpec([b.PartyInfo("g", "active")], 3, 3, 0.3, 32, "binary",
-                                          1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0)),
+                                          1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0, "y")),
     MsgType.OPEN_PREDICTION: b.OpenPrediction([b.PartyInfo("g", "active")], 10, "/tmp/x"),
     MsgType.ACK: b.Ack(3),
     MsgType.SPLITS_FOUND: b.SplitsFound(["host"], 2, 1),

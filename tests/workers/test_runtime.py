@@ -14,7 +14,7 @@ from tests.scenarios import DATA
 
 def _spec(data: Path) -> JobSpec:
     return JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")], 2, 3, 0.3, 32,
-                   "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 512, 0.0, 0)
+                   "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 512, 0.0, 0, "y")
 
 
 def _worker(tmp_path: Path, data: Path) -> tuple[Worker, MemoryHub]:

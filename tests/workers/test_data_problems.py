@@ -1,0 +1,95 @@
+"""Data problems get a clear error naming party, file and place, or a documented handling:
+missing values are their own bin (see the lossless NaN tests), infinities are refused, a constant
+column is never split on, one-class labels are refused, a label column at a passive party is
+refused, and ids spelled differently by two parties are pointed out."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from boosting.params import BoostParams
+from boosting.train import FeatureBlock, train
+from fedboost.embedded import train_embedded
+from flows._tasks import PartyError
+from messages.bodies import ErrorReply, OpenJob, Step
+from messages.envelope import MsgType
+from tests.scenarios import DATA, config_with
+from tests.workers.test_runtime import _command, _reply, _spec, _worker
+from workers import DataError
+from workers.data import load_party_csv
+
+
+def test_infinite_values_are_refused_naming_row_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "host.csv"
+    path.write_text("id,x0,x1\na,1,2\nb,inf,3\n")
+    with pytest.raises(DataError, match=r"party host: file .*host.csv: row 3, column 'x0': infinite"):
+        load_party_csv("host", path, "id", None, require_label=False)
+
+
+def test_missing_cells_are_missing_values_not_errors(tmp_path: Path) -> None:
+    path = tmp_path / "host.csv"
+    path.write_text("id,x0\na,\nb,NA\nc,nan\nd,4\n")
+    data = load_party_csv("host", path, "id", None, require_label=False)
+    assert np.isnan(data.x[:3, 0]).all() and data.x[3, 0] == 4
+
+
+def test_a_constant_column_is_never_split_on() -> None:
+    rng = np.random.default_rng(0)
+    x = np.column_stack([np.full(400, 7.0), rng.normal(size=400)])
+    y = (x[:, 1] + rng.normal(scale=0.3, size=400) > 0).astype(float)
+    model = train(BoostParams(n_trees=3, max_depth=3), [FeatureBlock("guest", ("const", "x"), x)], y)
+    used = {node.feature for tree in model.trees for node in tree.nodes if not node.is_leaf}
+    assert used == {1}
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_one_class_labels_are_refused_at_the_active_party(tmp_path: Path) -> None:
+    path = tmp_path / "guest.csv"
+    rows = list(csv.reader((DATA / "breast_hetero_guest.csv").open()))
+    label_at = rows[0].index("y")
+    with path.open("w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(rows[0])
+        writer.writerows([*r[:label_at], "1", *r[label_at + 1:]] for r in rows[1:])
+    config = config_with("breast.yaml", crypto={"key_bits": 512}, params={"n_trees": 1},
+                         parties={"guest": {"role": "active", "data": str(path), "id": "id",
+                                            "label": "y"},
+                                  "host": {"role": "passive", "id": "id",
+                                           "data": str(DATA / "breast_hetero_host.csv")}})
+    with pytest.raises(PartyError, match="single class") as failure:
+        train_embedded(config, tmp_path / "out")
+    assert failure.value.user_error and str(path) in str(failure.value)
+
+
+def test_a_label_column_at_a_passive_party_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "host.csv"
+    path.write_text("id,x0,y\na,1,0\nb,2,1\n")
+    worker, hub = _worker(tmp_path, path)
+    worker.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(path))))
+    reply = _reply(hub)
+    assert isinstance(reply.body, ErrorReply) and reply.body.user_error
+    assert "column 'y' has the name of the active party's label" in reply.body.message
+    assert str(path) in reply.body.message
+    worker.handle_bytes(_command(MsgType.PSI_BLIND, Step(), "next"))  # the worker goes on
+    assert isinstance(_reply(hub).body, ErrorReply)
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_ids_spelled_differently_are_pointed_out(tmp_path: Path) -> None:
+    rows = list(csv.reader((DATA / "breast_hetero_host.csv").open()))
+    path = tmp_path / "host.csv"
+    with path.open("w", newline="") as out:  # the same customers, ids written as floats
+        writer = csv.writer(out)
+        writer.writerow(rows[0])
+        writer.writerows([f"{float(r[0])}", *r[1:]] for r in rows[1:])
+    config = config_with("breast.yaml", crypto={"key_bits": 512}, params={"n_trees": 1},
+                         parties={"guest": {"role": "active", "id": "id", "label": "y",
+                                            "data": str(DATA / "breast_hetero_guest.csv")},
+                                  "host": {"role": "passive", "id": "id", "data": str(path)}})
+    with pytest.raises(PartyError, match="spelled the same way") as failure:
+        train_embedded(config, tmp_path / "out")
+    assert failure.value.user_error and "empty intersection" in str(failure.value)
