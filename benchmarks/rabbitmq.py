@@ -27,6 +27,7 @@ import yaml
 
 from benchmarks.train import step_seconds
 from fedboost import _prefect_env
+from messages.rabbitmq import delete_party_queues
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,20 +75,7 @@ def _rabbit_run(url: str, bits: int, trees: int, host_processes: int, work: Path
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
             proc.wait(timeout=60)
-        _delete_queues(url, [f"guest{tag}", f"host{tag}"])
-
-
-def _delete_queues(url: str, parties: list[str]) -> None:
-    import pika
-
-    from messages.rabbitmq import queue_of, work_queue_of
-
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    channel = connection.channel()
-    for party in parties:
-        channel.queue_delete(queue_of(party))
-        channel.queue_delete(work_queue_of(party))
-    connection.close()
+        delete_party_queues(url, [f"guest{tag}", f"host{tag}"])
 
 
 def _memory_run(bits: int, trees: int, work: Path) -> dict[str, float]:

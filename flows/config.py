@@ -155,16 +155,19 @@ class JobConfig(_Strict):
         return [n for n, p in self.parties.items() if p.role == "passive"]
 
 
-def load_config(path: str | Path) -> JobConfig:
-    """Read, validate and resolve a job file."""
-    path = Path(path)
+def _read_yaml(path: Path) -> Any:
     try:
-        raw = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {path}: not found") from None
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"config file {path}: cannot parse ({exc})") from None
-    return parse_config(raw, base=path.resolve().parent, source=str(path))
+
+
+def load_config(path: str | Path) -> JobConfig:
+    """Read, validate and resolve a job file."""
+    path = Path(path)
+    return parse_config(_read_yaml(path), base=path.resolve().parent, source=str(path))
 
 
 def parse_config(raw: Any, *, base: Path, source: str) -> JobConfig:
@@ -211,12 +214,7 @@ class WorkerConfig(_Strict):
 def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
     """A worker's settings from its own worker file, or from its entry in a job file."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path}: not found") from None
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"config file {path}: cannot parse ({exc})") from None
+    raw = _read_yaml(path)
     base = path.resolve().parent
     if isinstance(raw, dict) and "parties" in raw:
         job = parse_config(raw, base=base, source=str(path))

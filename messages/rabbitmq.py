@@ -60,6 +60,18 @@ def work_queue_of(party: str) -> str:
     return QUEUE_PREFIX + party + ".work"
 
 
+def delete_party_queues(url: str, parties: list[str]) -> None:
+    """Remove parties' inbox and work queues (tests and benchmarks that made their own)."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        for party in parties:
+            channel.queue_delete(queue_of(party))
+            channel.queue_delete(work_queue_of(party))
+    finally:
+        connection.close()
+
+
 def redact(url: str) -> str:
     """The URL without its password, for logs and errors."""
     parts = urlsplit(url)

@@ -17,15 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pika
 import pytest
 import yaml
 
 from fedboost.embedded import train_embedded
 from flows.config import JobConfig
 from flows.secureboost import vertical_secureboost
-from messages.rabbitmq import queue_of, work_queue_of
-from tests.scenarios import REPO, config_with
+from messages.rabbitmq import delete_party_queues
+from tests.scenarios import REPO
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
@@ -80,17 +79,8 @@ def federation(rabbit_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         codes = [proc.wait(timeout=60) for proc in procs]
-        _delete_queues(rabbit_url, [f"guest{tag}", f"host{tag}"])
+        delete_party_queues(rabbit_url, [f"guest{tag}", f"host{tag}"])
         assert codes == [0, 0], f"workers did not stop cleanly on SIGTERM: {codes}"
-
-
-def _delete_queues(url: str, parties: list[str]) -> None:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    channel = connection.channel()
-    for party in parties:
-        channel.queue_delete(queue_of(party))
-        channel.queue_delete(work_queue_of(party))
-    connection.close()
 
 
 def test_rabbitmq_training_equals_the_in_memory_run(federation: Federation, tmp_path: Path) -> None:

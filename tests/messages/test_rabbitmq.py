@@ -11,7 +11,7 @@ import pika
 import pytest
 
 from messages import TransportError
-from messages.rabbitmq import RabbitTransport, queue_of, work_queue_of
+from messages.rabbitmq import RabbitTransport, delete_party_queues, queue_of
 
 
 @pytest.fixture
@@ -20,12 +20,7 @@ def names(rabbit_url: str) -> Iterator[tuple[str, str]]:
     tag = uuid.uuid4().hex[:8]
     pair = (f"a{tag}", f"b{tag}")
     yield pair
-    connection = pika.BlockingConnection(pika.URLParameters(rabbit_url))
-    channel = connection.channel()
-    for name in pair:
-        for queue in (queue_of(name), work_queue_of(name)):
-            channel.queue_delete(queue)
-    connection.close()
+    delete_party_queues(rabbit_url, list(pair))
 
 
 def _receive(t: RabbitTransport, timeout: float = 10.0) -> bytes:
