@@ -47,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("config", type=Path, help="job file (YAML)")
     train.add_argument("--out", type=Path, help="output folder (default runs/<job>)")
     train.set_defaults(run=_train)
+    resume = sub.add_parser("resume", help="continue an interrupted training job after its "
+                            "last completed tree")
+    resume.add_argument("job", help="the job's name (its folder runs/JOB holds job.json)")
+    resume.add_argument("--out", type=Path, help="the job's output folder (default runs/JOB)")
+    resume.set_defaults(run=_resume)
     predict = sub.add_parser("predict", help="score rows federatedly with a trained model")
     predict.add_argument("model_dir", type=Path, help="folder written by 'fedboost train'")
     predict.add_argument("--data", action="append", default=[], metavar="PARTY=CSV",
@@ -128,25 +133,48 @@ def _metrics_summary(result: dict[str, Any]) -> str:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from fedboost.embedded import train_embedded
     from flows.config import load_config
 
     config = load_config(args.config)
-    from flows.secureboost import vertical_secureboost  # sets up Prefect's logging first
-
-    _quiet_task_logs()
     out = args.out or Path("runs") / config.job
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "job.json", json.loads(config.model_dump_json()))
+    return _run_training(config, out)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from flows.config import ConfigError, JobConfig
+
+    out = args.out or Path("runs") / args.job
+    job_file = out / "job.json"
+    try:
+        config = JobConfig.model_validate(json.loads(job_file.read_text()))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{job_file}: no job to resume ({exc}); 'fedboost train' writes it") \
+            from None
+    if config.job != args.job:
+        raise ConfigError(f"{job_file} is job {config.job!r}, not {args.job!r}")
+    return _run_training(config, out)
+
+
+def _run_training(config: Any, out: Path) -> int:
+    """Train (or, when the parties hold checkpoints of this job, continue) and report."""
+    from fedboost.embedded import train_embedded
+    from flows.secureboost import vertical_secureboost  # sets up Prefect's logging first
+
+    _quiet_task_logs()
     if config.transport.kind == "rabbitmq":  # the parties' workers run on their own
         result = vertical_secureboost(config)
     else:
         result = train_embedded(config, out)
     history = result.pop("history")
     result["trees"] = [{"tree": k, "seconds": s, **m}
-                       for k, (s, m) in enumerate(zip(result["tree_seconds"], history))]
+                       for k, (s, m) in enumerate(zip(result["tree_seconds"], history,
+                                                      strict=True))]
     _write_json(out / "metrics.json", result)
-    print(f"trained {result['n_trees']} trees on {result['n_aligned']} aligned rows in "
+    resumed = (f" (resumed after {result['resumed_after']} trees)" if result["resumed_after"]
+               else "")
+    print(f"trained {result['n_trees']} trees{resumed} on {result['n_aligned']} aligned rows in "
           f"{result['train_seconds']:.1f} s: {_metrics_summary(result)}; model in {out}/")
     return 0
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from flows._tasks import Coordinator, attach, detach
+from flows._tasks import DEFAULT_STEP_TIMEOUT, Coordinator, attach, detach
 from crypto.pool import default_processes
 from flows.config import JobConfig, PartyConfig
 from messages.transport import MemoryHub
@@ -39,12 +39,13 @@ def processes_of(party: PartyConfig) -> int:
 
 
 def run_embedded(job: str, specs: list[PartySpec], run_flow: Callable[[], T], *,
-                 hub: MemoryHub | None = None, log_level: int = logging.WARNING) -> T:
+                 hub: MemoryHub | None = None, log_level: int = logging.WARNING,
+                 step_timeout: float = DEFAULT_STEP_TIMEOUT) -> T:
     """Start the parties' workers, run the flow against them, and stop them whatever happens."""
     hub = hub or MemoryHub([s.name for s in specs] + [FLOW_ENDPOINT],
                            helpers={s.name: s.processes - 1 for s in specs if s.processes > 1})
     procs, helpers = start_workers(hub, specs, log_level)
-    attach(Coordinator(job=job, transport=hub.endpoint(FLOW_ENDPOINT)))
+    attach(Coordinator(job=job, transport=hub.endpoint(FLOW_ENDPOINT), timeout=step_timeout))
     try:
         return run_flow()
     finally:
@@ -63,4 +64,5 @@ def train_embedded(config: JobConfig, out_dir: Path, *, hub: MemoryHub | None = 
     from flows.secureboost import vertical_secureboost
 
     specs = party_specs(config, out_dir)
-    return run_embedded(config.job, specs, lambda: vertical_secureboost(config), hub=hub)
+    return run_embedded(config.job, specs, lambda: vertical_secureboost(config), hub=hub,
+                        step_timeout=config.transport.step_timeout)

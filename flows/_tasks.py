@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import task
@@ -48,6 +48,10 @@ class StepTimeout(TransportError):
     """A party did not answer a step in time."""
 
 
+def _new_session() -> str:
+    return uuid.uuid4().hex[:12]
+
+
 @dataclass(slots=True)
 class Coordinator:
     """The flow's endpoint for one job."""
@@ -55,9 +59,17 @@ class Coordinator:
     job: str
     transport: Transport
     timeout: float = DEFAULT_STEP_TIMEOUT
+    session: str = field(default_factory=_new_session)
+    """Prefix of every task id: parties drop messages of a session that is over (a killed
+    flow, a step abandoned by a recovery), and refuse a task id they already answered."""
 
-    def call(self, parties: list[str], kind: MsgType, body: Any, task: str) -> dict[str, Any]:
+    def begin_session(self) -> None:
+        """Start a new session: the parties will open the job afresh (or from checkpoints)."""
+        self.session = _new_session()
+
+    def call(self, parties: list[str], kind: MsgType, body: Any, step: str) -> dict[str, Any]:
         """Send a command to every party and return each party's reply body."""
+        task = f"{self.session}/{step}"
         for party in parties:
             env = Envelope(job=self.job, task=task, sender=self.transport.name, recipient=party,
                            kind=kind, body=body)
@@ -68,8 +80,8 @@ class Coordinator:
             left = deadline - time.monotonic()
             if left <= 0:
                 missing = sorted(set(parties) - set(replies))
-                raise StepTimeout(f"no answer from {', '.join(missing)} to {task} "
-                                  f"within {self.timeout:.0f} s")
+                raise StepTimeout(f"party {', '.join(missing)}: no answer to step {step} "
+                                  f"within {self.timeout:.0f} s (transport.step_timeout)")
             data = self.transport.receive(timeout=min(left, 1.0))
             if data is None:
                 continue
@@ -117,7 +129,7 @@ def connected(job: str, transport: TransportConfig) -> Iterator[Coordinator]:
                              f"to reach; run it with 'fedboost train', or use rabbitmq")
     endpoint = RabbitTransport(f"flow.{job}.{uuid.uuid4().hex[:8]}", transport.amqp_url(),
                                party=False, chunk_bytes=transport.chunk_bytes)
-    coordinator = Coordinator(job=job, transport=endpoint)
+    coordinator = Coordinator(job=job, transport=endpoint, timeout=transport.step_timeout)
     attach(coordinator)
     try:
         yield coordinator

@@ -16,10 +16,10 @@ from prefect.artifacts import (create_progress_artifact, create_table_artifact,
                                update_progress_artifact)
 from prefect.cache_policies import NO_CACHE
 
-from flows._tasks import align_entities, close_job, connected, link, step_id
+from flows._tasks import PartyError, align_entities, close_job, connected, link, step_id
 from flows.config import JobConfig
-from messages.bodies import (VALIDATION_BATCH, Ack, JobSpec, OpenJob, PartyInfo, SplitsFound,
-                             Step, TreeFinished)
+from messages.bodies import (VALIDATION_BATCH, Ack, Aligned, JobSpec, OpenJob, PartyInfo,
+                             Resumed, SplitsFound, Step, TreeFinished)
 from messages.envelope import MsgType
 
 def job_spec(config: JobConfig) -> JobSpec:
@@ -36,10 +36,22 @@ def job_spec(config: JobConfig) -> JobSpec:
 
 
 @task(name="open_job", task_run_name="open-job", cache_policy=NO_CACHE)
-def open_job(job: str, parties: list[str], spec: JobSpec) -> dict[str, int]:
-    """Every party loads its own data; the active party makes its key pair."""
-    replies = link(job).call(parties, MsgType.OPEN_JOB, OpenJob(spec), step_id(MsgType.OPEN_JOB))
-    return {party: reply.count for party, reply in replies.items()}
+def open_job(job: str, parties: list[str], spec: JobSpec) -> dict[str, list[int]]:
+    """Every party loads its own data (the active party makes a key pair) and reports the
+    checkpoints it holds for this job; a new session makes messages of earlier ones stale."""
+    coord = link(job)
+    coord.begin_session()
+    replies = coord.call(parties, MsgType.OPEN_JOB, OpenJob(spec), step_id(MsgType.OPEN_JOB))
+    return {party: reply.checkpoints for party, reply in replies.items()}
+
+
+@task(name="resume_job", task_run_name="resume-after-{trees_done}-trees", cache_policy=NO_CACHE)
+def resume_job(job: str, active: str, passives: list[str], trees_done: int) -> Resumed:
+    """Every party restores its checkpoint after ``trees_done`` trees (PSI, bins, keys, trees)."""
+    replies = link(job).call([active, *passives], MsgType.RESUME_JOB, Step(trees_done),
+                             step_id(MsgType.RESUME_JOB, trees_done))
+    resumed: Resumed = replies[active]
+    return resumed
 
 
 @task(name="bin_features", task_run_name="bin-features", cache_policy=NO_CACHE)
@@ -120,32 +132,55 @@ def save_models(job: str, parties: list[str]) -> None:
     link(job).call(parties, MsgType.SAVE_MODEL, Step(), step_id(MsgType.SAVE_MODEL))
 
 
+MAX_RECOVERIES = 3
+"""Times one flow run resumes from checkpoints after a party lost its state (restarted)."""
+
+
 @flow(name="vertical_secureboost", flow_run_name="{config.job}")
 def vertical_secureboost(config: JobConfig) -> dict[str, Any]:
     """Train a SecureBoost model between one active and several passive parties.
 
     ``config`` is the job file's content (a deployment's parameter). Over RabbitMQ the flow
     connects to the running party workers itself; the embedded default attaches its own.
+    Running the same job again (``fedboost resume``, the same ``fedboost train``, Retry in the
+    UI) continues after the last tree every party checkpointed; so does this run when a party's
+    worker restarts mid-job.
     """
     with connected(config.job, config.transport):
-        return _train(config)
+        logger = get_run_logger()
+        progress = create_progress_artifact(0.0, description=f"{config.job}: trees done (%)")
+        for attempt in range(MAX_RECOVERIES + 1):
+            try:
+                return _train(config, progress)
+            except PartyError as exc:
+                if not exc.reply.state_lost or attempt == MAX_RECOVERIES:
+                    raise
+                logger.warning("%s; resuming from the parties' checkpoints", exc)
+        raise AssertionError("unreachable")
 
 
-def _train(config: JobConfig) -> dict[str, Any]:
+def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
     logger = get_run_logger()
     job, active, passives = config.job, config.active, config.passives
     params = config.params
     started = time.perf_counter()
-    open_job(job, [active, *passives], job_spec(config))
-    aligned = align_entities(job, active, passives)
+    held = open_job(job, [active, *passives], job_spec(config))
+    shared = set.intersection(*(set(trees) for trees in held.values()))
+    history: list[dict[str, float]] = []
+    if shared:
+        resumed = resume_job(job, active, passives, max(shared))
+        aligned = Aligned(resumed.n_aligned, resumed.n_train, resumed.n_valid)
+        per_round, done = resumed.outputs, resumed.trees_done
+        history = [{m.name: m.value for m in t.metrics} for t in resumed.history]
+        logger.info("resumed after %d trees from every party's checkpoint", done)
+    else:
+        aligned = align_entities(job, active, passives)
+        per_round, done = bin_features(job, active, passives), 0
     logger.info("aligned %d rows (%d train, %d validation)", aligned.n_aligned, aligned.n_train,
                 aligned.n_valid)
-    per_round = bin_features(job, active, passives)
     n_trees = params.n_trees * per_round
-    progress = create_progress_artifact(0.0, description=f"{job}: trees done (%)")
-    tree_seconds: list[float] = []
-    history: list[dict[str, float]] = []
-    for tree in range(n_trees):
+    tree_seconds: list[float | None] = [None] * done  # trained by an earlier run
+    for tree in range(done, n_trees):
         tree_start = time.perf_counter()
         members = [] if params.complete_secure and tree == 0 else passives
         encrypt_gradients(job, active, tree)
@@ -157,14 +192,15 @@ def _train(config: JobConfig) -> dict[str, Any]:
                 apply_splits(job, found.owners, tree, depth)
             if broadcast_nodes(job, active, tree, depth, found.owners) == 0:
                 break
-        metrics = finish_tree(job, active, members, tree)
+        metrics = finish_tree(job, active, passives, tree)  # every party checkpoints the tree
         tree_seconds.append(time.perf_counter() - tree_start)
         history.append(metrics)
         update_progress_artifact(progress, 100.0 * (tree + 1) / n_trees)
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
         logger.info("tree %d/%d done in %.2f s: %s", tree + 1, n_trees, tree_seconds[-1], shown)
     result: dict[str, Any] = {"n_aligned": aligned.n_aligned, "n_train": aligned.n_train,
-                              "n_valid": aligned.n_valid, "n_trees": n_trees, **history[-1]}
+                              "n_valid": aligned.n_valid, "n_trees": n_trees, **history[-1],
+                              "resumed_after": done, "trees_trained": n_trees - done}
     if aligned.n_valid:
         result.update(evaluate_validation(job, active, passives, aligned.n_valid))
     save_models(job, [active, *passives])
@@ -172,7 +208,7 @@ def _train(config: JobConfig) -> dict[str, Any]:
     result.update(train_seconds=time.perf_counter() - started, tree_seconds=tree_seconds,
                   history=history, key_bits=config.crypto.key_bits)
     create_table_artifact(
-        [{"tree": k + 1, "seconds": round(sec, 3), **m}
+        [{"tree": k + 1, "seconds": None if sec is None else round(sec, 3), **m}
          for k, (sec, m) in enumerate(zip(tree_seconds, history, strict=True))],
         description=f"{job}: metrics per tree; final "
                     + ", ".join(f"{k}={v:.4f}" for k, v in result.items()

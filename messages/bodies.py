@@ -124,6 +124,31 @@ class ErrorReply:
     step: str
     message: str
     user_error: bool
+    state_lost: bool = False
+    """The party has no state for the job (its worker restarted): the flow may resume the job
+    from the parties' checkpoints."""
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """Reply of open_job: rows loaded, and the checkpoints this party holds for exactly this
+    job (same spec, same data), as numbers of completed trees."""
+
+    rows: int
+    checkpoints: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """Reply of resume_job: the state restored after ``trees_done`` trees. The active party
+    also reports what the flow learnt before (alignment, trees per round, per-tree metrics)."""
+
+    trees_done: int
+    n_aligned: int
+    n_train: int
+    n_valid: int
+    outputs: int
+    history: list[TreeFinished]
 
 
 # ---- PSI ------------------------------------------------------------------------------------

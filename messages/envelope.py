@@ -38,12 +38,15 @@ class MsgType(IntEnum):
     FINISH_TRAVERSAL = 31
     WRITE_SCORES = 32
     CLOSE_JOB = 40
+    RESUME_JOB = 41
 
     ACK = 100
     SPLITS_FOUND = 101
     TREE_FINISHED = 102
     ERROR = 103
     ALIGNED = 104
+    OPENED = 105
+    RESUMED = 106
 
     PSI_POINTS = 200
     ALIGNED_ROWS = 201
@@ -68,6 +71,8 @@ BODY_TYPES: dict[MsgType, type] = {
     MsgType.TREE_FINISHED: b.TreeFinished,
     MsgType.ERROR: b.ErrorReply,
     MsgType.ALIGNED: b.Aligned,
+    MsgType.OPENED: b.Opened,
+    MsgType.RESUMED: b.Resumed,
     MsgType.PSI_POINTS: b.PsiPoints,
     MsgType.ALIGNED_ROWS: b.AlignedRows,
     MsgType.PUBLIC_KEY: b.PublicKeyMsg,
@@ -86,7 +91,7 @@ STEP_COMMANDS = frozenset(
      MsgType.ENCRYPT_GRADIENTS, MsgType.BUILD_HISTOGRAMS, MsgType.FIND_BEST_SPLITS,
      MsgType.APPLY_SPLITS, MsgType.BROADCAST_NODES, MsgType.FINISH_TREE, MsgType.SAVE_MODEL,
      MsgType.EVALUATE_VALIDATION, MsgType.EVALUATE_NODES, MsgType.FINISH_TRAVERSAL, MsgType.WRITE_SCORES,
-     MsgType.CLOSE_JOB}
+     MsgType.CLOSE_JOB, MsgType.RESUME_JOB}
 )
 for _kind in STEP_COMMANDS:
     BODY_TYPES[_kind] = b.Step

@@ -29,11 +29,11 @@ from crypto.encoding import GradientPacker
 from crypto.paillier import PaillierPrivateKey, PaillierPublicKey, generate_keypair
 from crypto.pool import KeyHolderPool
 from messages.bodies import (Ack, AppliedSplits, EncryptedGradients, EncryptedHistograms, Metric,
-                             NodePositions, NodeSplit, OpenJob, SplitChoice, SplitChoices,
-                             SplitsFound, Step, TreeFinished, TreeStart)
+                             NodePositions, NodeSplit, Opened, OpenJob, Resumed, SplitChoice,
+                             SplitChoices, SplitsFound, Step, TreeFinished, TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
-from workers import DataError, ProtocolError, StageError
+from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.alignment import send_public_key
 from workers.data import load_party_csv
 from workers.runtime import StepContext
@@ -61,6 +61,8 @@ class ActiveTraining:
     packer: GradientPacker | None = None
     level_splits: dict[int, SplitCandidate | None] = field(default_factory=dict)
     trees: list[Tree] = field(default_factory=list)
+    history: list[TreeFinished] = field(default_factory=list)
+    """Training metrics after each tree (a resumed flow reports them again)."""
     score_margin: np.ndarray | None = None
     pool: KeyHolderPool | None = None
     """Encryption/decryption processes (both cores), started with the first encrypted tree."""
@@ -113,10 +115,31 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     state = JobState(kind="train", party=ctx.party.name, active=ctx.party.name,
                      passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
                      valid_fraction=spec.valid_fraction, valid_seed=spec.valid_seed,
-                     key_bits=spec.key_bits)
+                     key_bits=spec.key_bits,
+                     digest=checkpoint.job_digest(spec, ctx.party.data, ctx.party.columns))
     state.role_state = ActiveTraining(params=params, public=public, private=private)
     ctx.state = state
-    return MsgType.ACK, Ack(count=len(data.ids))
+    return MsgType.OPENED, Opened(rows=len(data.ids),
+                                  checkpoints=checkpoint.available(ctx.model_dir, state.digest))
+
+
+def _snapshot(state: JobState) -> JobState:
+    """The job state as a checkpoint keeps it: no processes, no tree in progress."""
+    return checkpoint.snapshot(state, pool=None, grower=None, level_splits={})
+
+
+def resume_job(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+    """Go back to the state after ``body.tree`` trees (a checkpoint every party holds)."""
+    opened: JobState = ctx.state
+    state: JobState = checkpoint.load(ctx.model_dir, body.tree, opened.digest)
+    run: ActiveTraining = state.role_state
+    if len(run.trees) != body.tree:
+        raise checkpoint.CheckpointError(f"checkpoint holds {len(run.trees)} trees, not {body.tree}")
+    ctx.state = state
+    aligned, valid = state.require_aligned()
+    return MsgType.RESUMED, Resumed(trees_done=body.tree, n_aligned=int(aligned.size),
+                                    n_train=int((~valid).sum()), n_valid=int(valid.sum()),
+                                    outputs=run.outputs, history=list(run.history))
 
 
 def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
@@ -139,6 +162,8 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     state.bins = apply_cuts(x, state.cuts, run.params.max_bin)
     state.score_x = state.data.x[valid_rows]
     send_public_key(ctx, state, run.public)
+    checkpoint.discard(ctx.model_dir)  # a fresh start: older checkpoints are of another run
+    checkpoint.save(ctx.model_dir, 0, state.digest, _snapshot(state))
     return MsgType.ACK, Ack(count=run.outputs)  # the flow needs the trees per round
 
 
@@ -315,7 +340,10 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     ctx.mailbox.drop_tree(body.tree)
     metrics = evaluate(run.params.objective, run.y, transform(run.params.objective, run.margin),
                        "train")
-    return MsgType.TREE_FINISHED, TreeFinished([Metric(k, v) for k, v in metrics.items()])
+    done = TreeFinished([Metric(k, v) for k, v in metrics.items()])
+    run.history.append(done)
+    checkpoint.save(ctx.model_dir, len(run.trees), state.digest, _snapshot(state))
+    return MsgType.TREE_FINISHED, done
 
 
 def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
@@ -323,6 +351,7 @@ def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     state: JobState | None = ctx.state
     if state is not None and isinstance(state.role_state, ActiveTraining):
         state.role_state.close()
+        checkpoint.discard(ctx.model_dir)  # the job is complete and its model saved
     return MsgType.ACK, Ack()
 
 

@@ -44,7 +44,7 @@ def psi_blind(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     state: JobState = ctx.state
     order = np.random.default_rng().permutation(len(state.data.ids))
     state.psi_order = order
-    points = state.psi.blind(hash_to_group([state.data.ids[i] for i in order]))
+    points = state.psi_key().blind(hash_to_group([state.data.ids[i] for i in order]))
     blob = b"".join(points)
     if state.party == state.active:
         for passive in state.passives:
@@ -58,7 +58,7 @@ def psi_reblind(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     """Step 2 (passive): re-blind the active party's points, keeping their order."""
     state: JobState = ctx.state
     received: PsiPoints = ctx.mailbox.take(MsgType.PSI_POINTS, state.active, -1, STAGE_ACTIVE_IDS)
-    again = state.psi.blind(split_points(received.points))
+    again = state.psi_key().blind(split_points(received.points))
     ctx.send(state.active, MsgType.PSI_POINTS, PsiPoints(STAGE_ACTIVE_REBLINDED, b"".join(again)))
     return MsgType.ACK, Ack(count=len(again))
 
@@ -80,7 +80,7 @@ def psi_intersect(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
         if len(ours) != n_own:
             raise ProtocolError(f"{passive} returned {len(ours)} re-blinded ids, expected {n_own}")
         row_of = {point: int(state.psi_order[k]) for k, point in enumerate(ours)}
-        matched = np.array([row_of.get(p, -1) for p in state.psi.blind(theirs)], dtype=np.int64)
+        matched = np.array([row_of.get(p, -1) for p in state.psi_key().blind(theirs)], dtype=np.int64)
         seen = np.zeros(n_own, dtype=bool)
         seen[matched[matched >= 0]] = True
         present &= seen

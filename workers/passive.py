@@ -24,11 +24,11 @@ from crypto.encoding import GradientPacker
 from crypto.paillier import (PaillierPublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
                              public_key_from_n)
 from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradients,
-                             EncryptedHistograms, HistogramShard, NodePositions, OpenJob,
-                             PublicKeyMsg, ShardHistogram, SplitChoices, Step, TreeStart)
+                             EncryptedHistograms, HistogramShard, NodePositions, Opened, OpenJob,
+                             PublicKeyMsg, Resumed, ShardHistogram, SplitChoices, Step, TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
-from workers import DataError, ProtocolError, StageError
+from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.active import params_of
 from workers.alignment import receive_alignment
 from workers.data import load_party_csv
@@ -107,10 +107,28 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
                         f"labels: remove it, or list this party's features with 'columns:'")
     state = JobState(kind="train", party=ctx.party.name, active=actives[0],
                      passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
-                     key_bits=spec.key_bits)
+                     key_bits=spec.key_bits,
+                     digest=checkpoint.job_digest(spec, ctx.party.data, ctx.party.columns))
     state.role_state = PassiveTraining(params=params_of(body))
     ctx.state = state
-    return MsgType.ACK, Ack(count=len(data.ids))
+    return MsgType.OPENED, Opened(rows=len(data.ids),
+                                  checkpoints=checkpoint.available(ctx.model_dir, state.digest))
+
+
+def _snapshot(state: JobState) -> JobState:
+    """The job state as a checkpoint keeps it: lookup records and bins, no tree in progress."""
+    return checkpoint.snapshot(state, ciphertexts=b"", level=None, tree=-1, depth=-1)
+
+
+def resume_job(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+    """Go back to the state after ``body.tree`` trees (a checkpoint every party holds)."""
+    opened: JobState = ctx.state
+    state: JobState = checkpoint.load(ctx.model_dir, body.tree, opened.digest)
+    ctx.state = state
+    aligned, valid = state.require_aligned()
+    return MsgType.RESUMED, Resumed(trees_done=body.tree, n_aligned=int(aligned.size),
+                                    n_train=int((~valid).sum()), n_valid=int(valid.sum()),
+                                    outputs=0, history=[])
 
 
 def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
@@ -126,6 +144,8 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     state.cuts = fit_cuts(x, run.params.max_bin)
     state.bins = apply_cuts(x, state.cuts, run.params.max_bin)
     state.score_x = state.data.x[state.valid_rows]
+    checkpoint.discard(ctx.model_dir)  # a fresh start: older checkpoints are of another run
+    checkpoint.save(ctx.model_dir, 0, state.digest, _snapshot(state))
     return MsgType.ACK, Ack(count=x.shape[1])
 
 
@@ -347,15 +367,25 @@ def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
 
 def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     """Forget the job (the worker drops its state); the saved lookup table stays."""
+    state: JobState | None = ctx.state
+    if state is not None and isinstance(state.role_state, PassiveTraining):
+        checkpoint.discard(ctx.model_dir)  # the job is complete and its model saved
     return MsgType.ACK, Ack()
 
 
 def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
-    """Drop the tree's ciphertexts; the lookup records stay."""
+    """Drop the tree's ciphertexts (the lookup records stay) and checkpoint the job.
+
+    Every passive party finishes every tree, also one it took no part in (Completely
+    SecureBoost's first tree), so all checkpoints count the same trees.
+    """
     state: JobState = ctx.state
     run: PassiveTraining = state.role_state
-    run.ciphertexts = b""
+    if run.tree > body.tree:
+        raise StageError(f"finish_tree t{body.tree}: party is at t{run.tree}")
+    run.ciphertexts, run.level = b"", None
     ctx.mailbox.drop_tree(body.tree)
+    checkpoint.save(ctx.model_dir, body.tree + 1, state.digest, _snapshot(state))
     return MsgType.ACK, Ack(count=len(run.records))
 
 

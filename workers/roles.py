@@ -23,6 +23,7 @@ ACTIVE_HANDLERS: dict[MsgType, Handler] = {
     MsgType.EVALUATE_VALIDATION: scoring.evaluate_validation,
     MsgType.WRITE_SCORES: scoring.write_scores,
     MsgType.CLOSE_JOB: active.close_job,
+    MsgType.RESUME_JOB: active.resume_job,
 }
 
 PASSIVE_HANDLERS: dict[MsgType, Handler] = {
@@ -37,6 +38,7 @@ PASSIVE_HANDLERS: dict[MsgType, Handler] = {
     MsgType.SAVE_MODEL: passive.save_model_part,
     MsgType.EVALUATE_NODES: scoring.evaluate_nodes,
     MsgType.CLOSE_JOB: passive.close_job,
+    MsgType.RESUME_JOB: passive.resume_job,
     MsgType.HISTOGRAM_SHARD: passive.histogram_shard,
 }
 

@@ -147,6 +147,21 @@ class _Job:
     state: Any = None
     mailbox: Mailbox = field(default_factory=Mailbox)
     pending: list[_Pending] = field(default_factory=list)
+    session: str = ""
+    """The flow session that opened the job; messages of earlier sessions are stale."""
+    done: set[str] = field(default_factory=set)
+    """Task ids of commands answered in this job: the same id again is a replay."""
+
+    def discard(self) -> None:
+        """Release what the job's state holds outside this process (crypto processes)."""
+        close = getattr(getattr(self.state, "role_state", None), "close", None)
+        if callable(close):
+            close()
+
+
+def session_of(task: str) -> str:
+    """A flow prefixes every task id with its session (``<session>/<step>``)."""
+    return task.split("/", 1)[0] if "/" in task else ""
 
 
 OPENERS = frozenset({MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION})
@@ -241,17 +256,30 @@ class Worker:
             log.warning("%s: rejected %s from %r: commands come from flows", self.party.name,
                         env.kind.name, env.sender)
             return
-        if env.kind in OPENERS:
-            job = self.jobs.setdefault(env.job, _Job())
-        elif env.job in self.jobs:
-            job = self.jobs[env.job]
-        else:  # late, early or forged: nothing to file it under, and no state to grow
+        session = session_of(env.task)
+        if env.kind in OPENERS and (env.job not in self.jobs
+                                    or self.jobs[env.job].session != session):
+            # a new flow session (a resumed or recovering run) starts the job afresh
+            if env.job in self.jobs:
+                self.jobs.pop(env.job).discard()
+            self.jobs[env.job] = _Job(session=session)
+        if env.job not in self.jobs:  # late, early or forged: nothing to file it under
             log.warning("%s: %s for unknown job %r", self.party.name, env.kind.name, env.job)
-            if env.kind in COMMANDS:
+            if env.kind in COMMANDS:  # e.g. this worker restarted: the flow can resume the job
                 self._reply(env, MsgType.ERROR, ErrorReply(
-                    self.party.name, env.kind.name, f"job {env.job!r} is not open here", False))
+                    self.party.name, env.kind.name, f"job {env.job!r} is not open here (worker "
+                    f"restarted?)", False, state_lost=True))
+            return
+        job = self.jobs[env.job]
+        if session != job.session:  # sent before the job was reopened: its step is over
+            log.info("%s: dropped %s of an earlier session of job %r", self.party.name,
+                     env.kind.name, env.job)
             return
         if env.kind in COMMANDS:
+            if env.task in job.done:
+                log.warning("%s: rejected replayed %s %s of job %r", self.party.name,
+                            env.kind.name, env.task, env.job)
+                return
             if any(p.env.task == env.task for p in job.pending):
                 return  # the same step again while it waits: one answer will come
             if len(job.pending) >= MAX_PENDING:
@@ -303,9 +331,10 @@ class Worker:
                                                    f"internal error: {exc!r}", False)
         if ctx.state is not None:
             job.state = ctx.state
+        job.done.add(env.task)
         waited = f" (first tried {time.monotonic() - since:.3f}s ago)" if since else ""
-        log.info("%s job=%s step=%s %.3fs%s", self.party.name, env.job, env.kind.name,
-                 time.perf_counter() - start, waited)
+        log.info("%s job=%s step=%s task=%s %.3fs%s", self.party.name, env.job, env.kind.name,
+                 env.task, time.perf_counter() - start, waited)
         self._reply(env, kind, body)
         if env.kind == MsgType.CLOSE_JOB:
             self.jobs.pop(env.job, None)

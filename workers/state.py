@@ -27,7 +27,8 @@ class JobState:
     valid_seed: int = 0
     key_bits: int = 2048
     predict_batch: int = VALIDATION_BATCH
-    psi: PsiKey = field(default_factory=PsiKey)
+    psi: PsiKey | None = field(default_factory=PsiKey)
+    """This party's PSI secret; checkpoints drop it (alignment is over by then)."""
     psi_order: IntArray | None = None
     """Data row of each id in the order this party sent its blinded ids."""
     aligned: IntArray | None = None
@@ -40,12 +41,20 @@ class JobState:
     score_x: FloatArray | None = None
     """Raw features of the rows scored federatedly (validation rows, or rows to predict)."""
     role_state: Any = None
+    digest: str = ""
+    """The job spec and this party's data, as checkpoints record them (training jobs)."""
 
     def require_aligned(self) -> tuple[IntArray, np.ndarray]:
         """The aligned rows and validation mask, or a stage error."""
         if self.aligned is None or self.valid is None:
             raise StageError(f"{self.party}: entities are not aligned yet (run PSI first)")
         return self.aligned, self.valid
+
+    def psi_key(self) -> PsiKey:
+        """The PSI secret, or a stage error (a job resumed from a checkpoint is aligned)."""
+        if self.psi is None:
+            raise StageError(f"{self.party}: this job was resumed after alignment; no PSI now")
+        return self.psi
 
     def require_bins(self) -> BinMatrix:
         """The binned training features, or a stage error."""

@@ -40,7 +40,7 @@ def test_garbage_and_misaddressed_messages_are_dropped(tmp_path: Path) -> None:
     assert hub.endpoint("flow").receive(timeout=0.2) is None
     worker.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA))))
     reply = _reply(hub)
-    assert reply.kind == MsgType.ACK and reply.body.count == 569
+    assert reply.kind == MsgType.OPENED and reply.body.rows == 569 and not reply.body.checkpoints
 
 
 def test_bad_data_and_wrong_steps_get_error_replies(tmp_path: Path) -> None:
