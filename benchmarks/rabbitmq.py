@@ -28,11 +28,12 @@ import yaml
 from benchmarks.train import step_seconds
 from fedboost import _prefect_env
 from messages.rabbitmq import delete_party_queues
+from messages.signing import write_key_pair
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _job(tag: str, url: str, bits: int, trees: int) -> dict[str, Any]:
+def _job(tag: str, url: str, bits: int, trees: int, keys: Path) -> dict[str, Any]:
     raw = yaml.safe_load((REPO / "configs" / "default_credit.yaml").read_text())
     for party in raw["parties"].values():
         party["data"] = str((REPO / "configs" / party["data"]).resolve())
@@ -41,6 +42,9 @@ def _job(tag: str, url: str, bits: int, trees: int) -> dict[str, Any]:
     raw["params"]["n_trees"] = trees
     raw["crypto"]["key_bits"] = bits
     raw["transport"] = {"kind": "rabbitmq", "url": url}
+    raw["signing"] = {"key_dir": str(keys)}
+    for name in (*raw["parties"], "flow"):
+        write_key_pair(keys, name)
     return raw
 
 
@@ -60,7 +64,7 @@ def _rabbit_run(url: str, bits: int, trees: int, host_processes: int, work: Path
 
     tag = uuid.uuid4().hex[:6]
     job_file = work / f"job-{tag}.yaml"
-    job_file.write_text(yaml.safe_dump(_job(tag, url, bits, trees)))
+    job_file.write_text(yaml.safe_dump(_job(tag, url, bits, trees, work / "keys")))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = [subprocess.Popen(
         [sys.executable, "-m", "fedboost.cli", "worker", "--party", party, "--config",

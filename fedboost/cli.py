@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -86,6 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     defs.add_argument("--flow-password", required=True, help="password of the flows' user")
     defs.add_argument("--out", type=Path, required=True, help="definitions.json to write")
     defs.set_defaults(run=_definitions)
+    keys = sub.add_parser("keys", help="make Ed25519 signing keys for parties and flows")
+    keys.add_argument("--out", type=Path, required=True, help="key folder (signing.key_dir)")
+    keys.add_argument("--name", action="append", required=True,
+                      help="a party's name (repeat per party); 'flow' is always added")
+    keys.set_defaults(run=_keys)
     return parser
 
 
@@ -209,6 +215,8 @@ def _predict(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace) -> int:
     from fedboost.worker import run_workers
     from flows.config import load_worker_config
+    from messages import MessageError
+    from messages.signing import Sealer
 
     config = load_worker_config(args.config, args.party)
     update: dict[str, Any] = {}
@@ -223,6 +231,11 @@ def _worker(args: argparse.Namespace) -> int:
     if not config.data.is_file():
         print(f"fedboost: error: party {config.party}: data file {config.data} not found",
               file=sys.stderr)
+        return EXIT_USER_ERROR
+    try:  # fail here, not in each process: the party's key must load
+        Sealer.from_folder(config.signing.key_dir, config.party)
+    except MessageError as exc:
+        print(f"fedboost: error: party {config.party}: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     return run_workers(config, getattr(logging, args.log_level), args.health_file)
 
@@ -257,6 +270,20 @@ def _definitions(args: argparse.Namespace) -> int:
     args.out.write_text(json.dumps(definitions(passwords, args.flow_password), indent=2) + "\n")
     print(f"wrote users, permissions and queues for {', '.join(sorted(passwords))} and flows "
           f"to {args.out}")
+    return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from messages.signing import FLOW_IDENTITY, write_key_pair
+
+    for name in dict.fromkeys([*args.name, FLOW_IDENTITY]):
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}", name):
+            print(f"fedboost: error: --name {name!r}: a party name is 1-32 letters, digits, "
+                  f"'_', '-'", file=sys.stderr)
+            return EXIT_USER_ERROR
+        made = write_key_pair(args.out, name)
+        print(f"{'wrote' if made else 'kept existing'} {args.out / (name + '.key')} and .pub")
+    print("give each party its own .key and every .pub; the flows' runner gets flow.key")
     return 0
 
 

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from flows._tasks import DEFAULT_STEP_TIMEOUT, Coordinator, attach, detach
 from crypto.pool import default_processes
 from flows.config import JobConfig, PartyConfig
+from messages.signing import FLOW_IDENTITY, federation_sealers
 from messages.transport import MemoryHub
 from workers.embedded import start_workers, stop_workers
 from workers.runtime import PartySpec
@@ -44,8 +45,10 @@ def run_embedded(job: str, specs: list[PartySpec], run_flow: Callable[[], T], *,
     """Start the parties' workers, run the flow against them, and stop them whatever happens."""
     hub = hub or MemoryHub([s.name for s in specs] + [FLOW_ENDPOINT],
                            helpers={s.name: s.processes - 1 for s in specs if s.processes > 1})
-    procs, helpers = start_workers(hub, specs, log_level)
-    attach(Coordinator(job=job, transport=hub.endpoint(FLOW_ENDPOINT), timeout=step_timeout))
+    sealers = federation_sealers([s.name for s in specs])  # fresh keys: one machine, one run
+    procs, helpers = start_workers(hub, specs, sealers, log_level)
+    attach(Coordinator(job=job, transport=hub.endpoint(FLOW_ENDPOINT),
+                       sealer=sealers[FLOW_IDENTITY], timeout=step_timeout))
     try:
         return run_flow()
     finally:

@@ -16,6 +16,7 @@ from multiprocessing.process import BaseProcess
 
 from flows.config import WorkerConfig
 from messages.rabbitmq import RabbitTransport, redact
+from messages.signing import Sealer
 from workers.roles import handlers_for
 from workers.runtime import PartySpec, Worker
 
@@ -37,7 +38,8 @@ def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = 
     transport = RabbitTransport(config.party, config.transport.amqp_url(), party=True,
                                 chunk_bytes=config.transport.chunk_bytes)
     log.info("%s: connected to %s", config.party, redact(config.transport.amqp_url()))
-    worker = Worker(party_spec(config), transport, handlers_for(config.role),
+    sealer = Sealer.from_folder(config.signing.key_dir, config.party)
+    worker = Worker(party_spec(config), transport, handlers_for(config.role), sealer,
                     health_file=health_file)
     signal.signal(signal.SIGINT, worker.stop)
     worker.serve()

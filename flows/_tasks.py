@@ -20,9 +20,10 @@ from prefect.cache_policies import NO_CACHE
 
 from messages import MessageError, TransportError
 from messages.bodies import Aligned, ErrorReply, Step
-from messages.envelope import Envelope, MsgType, decode_envelope, encode_envelope
-from flows.config import TransportConfig
+from flows.config import ConfigError, JobConfig
+from messages.envelope import Envelope, MsgType
 from messages.rabbitmq import RabbitTransport
+from messages.signing import FLOW_IDENTITY, Sealer
 from messages.transport import Transport
 
 log = logging.getLogger("fedboost.flow")
@@ -58,6 +59,8 @@ class Coordinator:
 
     job: str
     transport: Transport
+    sealer: Sealer
+    """Signs the flow's commands (as ``flow``) and verifies the parties' replies."""
     timeout: float = DEFAULT_STEP_TIMEOUT
     session: str = field(default_factory=_new_session)
     """Prefix of every task id: parties drop messages of a session that is over (a killed
@@ -73,7 +76,7 @@ class Coordinator:
         for party in parties:
             env = Envelope(job=self.job, task=task, sender=self.transport.name, recipient=party,
                            kind=kind, body=body)
-            self.transport.send(party, encode_envelope(env))
+            self.transport.send(party, self.sealer.seal(env))
         replies: dict[str, Any] = {}
         deadline = time.monotonic() + self.timeout
         while len(replies) < len(parties):
@@ -87,9 +90,9 @@ class Coordinator:
                 continue
             self.transport.acknowledge()  # a reply needs no redelivery: the step is re-sent
             try:
-                env = decode_envelope(data)
+                env = self.sealer.open(data)
             except MessageError as exc:
-                log.warning("flow %s: dropped malformed reply: %s", self.job, exc)
+                log.warning("flow %s: dropped reply: %s", self.job, exc)
                 continue
             if env.job != self.job or env.task != task or env.sender not in parties:
                 log.warning("flow %s: dropped stale reply %s from %s", self.job, env.task, env.sender)
@@ -117,19 +120,27 @@ def detach(job: str) -> None:
 
 
 @contextmanager
-def connected(job: str, transport: TransportConfig) -> Iterator[Coordinator]:
+def connected(config: JobConfig) -> Iterator[Coordinator]:
     """The job's coordinator: the one attached by the caller (the embedded default starts
     its workers and attaches), or a new connection to the broker for the flow run's lifetime
     (deployments, ``fedboost train`` with ``transport.kind: rabbitmq``)."""
+    job, transport = config.job, config.transport
     if job in _LINKS:
         yield _LINKS[job]
         return
     if transport.kind != "rabbitmq":
         raise TransportError(f"job {job!r}: transport {transport.kind!r} has no running workers "
                              f"to reach; run it with 'fedboost train', or use rabbitmq")
+    if config.signing is None:
+        raise ConfigError(f"job {job!r}: signing.key_dir is required over RabbitMQ")
+    try:
+        sealer = Sealer.from_folder(config.signing.key_dir, FLOW_IDENTITY)
+    except MessageError as exc:
+        raise ConfigError(f"job {job!r}: {exc}") from None
     endpoint = RabbitTransport(f"flow.{job}.{uuid.uuid4().hex[:8]}", transport.amqp_url(),
                                party=False, chunk_bytes=transport.chunk_bytes)
-    coordinator = Coordinator(job=job, transport=endpoint, timeout=transport.step_timeout)
+    coordinator = Coordinator(job=job, transport=endpoint, sealer=sealer,
+                              timeout=transport.step_timeout)
     attach(coordinator)
     try:
         yield coordinator

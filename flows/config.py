@@ -107,6 +107,13 @@ class TransportConfig(_Strict):
         return os.environ.get(AMQP_URL_ENV) or self.url or DEFAULT_AMQP_URL
 
 
+class SigningConfig(_Strict):
+    """Where signing keys live: ``<name>.key`` is an identity's private key (only on its own
+    machine), ``<name>.pub`` the public key of every party and of ``flow``."""
+
+    key_dir: Path
+
+
 class JobConfig(_Strict):
     """A whole federated training job."""
 
@@ -117,6 +124,8 @@ class JobConfig(_Strict):
     crypto: CryptoConfig = CryptoConfig()
     validation: ValidationConfig = ValidationConfig()
     transport: TransportConfig = TransportConfig()
+    signing: SigningConfig | None = None
+    """Signing keys (the flow signs as ``flow``); the embedded default makes its own."""
 
     @field_validator("job")
     @classmethod
@@ -140,6 +149,9 @@ class JobConfig(_Strict):
         for name in self.passives:
             if self.parties[name].label is not None:
                 raise ValueError(f"parties.{name}.label: only the active party holds labels")
+        if self.transport.kind == "rabbitmq" and self.signing is None:
+            raise ValueError("signing.key_dir: parties and flows over RabbitMQ sign every "
+                             "message; make keys with 'fedboost keys --out DIR --name PARTY'")
         if self.transport.kind == "memory":
             for name, party in self.parties.items():
                 if party.data is None:
@@ -183,7 +195,8 @@ def parse_config(raw: Any, *, base: Path, source: str) -> JobConfig:
         raise ConfigError(f"config file {source}: {describe(exc)}") from None
     parties = {name: p.model_copy(update={"data": _resolve(base, p.data)})
                for name, p in config.parties.items()}
-    return config.model_copy(update={"parties": parties})
+    signing = config.signing and SigningConfig(key_dir=_resolve(base, config.signing.key_dir))
+    return config.model_copy(update={"parties": parties, "signing": signing})
 
 
 def _resolve(base: Path, path: Path | None) -> Path | None:
@@ -204,6 +217,8 @@ class WorkerConfig(_Strict):
     processes: int = Field(1, ge=1, le=64)
     """Processes this command starts (one coordinates, the others take histogram shards)."""
     transport: TransportConfig = TransportConfig(kind="rabbitmq")
+    signing: SigningConfig
+    """This party's signing key (``<party>.key``) and the federation's public keys."""
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerConfig:
@@ -227,7 +242,8 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
         entry = job.parties[party]
         raw = {"party": party, "role": entry.role, "data": entry.data, "id": entry.id,
                "label": entry.label, "columns": entry.columns,
-               "models": base / "models", "transport": job.transport.model_dump()}
+               "models": base / "models", "transport": job.transport.model_dump(),
+               "signing": job.signing.model_dump() if job.signing else None}
         if entry.data is None:
             raise ConfigError(f"config file {path}: parties.{party}.data is required to start "
                               f"its worker")
@@ -240,7 +256,9 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
     if config.party != party:
         raise ConfigError(f"config file {path} is for party {config.party!r}, not {party!r}")
     return config.model_copy(update={"data": _resolve(base, config.data),
-                                     "models": _resolve(base, config.models)})
+                                     "models": _resolve(base, config.models),
+                                     "signing": SigningConfig(
+                                         key_dir=_resolve(base, config.signing.key_dir))})
 
 
 def describe(exc: ValidationError) -> str:

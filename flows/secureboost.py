@@ -146,7 +146,7 @@ def vertical_secureboost(config: JobConfig) -> dict[str, Any]:
     UI) continues after the last tree every party checkpointed; so does this run when a party's
     worker restarts mid-job.
     """
-    with connected(config.job, config.transport):
+    with connected(config):
         logger = get_run_logger()
         progress = create_progress_artifact(0.0, description=f"{config.job}: trees done (%)")
         for attempt in range(MAX_RECOVERIES + 1):

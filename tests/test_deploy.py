@@ -86,3 +86,19 @@ def test_each_party_mounts_only_its_own_data_and_uses_its_own_user() -> None:
     assert not any(c.startswith("/data") for c in _mounts("runner"))
     job = load_config(REPO / _mounts("runner")["/config/job.yaml"])
     assert job.transport.kind == "rabbitmq" and set(job.parties) == set(PARTIES)
+
+
+def test_each_service_mounts_only_its_own_signing_key() -> None:
+    identities = {**{service: party for party, service in PARTIES.items()}, "runner": "flow"}
+    for service, identity in identities.items():
+        keys = {c: h for c, h in _mounts(service).items() if c.startswith("/keys/")}
+        private = [c for c in keys if c.endswith(".key")]
+        assert private == [f"/keys/{identity}.key"], (service, private)
+        assert keys[private[0]] == f"./deploy/keys/{identity}.key"
+        assert {c for c in keys if c.endswith(".pub")} == \
+            {f"/keys/{name}.pub" for name in [*PARTIES, "flow"]}
+    for party, service in PARTIES.items():
+        config = load_worker_config(REPO / _mounts(service)[f"/config/{party}.yaml"], party)
+        assert str(config.signing.key_dir) == "/keys"
+    job = load_config(REPO / _mounts("runner")["/config/job.yaml"])
+    assert job.signing is not None and str(job.signing.key_dir) == "/keys"

@@ -6,34 +6,38 @@ import logging
 import os
 from multiprocessing.process import BaseProcess
 
+from messages.signing import Sealer
 from messages.transport import MemoryHub, MemoryTransport
 from workers.roles import handlers_for
 from workers.runtime import PartySpec, Worker
 
 
-def run_worker(party: PartySpec, transport: MemoryTransport, log_level: int,
+def run_worker(party: PartySpec, transport: MemoryTransport, sealer: Sealer, log_level: int,
                helper: bool = False) -> None:
     """Process entry point: serve one job, then exit (helpers serve until terminated)."""
     label = f"{party.name}/helper" if helper else party.name
     logging.basicConfig(level=log_level, format=f"%(asctime)s [{label}] %(message)s")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    Worker(party, transport, handlers_for(party.role), exit_on_close=not helper).serve()
+    Worker(party, transport, handlers_for(party.role), sealer, exit_on_close=not helper).serve()
 
 
-def start_workers(hub: MemoryHub, parties: list[PartySpec],
+def start_workers(hub: MemoryHub, parties: list[PartySpec], sealers: dict[str, Sealer],
                   log_level: int = logging.WARNING) -> tuple[list[BaseProcess], list[BaseProcess]]:
-    """Spawn each party's coordinating worker process and its helper processes."""
+    """Spawn each party's coordinating worker process and its helper processes, each with its
+    party's signing key."""
     procs, helpers = [], []
     for party in parties:
         proc = hub.context.Process(target=run_worker, name=f"fedboost-{party.name}",
-                                   args=(party, hub.endpoint(party.name), log_level))
+                                   args=(party, hub.endpoint(party.name), sealers[party.name],
+                                         log_level))
         # not a daemon: the active party's worker starts its own crypto processes
         proc.start()
         procs.append(proc)
         for k in range(hub.helpers.get(party.name, 0)):
             helper = hub.context.Process(
                 target=run_worker, name=f"fedboost-{party.name}-helper{k + 1}",
-                args=(party, hub.endpoint(party.name, helper=True), log_level, True))
+                args=(party, hub.endpoint(party.name, helper=True), sealers[party.name],
+                      log_level, True))
             helper.start()
             helpers.append(helper)
     return procs, helpers

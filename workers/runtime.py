@@ -25,7 +25,8 @@ from boosting import BoostingError
 from crypto import CryptoError
 from messages import DecodeError, MessageError
 from messages.bodies import ErrorReply
-from messages.envelope import COMMANDS, WORK, Envelope, MsgType, decode_envelope, encode_envelope
+from messages.envelope import COMMANDS, WORK, Envelope, MsgType
+from messages.signing import Sealer, is_flow
 from messages.transport import Transport
 from workers import DataError, NotReady, ProtocolError
 
@@ -101,6 +102,7 @@ class StepContext:
     mailbox: Mailbox
     _send: Callable[[str, MsgType, Any, str], None]
     _transport: Transport
+    _sealer: Sealer
 
     def send(self, recipient: str, kind: MsgType, body: Any) -> None:
         """Send a peer message for this job."""
@@ -110,7 +112,7 @@ class StepContext:
         """Hand a shard of this step to the party's helper processes."""
         env = Envelope(job=self.job, task=self.task, sender=self.party.name,
                        recipient=self.party.name, kind=kind, body=body)
-        self._transport.submit_work(encode_envelope(env))
+        self._transport.submit_work(self._sealer.seal(env))
 
     def helpers(self) -> int:
         """How many helper processes of this party take shards now."""
@@ -167,12 +169,6 @@ def session_of(task: str) -> str:
 OPENERS = frozenset({MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION})
 
 
-def is_flow(name: str) -> bool:
-    """Flow endpoints are ``flow`` (embedded) or ``flow.<job>.<id>`` (RabbitMQ); party names
-    never contain a dot and are never ``flow``."""
-    return name == "flow" or name.startswith("flow.")
-
-
 def _is_peer(job: _Job, sender: str) -> bool:
     state = job.state
     return state is not None and sender in (state.active, *state.passives)
@@ -187,7 +183,7 @@ class Worker:
     """A party's long-running worker."""
 
     def __init__(self, party: PartySpec, transport: Transport,
-                 handlers: dict[MsgType, Handler], *, exit_on_close: bool = False,
+                 handlers: dict[MsgType, Handler], sealer: Sealer, *, exit_on_close: bool = False,
                  peer_timeout: float = DEFAULT_PEER_TIMEOUT,
                  health_file: str | None = None) -> None:
         self.party = party
@@ -196,6 +192,8 @@ class Worker:
         self.peer_timeout = peer_timeout
         self.transport = transport
         self.handlers = handlers
+        self.sealer = sealer
+        """Signs what this worker sends; verifies and de-duplicates what it receives."""
         self.exit_on_close = exit_on_close
         self.jobs: dict[str, _Job] = {}
         self._stopping = False
@@ -238,9 +236,9 @@ class Worker:
     def handle_bytes(self, data: bytes) -> None:
         """Process one raw message; never raises."""
         try:
-            env = decode_envelope(data)
-        except MessageError as exc:
-            log.warning("%s: rejected malformed message: %s", self.party.name, exc)
+            env = self.sealer.open(data)
+        except MessageError as exc:  # malformed, forged, unknown signer, replayed
+            log.warning("%s: rejected message: %s", self.party.name, exc)
             return
         if env.recipient != self.party.name:
             log.warning("%s: rejected message addressed to %r", self.party.name, env.recipient)
@@ -313,7 +311,7 @@ class Worker:
                         f"{self.party.role} party has no step {env.kind.name}", False))
             return
         ctx = StepContext(self.party, env.job, env.task, job.state, job.mailbox,
-                          self._send_for(env.job), self.transport)
+                          self._send_for(env.job), self.transport, self.sealer)
         start, first_try = time.perf_counter(), since or time.monotonic()
         try:
             kind, body = handler(ctx, env.body)
@@ -345,7 +343,7 @@ class Worker:
         def send(recipient: str, kind: MsgType, body: Any, task: str) -> None:
             env = Envelope(job=job, task=task, sender=self.party.name, recipient=recipient,
                            kind=kind, body=body)
-            self.transport.send(recipient, encode_envelope(env))
+            self.transport.send(recipient, self.sealer.seal(env))
         return send
 
     def _reply(self, env: Envelope, kind: MsgType, body: Any) -> None:

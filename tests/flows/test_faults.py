@@ -23,6 +23,7 @@ import yaml
 from fedboost.embedded import train_embedded
 from flows.config import load_config
 from messages.rabbitmq import delete_party_queues
+from messages.signing import write_key_pair
 from tests.scenarios import REPO
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -54,6 +55,9 @@ class Federation:
         raw["params"]["n_trees"] = N_TREES
         raw["crypto"]["key_bits"] = 1024
         raw["transport"] = {"kind": "rabbitmq", "url": self.url, "step_timeout": 600}
+        raw["signing"] = {"key_dir": str(self.root / "keys")}
+        for identity in (self.guest, self.host, "flow"):
+            write_key_pair(self.root / "keys", identity)
         path = self.root / f"{name}.yaml"
         path.write_text(yaml.safe_dump(raw))
         return path

@@ -24,6 +24,7 @@ from fedboost.embedded import train_embedded
 from flows.config import JobConfig
 from flows.secureboost import vertical_secureboost
 from messages.rabbitmq import delete_party_queues
+from messages.signing import write_key_pair
 from tests.scenarios import REPO
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -38,7 +39,7 @@ class Federation:
     logs: dict[str, Path]
 
 
-def _job(tag: str, url: str, **params: int) -> dict:
+def _job(tag: str, url: str, keys: Path, **params: int) -> dict:
     """default_credit with this run's own party names (own queues), fewer trees, 1024-bit."""
     raw = yaml.safe_load((REPO / "configs" / "default_credit.yaml").read_text())
     guest, host = raw["parties"]["guest"], raw["parties"]["host"]
@@ -49,6 +50,9 @@ def _job(tag: str, url: str, **params: int) -> dict:
     raw["params"].update(n_trees=2, **params)
     raw["crypto"]["key_bits"] = 1024
     raw["transport"] = {"kind": "rabbitmq", "url": url}
+    raw["signing"] = {"key_dir": str(keys)}
+    for name in (*raw["parties"], "flow"):
+        write_key_pair(keys, name)
     return raw
 
 
@@ -58,7 +62,7 @@ def federation(rabbit_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     tag = uuid.uuid4().hex[:6]
     root = tmp_path_factory.mktemp("federation")
     job_file = root / "job.yaml"
-    job_file.write_text(yaml.safe_dump(_job(tag, rabbit_url)))
+    job_file.write_text(yaml.safe_dump(_job(tag, rabbit_url, root / "keys")))
     models = root / "models"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("PREFECT_API_URL", None)

@@ -1,14 +1,13 @@
 """Hostile input: 10,000+ generated messages at a live passive worker (an open job on real
 data). Garbage, mutated envelopes and well-formed envelopes of every kind with arbitrary bodies
-must each be dropped or answered with an error; the worker never raises, never hangs, and its
-state stays bounded."""
+(signed by the right key, by an untrusted one, or not at all) must each be dropped or answered
+with an error; the worker never raises, never hangs, and its state stays bounded."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
 import typing
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from hypothesis import strategies as st
 
 from messages import bodies as b
 from messages.envelope import BODY_TYPES, Envelope, MsgType, encode_envelope
+from messages.signing import federation_sealers, signer_of
 from messages.transport import MemoryHub
 from tests.scenarios import DATA
 from workers.roles import handlers_for
@@ -71,10 +71,22 @@ def _mutate(data: bytes, cuts: list[int], flips: list[tuple[int, int]]) -> bytes
     return bytes(out)
 
 
+SEALERS = federation_sealers(["guest", "host"])
+ROGUE = federation_sealers(["guest", "host"])
+"""Well-formed keys the worker does not trust: forged signatures."""
+
+
+def _seal(env: Envelope, forged: bool) -> bytes:
+    return (ROGUE if forged else SEALERS)[signer_of(env.sender)].seal(env)
+
+
+_SEALED = st.builds(_seal, _ENVELOPES, st.booleans())
 _MESSAGES = st.one_of(
     st.binary(max_size=200),
-    _ENVELOPES.map(encode_envelope),
-    st.builds(_mutate, _ENVELOPES.map(encode_envelope), st.lists(st.integers(0, 10_000), max_size=1),
+    _ENVELOPES.map(encode_envelope),  # unsigned
+    st.builds(_seal, _ENVELOPES, st.just(False)),
+    st.builds(_seal, _ENVELOPES, st.just(True)),
+    st.builds(_mutate, _SEALED, st.lists(st.integers(0, 10_000), max_size=1),
               st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3)),
 )
 
@@ -84,8 +96,8 @@ _SPEC = b.JobSpec([b.PartyInfo("guest", "active"), b.PartyInfo("host", "passive"
 
 
 def _open(worker: Worker) -> None:
-    worker.handle_bytes(encode_envelope(Envelope("fuzz", "open", "flow", "host", MsgType.OPEN_JOB,
-                                                 b.OpenJob(_SPEC))))
+    worker.handle_bytes(SEALERS["flow"].seal(Envelope("fuzz", "open", "flow", "host",
+                                                      MsgType.OPEN_JOB, b.OpenJob(_SPEC))))
     assert worker.jobs["fuzz"].state is not None
 
 
@@ -94,7 +106,7 @@ def live_worker(tmp_path_factory: pytest.TempPathFactory) -> tuple[Worker, Memor
     hub = MemoryHub(["host", "guest", "flow"])
     party = PartySpec("host", "passive", str(DATA / "breast_hetero_host.csv"), "id", None,
                       str(tmp_path_factory.mktemp("fuzz")))
-    worker = Worker(party, hub.endpoint("host"), handlers_for("passive"))
+    worker = Worker(party, hub.endpoint("host"), handlers_for("passive"), SEALERS["host"])
     _open(worker)
     return worker, hub
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgpack
+import pytest
+
+from messages import MessageError
 from messages.bodies import Ack, ErrorReply, JobSpec, OpenJob, PartyInfo, Step
-from messages.envelope import Envelope, MsgType, decode_envelope, encode_envelope
+from messages.envelope import Envelope, MsgType
+from messages.signing import federation_sealers
 from messages.transport import MemoryHub
 from workers.roles import handlers_for
 from workers.runtime import PartySpec, Worker
@@ -17,26 +22,31 @@ def _spec(data: Path) -> JobSpec:
                    "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 512, 0.0, 0, "y")
 
 
+SEALERS = federation_sealers(["guest", "host"])
+"""Real Ed25519 keys of a test federation: the worker is ``host``, commands come from ``flow``."""
+
+
 def _worker(tmp_path: Path, data: Path) -> tuple[Worker, MemoryHub]:
-    hub = MemoryHub(["host", "flow"])
+    hub = MemoryHub(["host", "guest", "flow"])
     party = PartySpec("host", "passive", str(data), "id", None, str(tmp_path))
-    return Worker(party, hub.endpoint("host"), handlers_for("passive")), hub
+    return Worker(party, hub.endpoint("host"), handlers_for("passive"), SEALERS["host"]), hub
 
 
 def _command(kind: MsgType, body: object, task: str = "t") -> bytes:
-    return encode_envelope(Envelope("job", task, "flow", "host", kind, body))
+    return SEALERS["flow"].seal(Envelope("job", task, "flow", "host", kind, body))
 
 
 def _reply(hub: MemoryHub) -> Envelope:
     data = hub.endpoint("flow").receive(timeout=5)
     assert data is not None
-    return decode_envelope(data)
+    return SEALERS["flow"].open(data)
 
 
 def test_garbage_and_misaddressed_messages_are_dropped(tmp_path: Path) -> None:
     worker, hub = _worker(tmp_path, DATA / "breast_hetero_host.csv")
     worker.handle_bytes(b"\x93\x01\x02")
-    worker.handle_bytes(encode_envelope(Envelope("job", "t", "flow", "guest", MsgType.ACK, Ack())))
+    worker.handle_bytes(SEALERS["flow"].seal(Envelope("job", "t", "flow", "guest", MsgType.ACK,
+                                                      Ack())))
     assert hub.endpoint("flow").receive(timeout=0.2) is None
     worker.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA))))
     reply = _reply(hub)
@@ -71,3 +81,36 @@ def test_a_step_waiting_for_a_peer_times_out_naming_it(tmp_path: Path) -> None:
     worker._expire_pending()
     reply = _reply(hub)
     assert isinstance(reply.body, ErrorReply) and "PSI_POINTS from guest" in reply.body.message
+
+
+def test_forged_tampered_and_replayed_messages_are_rejected(tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    worker, hub = _worker(tmp_path, DATA / "breast_hetero_host.csv")
+    flow = hub.endpoint("flow")
+    opened = _command(MsgType.OPEN_JOB, OpenJob(_spec(DATA)), "s1/open")
+    worker.handle_bytes(opened)
+    assert _reply(hub).kind == MsgType.OPENED
+
+    def rejected(data: bytes, why: str) -> None:
+        caplog.clear()
+        worker.handle_bytes(data)
+        assert flow.receive(timeout=0.1) is None, why
+        assert why in caplog.text
+
+    rejected(opened, "replayed message")  # the same bytes again
+    blind = Envelope("job", "s1/psi", "flow", "host", MsgType.PSI_BLIND, Step())
+    other_flow = federation_sealers(["guest", "host"])["flow"]  # valid format, wrong key
+    rejected(other_flow.seal(blind), "bad signature")
+    frame = msgpack.unpackb(SEALERS["flow"].seal(blind))
+    frame["envelope"] = frame["envelope"].replace(b"s1/psi", b"s1/psj")  # signature intact
+    rejected(msgpack.packb(frame), "bad signature")
+    rejected(SEALERS["guest"].seal(Envelope("job", "s1/psi", "guest", "host", MsgType.PSI_BLIND,
+                                            Step())), "commands come from flows")
+    stranger = federation_sealers(["mallory"])["mallory"]
+    rejected(stranger.seal(Envelope("job", "s1/psi", "mallory", "host", MsgType.PSI_BLIND,
+                                    Step())), "no public key for 'mallory'")
+    worker.handle_bytes(SEALERS["flow"].seal(blind))  # the worker goes on serving
+    assert _reply(hub).kind == MsgType.ACK
+    rejected(SEALERS["flow"].seal(blind), "replayed PSI_BLIND")  # fresh nonce, task id done
+    with pytest.raises(MessageError, match="cannot sign as"):
+        SEALERS["guest"].seal(Envelope("job", "s1/x", "host", "guest", MsgType.ACK, Ack()))

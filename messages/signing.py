@@ -1,0 +1,182 @@
+"""Signed envelopes: every message carries its sender's Ed25519 signature and a fresh nonce.
+
+A sealed message is the msgpack map ``{v, nonce, envelope, signature}``, the signature taken
+over ``nonce + envelope``. On receipt the envelope is parsed (bounded, typed), the sender's
+public key is looked up in the keyring (every flow endpoint signs as ``flow``; a party's helper
+processes sign as the party) and the signature checked; a nonce seen before is a replay.
+Keys live in one folder: ``<name>.key`` (PKCS#8, 0600, only on the owner's machine) and
+``<name>.pub`` (SubjectPublicKeyInfo) for every identity of the federation.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgpack
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from messages import DecodeError, MessageError
+from messages.envelope import MAX_MESSAGE_BYTES, Envelope, decode_envelope, encode_envelope
+
+SEAL_VERSION = 1
+NONCE_BYTES = 16
+SIGNATURE_BYTES = 64
+FLOW_IDENTITY = "flow"
+SEEN_NONCES = 200_000
+"""Nonces remembered per receiver (a replay older than this is still caught by task ids)."""
+
+
+class ForgedMessage(DecodeError):
+    """A message whose signature does not verify, from an unknown signer, or replayed."""
+
+
+def is_flow(name: str) -> bool:
+    """Flow endpoints are ``flow`` (embedded) or ``flow.<job>.<id>`` (RabbitMQ); party names
+    never contain a dot and are never ``flow``."""
+    return name == FLOW_IDENTITY or name.startswith(FLOW_IDENTITY + ".")
+
+
+def signer_of(sender: str) -> str:
+    """The identity whose key signs a sender's messages."""
+    return FLOW_IDENTITY if is_flow(sender) else sender
+
+
+# ---- key files -----------------------------------------------------------------------------
+def generate_key() -> bytes:
+    """A new Ed25519 private key (its 32 raw bytes)."""
+    return Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+
+
+def public_of(private: bytes) -> bytes:
+    """The 32 raw bytes of a private key's public key."""
+    return Ed25519PrivateKey.from_private_bytes(private).public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def write_key_pair(folder: Path, name: str) -> bool:
+    """Write ``name.key`` (0600) and ``name.pub`` unless the key exists; True if written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    private_path, public_path = folder / f"{name}.key", folder / f"{name}.pub"
+    if private_path.exists():
+        return False
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    public_path.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return True
+
+
+def load_private(path: Path) -> bytes:
+    """The raw private key of a ``.key`` file."""
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as exc:
+        raise MessageError(f"signing key {path}: {exc}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise MessageError(f"signing key {path}: not an Ed25519 key")
+    return key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                             serialization.NoEncryption())
+
+
+def load_public_keys(folder: Path) -> dict[str, bytes]:
+    """Every ``<name>.pub`` of a key folder, as raw public keys."""
+    keys = {}
+    for path in sorted(folder.glob("*.pub")):
+        try:
+            key = serialization.load_pem_public_key(path.read_bytes())
+        except (OSError, ValueError, TypeError) as exc:
+            raise MessageError(f"public key {path}: {exc}") from None
+        if not isinstance(key, Ed25519PublicKey):
+            raise MessageError(f"public key {path}: not an Ed25519 key")
+        keys[path.stem] = key.public_bytes(serialization.Encoding.Raw,
+                                           serialization.PublicFormat.Raw)
+    return keys
+
+
+# ---- sealing and opening -------------------------------------------------------------------
+@dataclass(slots=True)
+class Sealer:
+    """One endpoint's signing key and the public keys it trusts (raw bytes: picklable, so a
+    worker process can be handed its own)."""
+
+    identity: str
+    private: bytes
+    trusted: dict[str, bytes]
+    _seen: OrderedDict[bytes, None] = field(default_factory=OrderedDict, repr=False)
+
+    @classmethod
+    def from_folder(cls, folder: Path, identity: str) -> Sealer:
+        """Load ``identity.key`` and every public key of a key folder."""
+        private_path = folder / f"{identity}.key"
+        if not private_path.is_file():
+            raise MessageError(f"no signing key {private_path} (make one with "
+                               f"'fedboost keys --out {folder} --name {identity}')")
+        trusted = load_public_keys(folder)
+        private = load_private(private_path)
+        if trusted.get(identity) not in (None, public_of(private)):
+            raise MessageError(f"{folder}/{identity}.pub does not match {private_path}")
+        return cls(identity, private, trusted)
+
+    def seal(self, env: Envelope) -> bytes:
+        """Encode and sign an envelope."""
+        if signer_of(env.sender) != self.identity:
+            raise MessageError(f"{self.identity} cannot sign as {env.sender!r}")
+        body = encode_envelope(env)
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        signature = Ed25519PrivateKey.from_private_bytes(self.private).sign(nonce + body)
+        return msgpack.packb({"v": SEAL_VERSION, "nonce": nonce, "envelope": body,
+                              "signature": signature}, use_bin_type=True)
+
+    def open(self, data: bytes) -> Envelope:
+        """Parse, authenticate and de-duplicate a sealed message, or raise ``DecodeError``."""
+        if len(data) > MAX_MESSAGE_BYTES + 256:
+            raise DecodeError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+        try:
+            raw = msgpack.unpackb(data, raw=False, strict_map_key=True,
+                                  max_bin_len=MAX_MESSAGE_BYTES, max_str_len=16,
+                                  max_array_len=0, max_map_len=4)
+        except Exception as exc:  # msgpack raises several unrelated types on garbage
+            raise DecodeError(f"not a sealed message: {exc}") from exc
+        if not isinstance(raw, dict) or set(raw) != {"v", "nonce", "envelope", "signature"}:
+            raise DecodeError("sealed message must be a map of v, nonce, envelope, signature")
+        if raw["v"] != SEAL_VERSION:
+            raise DecodeError(f"seal version {raw['v']!r}, expected {SEAL_VERSION}")
+        nonce, body, signature = raw["nonce"], raw["envelope"], raw["signature"]
+        if not (isinstance(nonce, bytes) and len(nonce) == NONCE_BYTES
+                and isinstance(signature, bytes) and len(signature) == SIGNATURE_BYTES
+                and isinstance(body, bytes)):
+            raise DecodeError("sealed message: bad nonce, signature or envelope field")
+        env = decode_envelope(body)
+        signer = signer_of(env.sender)
+        public = self.trusted.get(signer)
+        if public is None:
+            raise ForgedMessage(f"message from {env.sender!r}: no public key for {signer!r}")
+        try:
+            Ed25519PublicKey.from_public_bytes(public).verify(signature, nonce + body)
+        except InvalidSignature:
+            raise ForgedMessage(f"{env.kind.name} from {env.sender!r}: bad signature") from None
+        if nonce in self._seen:
+            raise ForgedMessage(f"{env.kind.name} from {env.sender!r}: replayed message")
+        self._seen[nonce] = None
+        if len(self._seen) > SEEN_NONCES:
+            self._seen.popitem(last=False)
+        return env
+
+
+def federation_sealers(names: list[str]) -> dict[str, Sealer]:
+    """Fresh keys for a federation on one machine (the embedded default, tests): one sealer
+    per party plus ``flow``, each trusting all of them."""
+    private = {name: generate_key() for name in [*names, FLOW_IDENTITY]}
+    trusted = {name: public_of(key) for name, key in private.items()}
+    return {name: Sealer(name, key, dict(trusted)) for name, key in private.items()}
