@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import msgpack
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 from messages import DecodeError
 from messages import bodies as b
 from messages.envelope import Envelope, MsgType, decode_envelope, encode_envelope
+from messages.signing import ForgedMessage, federation_sealers
 from messages.instance_space import BITMAP, GAPS, decode_mask, encode_mask
 
 SAMPLES = {
@@ -92,3 +95,46 @@ def test_sparse_masks_travel_as_gaps() -> None:
     assert space.encoding == GAPS and len(space.data) < 10
     with pytest.raises(DecodeError):
         decode_mask(space, 99)
+
+
+@pytest.mark.parametrize("data", [
+    b"\xc6\xff\xff\xff\xff",            # bin of 4 GiB declared, 0 bytes sent
+    b"\xdd\xff\xff\xff\xff",            # array of 4 billion items declared
+    b"\xdf\xff\xff\xff\xff",            # map of 4 billion pairs declared
+    b"\x84\xa1v\x01\xa5nonce\xc6\x7f\xff\xff\xff",  # a sealed message's field declared huge
+])
+def test_declared_lengths_beyond_the_data_are_refused_without_allocating(data: bytes) -> None:
+    sealer = federation_sealers(["host"])["host"]
+    tracemalloc.start()
+    try:
+        with pytest.raises(DecodeError):
+            decode_envelope(data)
+        with pytest.raises(DecodeError):
+            sealer.open(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+_SEALERS = federation_sealers(["guest", "host"])
+_GOOD = _SEALERS["guest"].seal(Envelope("job", "s/t", "guest", "host", MsgType.ACK, b.Ack(1)))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(cut=st.integers(0, len(_GOOD)), flips=st.lists(
+    st.tuples(st.integers(0, len(_GOOD) - 1), st.integers(0, 255)), max_size=3))
+def test_damaged_sealed_messages_raise_only_decode_errors(cut: int, flips: list[tuple[int, int]]) -> None:
+    data = bytearray(_GOOD)
+    for at, value in flips:
+        data[at] = value
+    damaged = bytes(data[:cut])
+    try:
+        env = _SEALERS["host"].open(damaged)
+    except DecodeError:
+        return
+    # only an untouched message opens, and only once (a second copy is a replay)
+    assert env.body == b.Ack(1) and damaged == _GOOD
+    with pytest.raises(ForgedMessage, match="replayed"):
+        _SEALERS["host"].open(damaged)
+    _SEALERS["host"]._seen.clear()
