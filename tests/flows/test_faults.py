@@ -17,12 +17,15 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pika
 import pytest
 import yaml
 
 from fedboost.embedded import train_embedded
+from flows._tasks import StepTimeout
 from flows.config import load_config
-from messages.rabbitmq import delete_party_queues
+from flows.secureboost import vertical_secureboost
+from messages.rabbitmq import INBOX_ARGUMENTS, delete_party_queues, queue_of
 from messages.signing import write_key_pair
 from tests.scenarios import REPO
 
@@ -204,3 +207,27 @@ def test_broker_restarted_mid_run(federation: Federation, reference: Path) -> No
     _finish(flow)
     _assert_same_model(federation, job, reference)
     assert "reconnected" in federation.log(federation.guest)
+
+
+def test_a_party_that_never_answers_fails_the_job_naming_it(rabbit_url: str,
+                                                            tmp_path: Path) -> None:
+    """The host's queue exists (it ran once) but no worker serves it: the flow gives up after
+    transport.step_timeout with an error naming the party and the step, not a silent hang."""
+    fed = Federation(tmp_path, rabbit_url)
+    raw = yaml.safe_load(fed.job_file.read_text())
+    raw["transport"]["step_timeout"] = 5
+    fed.job_file.write_text(yaml.safe_dump(raw))
+    config = load_config(fed.job_file)
+    connection = pika.BlockingConnection(pika.URLParameters(rabbit_url))
+    try:
+        for party in (fed.guest, fed.host):
+            connection.channel().queue_declare(queue_of(party), durable=True,
+                                               arguments=INBOX_ARGUMENTS)
+        started = time.monotonic()
+        with pytest.raises(StepTimeout, match=rf"party {fed.guest}, {fed.host}: no answer to step "
+                                              rf"open_job/t-1/d-1 within 5 s"):
+            vertical_secureboost(config)
+        assert time.monotonic() - started < 60
+    finally:
+        connection.close()
+        delete_party_queues(rabbit_url, [fed.guest, fed.host])
