@@ -153,6 +153,8 @@ class _Job:
     """The flow session that opened the job; messages of earlier sessions are stale."""
     done: set[str] = field(default_factory=set)
     """Task ids of commands answered in this job: the same id again is a replay."""
+    last_seen: float = field(default_factory=time.monotonic)
+    """When a message of this job last arrived (idle jobs are dropped, see ``IDLE_JOB_SECONDS``)."""
 
     def discard(self) -> None:
         """Release what the job's state holds outside this process (crypto processes)."""
@@ -176,6 +178,9 @@ MAX_PENDING = 64
 """Steps of one job that may wait for peer data at once (the flow sends a handful)."""
 
 DEFAULT_PEER_TIMEOUT = 900.0
+IDLE_JOB_SECONDS = 24 * 3600.0
+"""A job without any message for this long is dropped from memory (its flow died and was not
+resumed); its checkpoints stay on disk, so resuming it later still continues where it stopped."""
 """Seconds a step may wait for a peer's message before it fails, naming the peer."""
 
 
@@ -185,11 +190,13 @@ class Worker:
     def __init__(self, party: PartySpec, transport: Transport,
                  handlers: dict[MsgType, Handler], sealer: Sealer, *, exit_on_close: bool = False,
                  peer_timeout: float = DEFAULT_PEER_TIMEOUT,
+                 idle_job_seconds: float = IDLE_JOB_SECONDS,
                  health_file: str | None = None) -> None:
         self.party = party
         self.health_file = Path(health_file) if health_file else None
         self._last_beat = 0.0
         self.peer_timeout = peer_timeout
+        self.idle_job_seconds = idle_job_seconds
         self.transport = transport
         self.handlers = handlers
         self.sealer = sealer
@@ -212,6 +219,7 @@ class Worker:
                 self.handle_bytes(data)
                 self.transport.acknowledge()
             self._expire_pending()
+            self._drop_idle_jobs()
             self._beat()
         self.transport.close()
 
@@ -221,6 +229,14 @@ class Worker:
         if self.health_file is not None and now - self._last_beat > 5.0:
             self.health_file.touch()
             self._last_beat = now
+
+    def _drop_idle_jobs(self) -> None:
+        now = time.monotonic()
+        for name in [n for n, job in self.jobs.items()
+                     if now - job.last_seen > self.idle_job_seconds]:
+            log.warning("%s: dropped job %r after %.0f s without messages (its checkpoints "
+                        "stay)", self.party.name, name, now - self.jobs[name].last_seen)
+            self.jobs.pop(name).discard()
 
     def _expire_pending(self) -> None:
         """Fail steps whose peer input never came, so no flow waits forever."""
@@ -269,6 +285,7 @@ class Worker:
                     f"restarted?)", False, state_lost=True))
             return
         job = self.jobs[env.job]
+        job.last_seen = time.monotonic()
         if session != job.session:  # sent before the job was reopened: its step is over
             log.info("%s: dropped %s of an earlier session of job %r", self.party.name,
                      env.kind.name, env.job)

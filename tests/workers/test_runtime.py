@@ -114,3 +114,17 @@ def test_forged_tampered_and_replayed_messages_are_rejected(tmp_path: Path,
     rejected(SEALERS["flow"].seal(blind), "replayed PSI_BLIND")  # fresh nonce, task id done
     with pytest.raises(MessageError, match="cannot sign as"):
         SEALERS["guest"].seal(Envelope("job", "s1/x", "host", "guest", MsgType.ACK, Ack()))
+
+
+def test_an_idle_job_is_dropped_and_a_later_step_reports_the_lost_state(tmp_path: Path) -> None:
+    worker, hub = _worker(tmp_path, DATA / "breast_hetero_host.csv")
+    worker.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA)), "s1/open"))
+    assert _reply(hub).kind == MsgType.OPENED
+    worker._drop_idle_jobs()
+    assert "job" in worker.jobs  # just used: kept
+    worker.idle_job_seconds = 0.0
+    worker._drop_idle_jobs()
+    assert not worker.jobs
+    worker.handle_bytes(_command(MsgType.PSI_BLIND, Step(), "s1/psi"))
+    reply = _reply(hub).body
+    assert isinstance(reply, ErrorReply) and reply.state_lost and "not open here" in reply.message
