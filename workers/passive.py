@@ -320,24 +320,21 @@ def shard_histograms(task: HistogramShard) -> ShardHistogram:
 
 def _node_histogram(bins: np.ndarray, enc_index: np.ndarray, ciphertexts: list[mpz],
                     n_bins: int, nsquare: mpz) -> list[mpz]:
-    """Homomorphic bin sums (products of ciphertexts) of one node, features x bins."""
-    out: list[mpz] = []
+    """Homomorphic bin sums (products of ciphertexts) of one node, features x bins.
+
+    Row by row: each ciphertext is read once and multiplied into one accumulator per feature,
+    which all stay in cache; a pass per feature would stream every ciphertext once per feature.
+    """
+    n_features = bins.shape[1]
+    acc: list[mpz | None] = [None] * (n_features * n_bins)
+    slots = (bins.astype(np.int64) + np.arange(n_features) * n_bins).tolist()
+    for row, row_slots in zip(enc_index.tolist(), slots, strict=True):
+        c = ciphertexts[row]
+        for slot in row_slots:
+            a = acc[slot]
+            acc[slot] = c if a is None else a * c % nsquare
     one = mpz(1)  # the trivial encryption of 0 marks an empty bin
-    for j in range(bins.shape[1]):
-        order = np.argsort(bins[:, j], kind="stable")
-        sorted_bins = bins[order, j]
-        members = enc_index[order].tolist()
-        bounds = np.searchsorted(sorted_bins, np.arange(n_bins + 1), side="left").tolist()
-        for b in range(n_bins):
-            lo, hi = bounds[b], bounds[b + 1]
-            if lo == hi:
-                out.append(one)
-                continue
-            acc = ciphertexts[members[lo]]
-            for i in members[lo + 1:hi]:
-                acc = acc * ciphertexts[i] % nsquare
-            out.append(acc)
-    return out
+    return [one if a is None else a for a in acc]
 
 
 def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
