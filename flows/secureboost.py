@@ -18,8 +18,8 @@ from prefect.cache_policies import NO_CACHE
 
 from flows._tasks import PartyError, align_entities, close_job, connected, link, step_id
 from flows.config import JobConfig
-from messages.bodies import (VALIDATION_BATCH, Ack, Aligned, JobSpec, OpenJob, PartyInfo,
-                             Resumed, SplitsFound, Step, TreeFinished)
+from messages.bodies import (VALIDATION_BATCH, Ack, Aligned, Checkpoint, JobSpec, OpenJob,
+                             PartyInfo, Resumed, ResumeJob, SplitsFound, Step, TreeFinished)
 from messages.envelope import MsgType
 
 def job_spec(config: JobConfig) -> JobSpec:
@@ -36,7 +36,7 @@ def job_spec(config: JobConfig) -> JobSpec:
 
 
 @task(name="open_job", task_run_name="open-job", cache_policy=NO_CACHE)
-def open_job(job: str, parties: list[str], spec: JobSpec) -> dict[str, list[int]]:
+def open_job(job: str, parties: list[str], spec: JobSpec) -> dict[str, list[Checkpoint]]:
     """Every party loads its own data (the active party makes a key pair) and reports the
     checkpoints it holds for this job; a new session makes messages of earlier ones stale."""
     coord = link(job)
@@ -46,11 +46,16 @@ def open_job(job: str, parties: list[str], spec: JobSpec) -> dict[str, list[int]
 
 
 @task(name="resume_job", task_run_name="resume-after-{trees_done}-trees", cache_policy=NO_CACHE)
-def resume_job(job: str, active: str, passives: list[str], trees_done: int) -> Resumed:
-    """Every party restores its checkpoint after ``trees_done`` trees (PSI, bins, keys, trees)."""
-    replies = link(job).call([active, *passives], MsgType.RESUME_JOB, Step(trees_done),
+def resume_job(job: str, active: str, passives: list[str], trees_done: int,
+               shared: Checkpoint) -> Resumed:
+    """Every party restores the checkpoint they all hold (alignment, bins, keys, trees)."""
+    replies = link(job).call([active, *passives], MsgType.RESUME_JOB, ResumeJob(shared),
                              step_id(MsgType.RESUME_JOB, trees_done))
     resumed: Resumed = replies[active]
+    rows = {(r.n_aligned, r.n_train, r.n_valid) for r in replies.values()}
+    if len(rows) != 1:
+        raise RuntimeError(f"job {job}: the parties' checkpoints disagree on the aligned rows "
+                           f"{sorted(rows)}; start the job afresh under a new name")
     return resumed
 
 
@@ -165,10 +170,11 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
     params = config.params
     started = time.perf_counter()
     held = open_job(job, [active, *passives], job_spec(config))
-    shared = set.intersection(*(set(trees) for trees in held.values()))
+    shared = set.intersection(*(set(points) for points in held.values()))
     history: list[dict[str, float]] = []
     if shared:
-        resumed = resume_job(job, active, passives, max(shared))
+        newest = max(shared, key=lambda c: c.trees_done)
+        resumed = resume_job(job, active, passives, newest.trees_done, newest)
         aligned = Aligned(resumed.n_aligned, resumed.n_train, resumed.n_valid)
         per_round, done = resumed.outputs, resumed.trees_done
         history = [{m.name: m.value for m in t.metrics} for t in resumed.history]
@@ -204,7 +210,12 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
     if aligned.n_valid:
         result.update(evaluate_validation(job, active, passives, aligned.n_valid))
     save_models(job, [active, *passives])
-    close_job(job, [active, *passives])
+    try:
+        close_job(job, [active, *passives])
+    except PartyError as exc:
+        if not exc.reply.state_lost:
+            raise
+        logger.warning("%s; its model part is saved, nothing left to close", exc)
     result.update(train_seconds=time.perf_counter() - started, tree_seconds=tree_seconds,
                   history=history, key_bits=config.crypto.key_bits)
     create_table_artifact(

@@ -130,12 +130,28 @@ class ErrorReply:
 
 
 @dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A party's saved job state after ``trees_done`` trees of training run ``run`` (a digest
+    of the run's Paillier public key: checkpoints of different runs never mix)."""
+
+    trees_done: int
+    run: str
+
+
+@dataclass(frozen=True, slots=True)
 class Opened:
     """Reply of open_job: rows loaded, and the checkpoints this party holds for exactly this
-    job (same spec, same data), as numbers of completed trees."""
+    job (same spec, same data)."""
 
     rows: int
-    checkpoints: list[int]
+    checkpoints: list[Checkpoint]
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeJob:
+    """Command: restore the checkpoint every party holds."""
+
+    checkpoint: Checkpoint
 
 
 @dataclass(frozen=True, slots=True)

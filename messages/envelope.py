@@ -72,6 +72,7 @@ BODY_TYPES: dict[MsgType, type] = {
     MsgType.ERROR: b.ErrorReply,
     MsgType.ALIGNED: b.Aligned,
     MsgType.OPENED: b.Opened,
+    MsgType.RESUME_JOB: b.ResumeJob,
     MsgType.RESUMED: b.Resumed,
     MsgType.PSI_POINTS: b.PsiPoints,
     MsgType.ALIGNED_ROWS: b.AlignedRows,
@@ -91,11 +92,11 @@ STEP_COMMANDS = frozenset(
      MsgType.ENCRYPT_GRADIENTS, MsgType.BUILD_HISTOGRAMS, MsgType.FIND_BEST_SPLITS,
      MsgType.APPLY_SPLITS, MsgType.BROADCAST_NODES, MsgType.FINISH_TREE, MsgType.SAVE_MODEL,
      MsgType.EVALUATE_VALIDATION, MsgType.EVALUATE_NODES, MsgType.FINISH_TRAVERSAL, MsgType.WRITE_SCORES,
-     MsgType.CLOSE_JOB, MsgType.RESUME_JOB}
+     MsgType.CLOSE_JOB}
 )
 for _kind in STEP_COMMANDS:
     BODY_TYPES[_kind] = b.Step
-COMMANDS = STEP_COMMANDS | {MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION}
+COMMANDS = STEP_COMMANDS | {MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION, MsgType.RESUME_JOB}
 WORK = frozenset({MsgType.HISTOGRAM_SHARD})
 """Shards of a step that a party's coordinating process hands to its own helper processes."""
 

@@ -120,3 +120,39 @@ def test_bad_config_value(tmp_path: Path) -> None:
                      params={"n_trees": 0})
     done = _run("train", str(config), cwd=tmp_path)
     _assert_one_error_line(done, "key 'params.n_trees'", "greater than or equal to 1")
+
+
+def test_killed_training_continues_when_run_again(tmp_path: Path) -> None:
+    """The embedded default: kill the whole process group mid-run (workers included), run the
+    same 'fedboost train' again: it continues after the last tree and ends with the model of an
+    uninterrupted run."""
+    import signal
+
+    job = _config(tmp_path, DATA / "breast_hetero_guest.csv", DATA / "breast_hetero_host.csv")
+    raw = yaml.safe_load(job.read_text())
+    raw["params"]["n_trees"] = 8
+    job.write_text(yaml.safe_dump(raw))
+    whole = _run("train", str(job), "--out", str(tmp_path / "whole"), cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    out = tmp_path / "cut"
+    first = subprocess.Popen([*FEDBOOST, "train", str(job), "--out", str(out)], cwd=tmp_path,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    assert first.stdout is not None
+    for line in first.stdout:
+        if "tree 3/8 done" in line:
+            os.killpg(first.pid, signal.SIGKILL)
+            break
+    first.wait(timeout=60)
+    again = _run("train", str(job), "--out", str(out), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "resumed after" in again.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["resumed_after"] >= 3 and metrics["trees_trained"] == 8 - metrics["resumed_after"]
+    assert (out / "guest" / "model.json").read_bytes() == \
+        (tmp_path / "whole" / "guest" / "model.json").read_bytes()
+    assert (out / "host" / "lookup.json").read_bytes() == \
+        (tmp_path / "whole" / "host" / "lookup.json").read_bytes()
+    assert not (out / "guest" / "checkpoints").exists()  # a finished job keeps none

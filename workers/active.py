@@ -29,7 +29,7 @@ from crypto.encoding import GradientPacker
 from crypto.paillier import PaillierPrivateKey, PaillierPublicKey, generate_keypair
 from crypto.pool import KeyHolderPool
 from messages.bodies import (Ack, AppliedSplits, EncryptedGradients, EncryptedHistograms, Metric,
-                             NodePositions, NodeSplit, Opened, OpenJob, Resumed, SplitChoice,
+                             NodePositions, NodeSplit, Opened, OpenJob, Resumed, ResumeJob, SplitChoice,
                              SplitChoices, SplitsFound, Step, TreeFinished, TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
@@ -128,16 +128,17 @@ def _snapshot(state: JobState) -> JobState:
     return checkpoint.snapshot(state, pool=None, grower=None, level_splits={})
 
 
-def resume_job(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
-    """Go back to the state after ``body.tree`` trees (a checkpoint every party holds)."""
+def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
+    """Go back to the state of a checkpoint every party holds."""
     opened: JobState = ctx.state
-    state: JobState = checkpoint.load(ctx.model_dir, body.tree, opened.digest)
+    state: JobState = checkpoint.load(ctx.model_dir, body.checkpoint, opened.digest)
     run: ActiveTraining = state.role_state
-    if len(run.trees) != body.tree:
-        raise checkpoint.CheckpointError(f"checkpoint holds {len(run.trees)} trees, not {body.tree}")
+    done = body.checkpoint.trees_done
+    if len(run.trees) != done:
+        raise checkpoint.CheckpointError(f"checkpoint holds {len(run.trees)} trees, not {done}")
     ctx.state = state
     aligned, valid = state.require_aligned()
-    return MsgType.RESUMED, Resumed(trees_done=body.tree, n_aligned=int(aligned.size),
+    return MsgType.RESUMED, Resumed(trees_done=done, n_aligned=int(aligned.size),
                                     n_train=int((~valid).sum()), n_valid=int(valid.sum()),
                                     outputs=run.outputs, history=list(run.history))
 
@@ -163,7 +164,8 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     state.score_x = state.data.x[valid_rows]
     send_public_key(ctx, state, run.public)
     checkpoint.discard(ctx.model_dir)  # a fresh start: older checkpoints are of another run
-    checkpoint.save(ctx.model_dir, 0, state.digest, _snapshot(state))
+    checkpoint.save(ctx.model_dir, 0, state.digest, checkpoint.run_of(int(run.public.n)),
+                    _snapshot(state))
     return MsgType.ACK, Ack(count=run.outputs)  # the flow needs the trees per round
 
 
@@ -342,7 +344,8 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
                        "train")
     done = TreeFinished([Metric(k, v) for k, v in metrics.items()])
     run.history.append(done)
-    checkpoint.save(ctx.model_dir, len(run.trees), state.digest, _snapshot(state))
+    checkpoint.save(ctx.model_dir, len(run.trees), state.digest,
+                    checkpoint.run_of(int(run.public.n)), _snapshot(state))
     return MsgType.TREE_FINISHED, done
 
 

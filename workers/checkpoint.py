@@ -23,7 +23,7 @@ from typing import Any
 
 import msgpack
 
-from messages.bodies import JobSpec
+from messages.bodies import Checkpoint, JobSpec
 from messages.codec import to_wire
 from workers import ProtocolError
 from workers.state import JobState
@@ -52,12 +52,19 @@ def _path(directory: Path, trees_done: int) -> Path:
     return directory / FOLDER / f"trees-{trees_done:06d}.ckpt"
 
 
-def save(directory: Path, trees_done: int, digest: str, state: Any) -> Path:
+def run_of(n: int) -> str:
+    """A training run's id: a digest of its Paillier modulus (every party knows it)."""
+    return hashlib.sha256(n.to_bytes((n.bit_length() + 7) // 8, "big")).hexdigest()[:16]
+
+
+def save(directory: Path, trees_done: int, digest: str, run: str, state: Any) -> Path:
     """Write the state after ``trees_done`` trees; keep the newest ``KEEP`` checkpoints."""
     folder = directory / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    payload = pickle.dumps({"digest": digest, "trees_done": trees_done, "state": state},
-                           protocol=pickle.HIGHEST_PROTOCOL)
+    for partial in _partial_files(directory):  # left by a worker killed while saving
+        partial.unlink(missing_ok=True)
+    payload = pickle.dumps({"digest": digest, "trees_done": trees_done, "run": run,
+                            "state": state}, protocol=pickle.HIGHEST_PROTOCOL)
     target = _path(directory, trees_done)
     tmp = target.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -71,6 +78,11 @@ def save(directory: Path, trees_done: int, digest: str, state: Any) -> Path:
     return target
 
 
+def _partial_files(directory: Path) -> list[Path]:
+    folder = directory / FOLDER
+    return sorted(folder.glob("*.tmp")) if folder.is_dir() else []
+
+
 def available_files(directory: Path) -> list[Path]:
     folder = directory / FOLDER
     if not folder.is_dir():
@@ -78,8 +90,8 @@ def available_files(directory: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if _NAME.fullmatch(p.name))
 
 
-def available(directory: Path, digest: str) -> list[int]:
-    """Trees-done counts of the intact checkpoints of exactly this job and data."""
+def available(directory: Path, digest: str) -> list[Checkpoint]:
+    """The intact checkpoints of exactly this job and data."""
     found = []
     for path in available_files(directory):
         try:
@@ -87,24 +99,25 @@ def available(directory: Path, digest: str) -> list[int]:
         except CheckpointError:
             continue  # a damaged file is not offered; an older one may still be
         if record["digest"] == digest:
-            found.append(int(record["trees_done"]))
-    return sorted(found)
+            found.append(Checkpoint(int(record["trees_done"]), str(record["run"])))
+    return sorted(found, key=lambda c: c.trees_done)
 
 
-def load(directory: Path, trees_done: int, digest: str) -> Any:
-    """The state saved after ``trees_done`` trees of this job."""
-    path = _path(directory, trees_done)
+def load(directory: Path, wanted: Checkpoint, digest: str) -> Any:
+    """The state saved after ``wanted.trees_done`` trees of run ``wanted.run`` of this job."""
+    path = _path(directory, wanted.trees_done)
     if not path.is_file():
-        raise CheckpointError(f"no checkpoint after {trees_done} trees in {path.parent}")
+        raise CheckpointError(f"no checkpoint after {wanted.trees_done} trees in {path.parent}")
     record = _read(path)
-    if record["digest"] != digest:
-        raise CheckpointError(f"{path} belongs to another job spec or data file")
+    if record["digest"] != digest or record["run"] != wanted.run:
+        raise CheckpointError(f"{path} belongs to another job spec, data file or run")
     return record["state"]
 
 
 def discard(directory: Path) -> None:
-    """Remove the job's checkpoints (a finished job, or a fresh start)."""
-    for path in available_files(directory):
+    """Remove the job's checkpoints (a finished job, or a fresh start), and any half-written
+    one a killed worker left (it may hold the private key)."""
+    for path in available_files(directory) + _partial_files(directory):
         path.unlink(missing_ok=True)
     if (directory / FOLDER).is_dir() and not any((directory / FOLDER).iterdir()):
         (directory / FOLDER).rmdir()

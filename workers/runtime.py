@@ -178,10 +178,10 @@ MAX_PENDING = 64
 """Steps of one job that may wait for peer data at once (the flow sends a handful)."""
 
 DEFAULT_PEER_TIMEOUT = 900.0
+"""Seconds a step may wait for a peer's message before it fails, naming the peer."""
 IDLE_JOB_SECONDS = 24 * 3600.0
 """A job without any message for this long is dropped from memory (its flow died and was not
 resumed); its checkpoints stay on disk, so resuming it later still continues where it stopped."""
-"""Seconds a step may wait for a peer's message before it fails, naming the peer."""
 
 
 class Worker:
@@ -287,8 +287,12 @@ class Worker:
         job = self.jobs[env.job]
         job.last_seen = time.monotonic()
         if session != job.session:  # sent before the job was reopened: its step is over
-            log.info("%s: dropped %s of an earlier session of job %r", self.party.name,
+            log.info("%s: dropped %s of another session of job %r", self.party.name,
                      env.kind.name, env.job)
+            if env.kind in COMMANDS:  # a flow still running beside a newer one: stop it
+                self._reply(env, MsgType.ERROR, ErrorReply(
+                    self.party.name, env.kind.name, f"job {env.job!r} was reopened by another "
+                    f"flow run (session {job.session}); this run is superseded", False))
             return
         if env.kind in COMMANDS:
             if env.task in job.done:

@@ -25,7 +25,8 @@ SAMPLES = {
     MsgType.TREE_FINISHED: b.TreeFinished([b.Metric("train_auc", 0.5)]),
     MsgType.ERROR: b.ErrorReply("host", "X", "boom", True, True),
     MsgType.ALIGNED: b.Aligned(10, 7, 3),
-    MsgType.OPENED: b.Opened(10, [4, 5]),
+    MsgType.OPENED: b.Opened(10, [b.Checkpoint(4, "ab"), b.Checkpoint(5, "ab")]),
+    MsgType.RESUME_JOB: b.ResumeJob(b.Checkpoint(5, "ab")),
     MsgType.RESUMED: b.Resumed(5, 10, 7, 3, 1, [b.TreeFinished([b.Metric("train_auc", 0.5)])]),
     MsgType.PSI_POINTS: b.PsiPoints(1, b"\x01" * 64),
     MsgType.ALIGNED_ROWS: b.AlignedRows(b"\x00" * 8, encode_mask(np.ones(3, bool))),
@@ -101,7 +102,7 @@ def test_sparse_masks_travel_as_gaps() -> None:
     b"\xc6\xff\xff\xff\xff",            # bin of 4 GiB declared, 0 bytes sent
     b"\xdd\xff\xff\xff\xff",            # array of 4 billion items declared
     b"\xdf\xff\xff\xff\xff",            # map of 4 billion pairs declared
-    b"\x84\xa1v\x01\xa5nonce\xc6\x7f\xff\xff\xff",  # a sealed message's field declared huge
+    b"\x86\xa1v\x01\xa5nonce\xc6\x7f\xff\xff\xff",  # a sealed message's field declared huge
 ])
 def test_declared_lengths_beyond_the_data_are_refused_without_allocating(data: bytes) -> None:
     sealer = federation_sealers(["host"])["host"]

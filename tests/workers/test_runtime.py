@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import msgpack
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from messages import MessageError
 from messages.bodies import Ack, ErrorReply, JobSpec, OpenJob, PartyInfo, Step
-from messages.envelope import Envelope, MsgType
-from messages.signing import federation_sealers
+from messages.envelope import Envelope, MsgType, encode_envelope
+from messages.signing import Sealer, _signed_bytes, federation_sealers
 from messages.transport import MemoryHub
 from workers.roles import handlers_for
 from workers.runtime import PartySpec, Worker
@@ -83,6 +86,17 @@ def test_a_step_waiting_for_a_peer_times_out_naming_it(tmp_path: Path) -> None:
     assert isinstance(reply.body, ErrorReply) and "PSI_POINTS from guest" in reply.body.message
 
 
+def _hand_sealed(sealer: Sealer, env: Envelope, sent_at: float | None = None) -> bytes:
+    """A correctly signed message that ``Sealer.seal`` would refuse to make (another sender,
+    another time)."""
+    nonce, when, body = os.urandom(16), time.time() if sent_at is None else sent_at, \
+        encode_envelope(env)
+    signature = Ed25519PrivateKey.from_private_bytes(sealer.private).sign(
+        _signed_bytes(sealer.identity, nonce, when, body))
+    return msgpack.packb({"v": 1, "signer": sealer.identity, "nonce": nonce, "sent_at": when,
+                          "envelope": body, "signature": signature})
+
+
 def test_forged_tampered_and_replayed_messages_are_rejected(tmp_path: Path,
                                                           caplog: pytest.LogCaptureFixture) -> None:
     worker, hub = _worker(tmp_path, DATA / "breast_hetero_host.csv")
@@ -108,7 +122,10 @@ def test_forged_tampered_and_replayed_messages_are_rejected(tmp_path: Path,
                                             Step())), "commands come from flows")
     stranger = federation_sealers(["mallory"])["mallory"]
     rejected(stranger.seal(Envelope("job", "s1/psi", "mallory", "host", MsgType.PSI_BLIND,
-                                    Step())), "no public key for 'mallory'")
+                                    Step())), "signed by 'mallory': no public key")
+    rejected(_hand_sealed(SEALERS["guest"], blind), "from 'flow' signed by 'guest'")
+    rejected(_hand_sealed(SEALERS["flow"], blind, sent_at=time.time() - 2 * 24 * 3600),
+             "replayed, or clocks apart")
     worker.handle_bytes(SEALERS["flow"].seal(blind))  # the worker goes on serving
     assert _reply(hub).kind == MsgType.ACK
     rejected(SEALERS["flow"].seal(blind), "replayed PSI_BLIND")  # fresh nonce, task id done
