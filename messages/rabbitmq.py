@@ -44,6 +44,8 @@ DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
 """Below RabbitMQ 4's default 16 MiB ``max_message_size``."""
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 INBOX_ARGUMENTS = {"x-single-active-consumer": True}
+WORK_CHUNK_BYTES = 2 * 1024 * 1024
+"""Chunks of a shard's data: small, so a helper pulls one while the next is published."""
 FLOW_QUEUE_ARGUMENTS = {"x-expires": 24 * 3600 * 1000}
 _COMPLETED_IDS = 100_000
 _CONNECTION_ERRORS = (px.AMQPConnectionError, px.ConnectionClosed, px.StreamLostError,
@@ -90,6 +92,8 @@ class _Delivery:
     tags: list[tuple[int, int]]
     message_id: str
     data_queue: str | None = None
+    data_count: int = 0
+    data_digest: str = ""
 
 
 @dataclass(slots=True)
@@ -227,10 +231,17 @@ class RabbitTransport:
         data_queue = headers.get("fb-data-queue")
         if queue == self.work and isinstance(data_queue, str | bytes):
             data_queue = data_queue.decode() if isinstance(data_queue, bytes) else data_queue
-            if data_queue.startswith(self.work + ".") and message_id:
-                self._ready.append(_Delivery(queue, b"", [tag], message_id, data_queue))
+            count, digest = headers.get("fb-count"), headers.get("fb-sha256")
+            digest = digest.decode() if isinstance(digest, bytes) else digest
+            if (data_queue.startswith(self.work + ".") and message_id
+                    and isinstance(count, int) and not isinstance(count, bool)
+                    and 1 <= count <= self.max_message_bytes // 1024 + 1
+                    and isinstance(digest, str)):
+                self._ready.append(_Delivery(queue, b"", [tag], message_id, data_queue,
+                                             count, digest))
             else:
-                log.warning("%s: dropped a work ticket naming %r", self.name, data_queue)
+                log.warning("%s: dropped a malformed work ticket naming %r", self.name,
+                            data_queue)
                 self._ack([tag])
             return
         count = headers.get("fb-count")
@@ -284,36 +295,40 @@ class RabbitTransport:
         self._last_data_queue = item.data_queue
         if item.data_queue is None:
             return item.data
-        data = self._fetch_work_data(item.data_queue)
+        data = self._fetch_work_data(item.data_queue, item.data_count, item.data_digest)
         if data is None:  # nothing usable: the ticket is done with
             self.acknowledge()
             return self.receive(max(0.0, deadline - time.monotonic()))
         return data
 
-    def _fetch_work_data(self, data_queue: str) -> bytes | None:
-        """Pull every chunk of a ticket's shard from its private queue (this process only)."""
-        partial: _Partial | None = None
+    def _fetch_work_data(self, data_queue: str, count: int, digest: str) -> bytes | None:
+        """Pull every chunk of a ticket's shard from its private queue (this process only),
+        as the coordinating process publishes them."""
+        partial = _Partial(count, digest)
+        size, deadline = 0, time.monotonic() + self.reconnect_seconds
         try:
-            while partial is None or len(partial.chunks) < partial.count:
+            while len(partial.chunks) < partial.count:
                 method, props, body = self._channel.basic_get(data_queue, auto_ack=False)
-                if method is None:
-                    log.warning("%s: work data in %s is incomplete", self.name, data_queue)
-                    return None
+                if method is None:  # not published yet
+                    if time.monotonic() > deadline:
+                        log.warning("%s: work data in %s is incomplete", self.name, data_queue)
+                        return None
+                    time.sleep(0.002)
+                    continue
                 tag = (self._generation, method.delivery_tag)
                 self._unacked.append(tag)
                 headers = props.headers or {}
-                count, index = headers.get("fb-count"), headers.get("fb-index")
-                digest = headers.get("fb-sha256")
-                digest = digest.decode() if isinstance(digest, bytes) else digest
-                if partial is None:
-                    if (not isinstance(count, int) or count < 1
-                            or count * self.chunk_bytes > self.max_message_bytes + self.chunk_bytes):
-                        log.warning("%s: malformed work data in %s", self.name, data_queue)
-                        return None
-                    partial = _Partial(count, str(digest))
+                index = headers.get("fb-index")
                 if (not isinstance(index, int) or not 0 <= index < partial.count
-                        or index in partial.chunks or count != partial.count):
+                        or headers.get("fb-count") != partial.count):
                     log.warning("%s: malformed work chunk in %s", self.name, data_queue)
+                    return None
+                if index in partial.chunks:
+                    continue  # published again after a lost connection
+                size += len(body)
+                if size > self.max_message_bytes:
+                    log.warning("%s: work data in %s exceeds %d bytes", self.name, data_queue,
+                                self.max_message_bytes)
                     return None
                 partial.chunks[index] = body
         except px.ChannelClosedByBroker as exc:  # e.g. the queue is gone (done by another)
@@ -401,29 +416,38 @@ class RabbitTransport:
             self._connect()
             self._channel.queue_declare(data_queue, durable=True,
                                         arguments={"x-expires": 24 * 3600 * 1000})
-        self._publish(data_queue, f"{self.name} helpers", data, wait_for_queue=True, chunked=True)
+        # the ticket goes first: a helper pulls each chunk while the next one is published
+        digest = hashlib.sha256(data).hexdigest()
+        step = min(self.chunk_bytes, WORK_CHUNK_BYTES)
         ticket = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent,
                                       message_id=uuid.uuid4().hex,
-                                      headers={"fb-data-queue": data_queue})
+                                      headers={"fb-data-queue": data_queue,
+                                               "fb-count": math.ceil(len(data) / step),
+                                               "fb-sha256": digest})
         self._publish_one(self.work, f"{self.name} helpers", b"", ticket, True)
+        self._publish(data_queue, f"{self.name} helpers", data, wait_for_queue=True,
+                      chunked=True, chunk_bytes=step, digest=digest)
 
     def _publish(self, queue: str, recipient: str, data: bytes, *, wait_for_queue: bool,
-                 chunked: bool = False) -> None:
+                 chunked: bool = False, chunk_bytes: int | None = None,
+                 digest: str | None = None) -> None:
         if not isinstance(data, bytes):
             raise TypeError("transports carry bytes only")
         if len(data) > self.max_message_bytes:
             raise TransportError(f"{self.name}: message of {len(data)} bytes to {recipient} "
                                  f"exceeds the {self.max_message_bytes}-byte limit")
         message_id = uuid.uuid4().hex
-        count = max(1, math.ceil(len(data) / self.chunk_bytes))
+        step = chunk_bytes or self.chunk_bytes
+        count = max(1, math.ceil(len(data) / step))
         chunked = chunked or count > 1
-        digest = hashlib.sha256(data).hexdigest() if chunked else ""
+        if chunked and digest is None:
+            digest = hashlib.sha256(data).hexdigest()
         for index in range(count):
             headers = ({"fb-index": index, "fb-count": count, "fb-sha256": digest}
                        if chunked else None)
             props = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent,
                                          message_id=message_id, headers=headers)
-            chunk = data[index * self.chunk_bytes:(index + 1) * self.chunk_bytes]
+            chunk = data[index * step:(index + 1) * step]
             if not self._publish_one(queue, recipient, chunk, props, wait_for_queue):
                 return
 
