@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from fedboost import _prefect_env
@@ -56,3 +60,32 @@ def keypair_1024():  # type: ignore[no-untyped-def]
     from crypto.paillier import generate_keypair
 
     return generate_keypair(1024)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def prefect_server(tmp_path: Path) -> Iterator[str]:
+    """A real 'prefect server start' on loopback with its own database."""
+    from tests.scenarios import wait_until
+
+    port = _free_port()
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
+                             "127.0.0.1", "--port", str(port)], env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        wait_until(lambda: httpx.get(f"{api}/health", timeout=2).status_code == 200, 120,
+                   f"prefect server on {api}")
+        yield api
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import copy
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import yaml
 
@@ -94,3 +96,16 @@ def read_scores(path: Path) -> tuple[list[str], np.ndarray]:
 def centralized_predictions(model: Model, joined: JoinedData) -> np.ndarray:
     """Centralized predictions on every joined row (ids sorted)."""
     return predict_blocks(model, joined.blocks)
+
+
+def wait_until(ready, seconds: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Poll ``ready`` (HTTP and OS errors count as not ready) until true or fail."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if ready():
+                return
+        except (httpx.HTTPError, OSError):
+            pass
+        time.sleep(1.0)
+    raise AssertionError(f"{what} not ready after {seconds} s")

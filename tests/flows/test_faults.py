@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pika
 import pytest
 import yaml
@@ -27,7 +28,7 @@ from flows.config import load_config
 from flows.secureboost import vertical_secureboost
 from messages.rabbitmq import INBOX_ARGUMENTS, delete_party_queues, queue_of
 from messages.signing import write_key_pair
-from tests.scenarios import REPO
+from tests.scenarios import REPO, wait_until
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
@@ -231,3 +232,58 @@ def test_a_party_that_never_answers_fails_the_job_naming_it(rabbit_url: str,
     finally:
         connection.close()
         delete_party_queues(rabbit_url, [fed.guest, fed.host])
+
+
+def test_retry_of_a_failed_deployment_run_resumes(federation: Federation, reference: Path,
+                                                  prefect_server: str) -> None:
+    """A run of the served deployment fails when the host's worker dies for good (step
+    timeout); the host comes back, the run is retried as the UI's Retry does, and it continues
+    after the trees it had done."""
+    job_file = federation.write_job("retry")
+    raw = yaml.safe_load(job_file.read_text())
+    raw["transport"]["step_timeout"] = 15
+    job_file.write_text(yaml.safe_dump(raw))
+    job = raw["job"]
+    env = {**federation.env, "PREFECT_API_URL": prefect_server,
+           "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+    serve_log = federation.root / "serve-retry.log"
+    serve = subprocess.Popen([*FEDBOOST, "serve", "--name", "retry", "--config", str(job_file)],
+                             cwd=federation.root, env=env, stdout=serve_log.open("w"),
+                             stderr=subprocess.STDOUT)
+    api = prefect_server
+    try:
+        url = f"{api}/deployments/name/vertical_secureboost/retry"
+        wait_until(lambda: httpx.get(url, timeout=5).status_code == 200, 120, "the deployment")
+        deployment = httpx.get(url, timeout=5).json()
+        created = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run",
+                             json={}, timeout=10)
+        assert created.status_code == 201, created.text
+        run_id = created.json()["id"]
+
+        def state() -> str:
+            return str(httpx.get(f"{api}/flow_runs/{run_id}", timeout=5).json()["state"]["type"])
+
+        done_two = re.compile(rf"job={re.escape(job)} step=FINISH_TREE task=\S+/t1/")
+        _wait_for(lambda: bool(done_two.search(federation.log(federation.host))), "two trees")
+        federation.procs[federation.host].send_signal(signal.SIGKILL)
+        federation.procs[federation.host].wait()
+        wait_until(lambda: state() in ("FAILED", "CRASHED"), 120, "the run to fail")
+        federation.start(federation.host)
+        retried = httpx.post(f"{api}/flow_runs/{run_id}/set_state", timeout=10, json={
+            "state": {"type": "SCHEDULED", "name": "AwaitingRetry"}, "force": True})
+        assert retried.status_code in (200, 201), retried.text
+        wait_until(lambda: state() in ("COMPLETED", "FAILED", "CRASHED"), 300, "the retried run")
+        assert state() == "COMPLETED", serve_log.read_text()[-4000:]
+        tasks = httpx.post(f"{api}/task_runs/filter", timeout=10, json={
+            "flow_runs": {"id": {"any_": [run_id]}}}).json()
+        resumed = [t["name"] for t in tasks if t["name"].startswith("resume-after-")]
+        assert resumed and int(resumed[0].split("-")[2]) >= 2, resumed
+    finally:
+        serve.send_signal(signal.SIGINT)
+        try:
+            serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+    finished = _finished_trees(federation.log(federation.guest), job)
+    assert finished == Counter(range(N_TREES)), f"trees finished more than once: {finished}"
+    _assert_same_model(federation, job, reference)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from flows.config import JobConfig
 from flows.secureboost import vertical_secureboost
 from messages.rabbitmq import delete_party_queues
 from messages.signing import write_key_pair
-from tests.scenarios import REPO
+from tests.scenarios import REPO, wait_until
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
@@ -107,45 +106,6 @@ def test_rabbitmq_training_equals_the_in_memory_run(federation: Federation, tmp_
     assert all(f"job={config.job}" in line for line in shard_lines)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def prefect_server(tmp_path: Path) -> Iterator[str]:
-    """A real 'prefect server start' on loopback with its own database."""
-    port = _free_port()
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
-    log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
-                             "127.0.0.1", "--port", str(port)], env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-    api = f"http://127.0.0.1:{port}/api"
-    try:
-        _wait(lambda: httpx.get(f"{api}/health", timeout=2).status_code == 200, 120,
-              f"prefect server on {api}")
-        yield api
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-def _wait(ready, seconds: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if ready():
-                return
-        except (httpx.HTTPError, OSError):
-            pass
-        time.sleep(1.0)
-    raise AssertionError(f"{what} not ready after {seconds} s")
-
-
 def test_deployment_run_through_the_prefect_api(federation: Federation, prefect_server: str,
                                                 tmp_path: Path) -> None:
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "PYTHONPATH": str(REPO),
@@ -156,7 +116,7 @@ def test_deployment_run_through_the_prefect_api(federation: Federation, prefect_
                              stdout=serve_log.open("w"), stderr=subprocess.STDOUT)
     try:
         url = f"{prefect_server}/deployments/name/vertical_secureboost/test"
-        _wait(lambda: httpx.get(url, timeout=5).status_code == 200, 120, "the deployment")
+        wait_until(lambda: httpx.get(url, timeout=5).status_code == 200, 120, "the deployment")
         deployment = httpx.get(url, timeout=5).json()
         parameters = deployment["parameters"]
         parameters["config"]["job"] = f"{federation.config.job}-deployed"
@@ -171,7 +131,7 @@ def test_deployment_run_through_the_prefect_api(federation: Federation, prefect_
             state.update(httpx.get(f"{prefect_server}/flow_runs/{run_id}", timeout=5).json()["state"])
             return state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 
-        _wait(finished, 300, "the deployed flow run")
+        wait_until(finished, 300, "the deployed flow run")
         assert state["type"] == "COMPLETED", f"{state} / {serve_log.read_text()[-3000:]}"
         artifacts = httpx.post(f"{prefect_server}/artifacts/filter", timeout=5, json={
             "artifacts": {"flow_run_id": {"any_": [run_id]}}}).json()
