@@ -6,7 +6,14 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +116,43 @@ def wait_until(ready, seconds: float, what: str) -> None:  # type: ignore[no-unt
             pass
         time.sleep(1.0)
     raise AssertionError(f"{what} not ready after {seconds} s")
+
+
+def unavailable(message: str) -> None:
+    """A real service or tool a test needs is missing: under CI=true that fails the test,
+    locally it skips it."""
+    import pytest
+
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def rabbitmqctl() -> str:
+    """The broker's control tool (definitions, restarts)."""
+    ctl = shutil.which("rabbitmqctl")
+    if ctl is None:
+        unavailable("rabbitmqctl is not installed: the broker cannot be administered")
+    return str(ctl)
+
+
+@contextmanager
+def served_deployment(name: str, job_file: Path, api: str, cwd: Path,
+                      log: Path) -> Iterator[dict[str, Any]]:
+    """'fedboost serve' of a job file against a Prefect server; yields the deployment once
+    registered, and stops the runner after."""
+    env = {**os.environ, "PREFECT_API_URL": api, "PYTHONPATH": str(REPO),
+           "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+    serve = subprocess.Popen([sys.executable, "-m", "fedboost.cli", "serve", "--name", name,
+                              "--config", str(job_file)], cwd=cwd, env=env,
+                             stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        url = f"{api}/deployments/name/vertical_secureboost/{name}"
+        wait_until(lambda: httpx.get(url, timeout=5).status_code == 200, 120, "the deployment")
+        yield dict(httpx.get(url, timeout=5).json())
+    finally:
+        serve.send_signal(signal.SIGINT)
+        try:
+            serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            serve.kill()

@@ -4,8 +4,6 @@ that can use only its own queues; the host's credentials cannot consume the gues
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,6 +16,7 @@ import pytest
 from fedboost.broker import FLOW_USER, check_password, definitions, user_of
 from messages import TransportError
 from messages.rabbitmq import RabbitTransport, queue_of
+from tests.scenarios import rabbitmqctl
 
 REPO = Path(__file__).resolve().parents[1]
 DEFINITIONS = REPO / "deploy" / "definitions.json"
@@ -44,12 +43,7 @@ def test_shipped_definitions_match_the_generator() -> None:
 @pytest.fixture(scope="module")
 def secured_broker(rabbit_url: str) -> Iterator[None]:
     """Apply the shipped definitions to the local broker with rabbitmqctl."""
-    ctl = shutil.which("rabbitmqctl")
-    if ctl is None:
-        message = "rabbitmqctl is not installed: cannot apply definitions to the broker"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
+    ctl = rabbitmqctl()
     subprocess.run([ctl, "import_definitions", str(DEFINITIONS)], check=True,
                    capture_output=True, timeout=120)
     deadline = time.monotonic() + 60  # the import is asynchronous

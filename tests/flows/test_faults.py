@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from flows.config import load_config
 from flows.secureboost import vertical_secureboost
 from messages.rabbitmq import INBOX_ARGUMENTS, delete_party_queues, queue_of
 from messages.signing import write_key_pair
-from tests.scenarios import REPO, wait_until
+from tests.scenarios import REPO, rabbitmqctl, served_deployment, wait_until
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
@@ -191,12 +190,7 @@ def test_flow_killed_mid_run_resumes_without_retraining(federation: Federation,
 
 
 def test_broker_restarted_mid_run(federation: Federation, reference: Path) -> None:
-    ctl = shutil.which("rabbitmqctl")
-    if ctl is None:
-        message = "rabbitmqctl is not installed: cannot restart the broker"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
+    ctl = rabbitmqctl()
     job_file = federation.write_job("restart-broker")
     job = load_config(job_file).job
     flow = federation.train(job_file)
@@ -244,17 +238,9 @@ def test_retry_of_a_failed_deployment_run_resumes(federation: Federation, refere
     raw["transport"]["step_timeout"] = 15
     job_file.write_text(yaml.safe_dump(raw))
     job = raw["job"]
-    env = {**federation.env, "PREFECT_API_URL": prefect_server,
-           "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
     serve_log = federation.root / "serve-retry.log"
-    serve = subprocess.Popen([*FEDBOOST, "serve", "--name", "retry", "--config", str(job_file)],
-                             cwd=federation.root, env=env, stdout=serve_log.open("w"),
-                             stderr=subprocess.STDOUT)
     api = prefect_server
-    try:
-        url = f"{api}/deployments/name/vertical_secureboost/retry"
-        wait_until(lambda: httpx.get(url, timeout=5).status_code == 200, 120, "the deployment")
-        deployment = httpx.get(url, timeout=5).json()
+    with served_deployment("retry", job_file, api, federation.root, serve_log) as deployment:
         created = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run",
                              json={}, timeout=10)
         assert created.status_code == 201, created.text
@@ -278,12 +264,6 @@ def test_retry_of_a_failed_deployment_run_resumes(federation: Federation, refere
             "flow_runs": {"id": {"any_": [run_id]}}}).json()
         resumed = [t["name"] for t in tasks if t["name"].startswith("resume-after-")]
         assert resumed and int(resumed[0].split("-")[2]) >= 2, resumed
-    finally:
-        serve.send_signal(signal.SIGINT)
-        try:
-            serve.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            serve.kill()
     finished = _finished_trees(federation.log(federation.guest), job)
     assert finished == Counter(range(N_TREES)), f"trees finished more than once: {finished}"
     _assert_same_model(federation, job, reference)

@@ -24,7 +24,7 @@ from flows.config import JobConfig
 from flows.secureboost import vertical_secureboost
 from messages.rabbitmq import delete_party_queues
 from messages.signing import write_key_pair
-from tests.scenarios import REPO, wait_until
+from tests.scenarios import REPO, served_deployment, wait_until
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
@@ -108,16 +108,9 @@ def test_rabbitmq_training_equals_the_in_memory_run(federation: Federation, tmp_
 
 def test_deployment_run_through_the_prefect_api(federation: Federation, prefect_server: str,
                                                 tmp_path: Path) -> None:
-    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PYTHONPATH": str(REPO),
-           "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
     serve_log = tmp_path / "serve.log"
-    serve = subprocess.Popen([*FEDBOOST, "serve", "--name", "test", "--config",
-                              str(federation.job_file)], cwd=REPO, env=env,
-                             stdout=serve_log.open("w"), stderr=subprocess.STDOUT)
-    try:
-        url = f"{prefect_server}/deployments/name/vertical_secureboost/test"
-        wait_until(lambda: httpx.get(url, timeout=5).status_code == 200, 120, "the deployment")
-        deployment = httpx.get(url, timeout=5).json()
+    with served_deployment("test", federation.job_file, prefect_server, REPO,
+                           serve_log) as deployment:
         parameters = deployment["parameters"]
         parameters["config"]["job"] = f"{federation.config.job}-deployed"
         parameters["config"]["params"]["n_trees"] = 1
@@ -138,9 +131,3 @@ def test_deployment_run_through_the_prefect_api(federation: Federation, prefect_
         assert {"table", "progress"} <= {a["type"] for a in artifacts}
         job = f"{federation.config.job}-deployed"
         assert (federation.models / job / federation.config.active / "model.json").is_file()
-    finally:
-        serve.send_signal(signal.SIGINT)
-        try:
-            serve.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            serve.kill()
