@@ -29,7 +29,7 @@ from crypto.encoding import GradientPacker
 from crypto.paillier import PaillierPrivateKey, PaillierPublicKey, generate_keypair
 from crypto.pool import KeyHolderPool
 from messages.bodies import (Ack, AppliedSplits, EncryptedGradients, EncryptedHistograms, Metric,
-                             NodePositions, NodeSplit, Opened, OpenJob, Resumed, ResumeJob, SplitChoice,
+                             NodePositions, NodeSplit, Opened, OpenJob, ResumeJob, SplitChoice,
                              SplitChoices, SplitsFound, Step, TreeFinished, TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
@@ -123,24 +123,22 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
                                   checkpoints=checkpoint.available(ctx.model_dir, state.digest))
 
 
-def _snapshot(state: JobState) -> JobState:
-    """The job state as a checkpoint keeps it: no processes, no tree in progress."""
-    return checkpoint.snapshot(state, pool=None, grower=None, level_splits={})
+def _checkpoint(ctx: StepContext, state: JobState, trees_done: int) -> None:
+    """Keep the job after ``trees_done`` trees: no processes, no tree in progress."""
+    run: ActiveTraining = state.role_state
+    checkpoint.save_job(ctx.model_dir, trees_done, state, run.public.n, pool=None, grower=None,
+                        level_splits={})
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     """Go back to the state of a checkpoint every party holds."""
-    opened: JobState = ctx.state
-    state: JobState = checkpoint.load(ctx.model_dir, body.checkpoint, opened.digest)
+    state = checkpoint.restore(ctx.model_dir, body.checkpoint, ctx.state)
     run: ActiveTraining = state.role_state
     done = body.checkpoint.trees_done
     if len(run.trees) != done:
         raise checkpoint.CheckpointError(f"checkpoint holds {len(run.trees)} trees, not {done}")
     ctx.state = state
-    aligned, valid = state.require_aligned()
-    return MsgType.RESUMED, Resumed(trees_done=done, n_aligned=int(aligned.size),
-                                    n_train=int((~valid).sum()), n_valid=int(valid.sum()),
-                                    outputs=run.outputs, history=list(run.history))
+    return MsgType.RESUMED, checkpoint.resumed(state, done, run.outputs, run.history)
 
 
 def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
@@ -164,8 +162,7 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     state.score_x = state.data.x[valid_rows]
     send_public_key(ctx, state, run.public)
     checkpoint.discard(ctx.model_dir)  # a fresh start: older checkpoints are of another run
-    checkpoint.save(ctx.model_dir, 0, state.digest, checkpoint.run_of(int(run.public.n)),
-                    _snapshot(state))
+    _checkpoint(ctx, state, 0)
     return MsgType.ACK, Ack(count=run.outputs)  # the flow needs the trees per round
 
 
@@ -344,8 +341,7 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
                        "train")
     done = TreeFinished([Metric(k, v) for k, v in metrics.items()])
     run.history.append(done)
-    checkpoint.save(ctx.model_dir, len(run.trees), state.digest,
-                    checkpoint.run_of(int(run.public.n)), _snapshot(state))
+    _checkpoint(ctx, state, len(run.trees))
     return MsgType.TREE_FINISHED, done
 
 

@@ -80,7 +80,8 @@ def psi_intersect(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
         if len(ours) != n_own:
             raise ProtocolError(f"{passive} returned {len(ours)} re-blinded ids, expected {n_own}")
         row_of = {point: int(state.psi_order[k]) for k, point in enumerate(ours)}
-        matched = np.array([row_of.get(p, -1) for p in state.psi_key().blind(theirs)], dtype=np.int64)
+        matched = np.array([row_of.get(p, -1) for p in state.psi_key().blind(theirs)],
+                           dtype=np.int64)
         seen = np.zeros(n_own, dtype=bool)
         seen[matched[matched >= 0]] = True
         present &= seen

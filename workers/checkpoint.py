@@ -23,7 +23,7 @@ from typing import Any
 
 import msgpack
 
-from messages.bodies import Checkpoint, JobSpec
+from messages.bodies import Checkpoint, JobSpec, Resumed, TreeFinished
 from messages.codec import to_wire
 from workers import ProtocolError
 from workers.state import JobState
@@ -133,7 +133,25 @@ def _read(path: Path) -> dict[str, Any]:
     return record
 
 
-def snapshot(state: JobState, **role_fields: Any) -> JobState:
-    """What a checkpoint keeps of a job state: the role's state with ``role_fields`` replaced
-    (processes, the tree in progress), and no PSI secret (alignment is done)."""
-    return replace(state, psi=None, role_state=replace(state.role_state, **role_fields))
+def save_job(directory: Path, trees_done: int, state: JobState, modulus: int,
+             **role_fields: Any) -> Path:
+    """Checkpoint a training job of the run whose Paillier modulus is ``modulus``: the job
+    state with the role's ``role_fields`` replaced (processes, the tree in progress) and no PSI
+    secret (alignment is done)."""
+    kept = replace(state, psi=None, role_state=replace(state.role_state, **role_fields))
+    return save(directory, trees_done, state.digest, run_of(int(modulus)), kept)
+
+
+def restore(directory: Path, wanted: Checkpoint, opened: JobState) -> JobState:
+    """The state of ``wanted``, which must match the job just opened (spec and data)."""
+    state: JobState = load(directory, wanted, opened.digest)
+    return state
+
+
+def resumed(state: JobState, trees_done: int, outputs: int = 0,
+            history: list[TreeFinished] | None = None) -> Resumed:
+    """The reply to resume_job: the restored alignment, and what only the active party knows."""
+    aligned, valid = state.require_aligned()
+    return Resumed(trees_done=trees_done, n_aligned=int(aligned.size),
+                   n_train=int((~valid).sum()), n_valid=int(valid.sum()), outputs=outputs,
+                   history=list(history or []))

@@ -25,7 +25,8 @@ from crypto.paillier import (PaillierPublicKey, ciphertexts_from_bytes, cipherte
                              public_key_from_n)
 from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradients,
                              EncryptedHistograms, HistogramShard, NodePositions, Opened, OpenJob,
-                             PublicKeyMsg, Resumed, ResumeJob, ShardHistogram, SplitChoices, Step, TreeStart)
+                             PublicKeyMsg, ResumeJob, ShardHistogram, SplitChoices, Step,
+                             TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, ProtocolError, StageError, checkpoint
@@ -115,21 +116,17 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
                                   checkpoints=checkpoint.available(ctx.model_dir, state.digest))
 
 
-def _snapshot(state: JobState) -> JobState:
-    """The job state as a checkpoint keeps it: lookup records and bins, no tree in progress."""
-    return checkpoint.snapshot(state, ciphertexts=b"", level=None, tree=-1, depth=-1)
+def _checkpoint(ctx: StepContext, state: JobState, trees_done: int) -> None:
+    """Keep the job after ``trees_done`` trees: lookup records and bins, no tree in progress."""
+    run: PassiveTraining = state.role_state
+    checkpoint.save_job(ctx.model_dir, trees_done, state, _require_key(run).n, ciphertexts=b"",
+                        level=None, tree=-1, depth=-1)
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     """Go back to the state of a checkpoint every party holds."""
-    opened: JobState = ctx.state
-    state: JobState = checkpoint.load(ctx.model_dir, body.checkpoint, opened.digest)
-    ctx.state = state
-    aligned, valid = state.require_aligned()
-    return MsgType.RESUMED, Resumed(trees_done=body.checkpoint.trees_done,
-                                    n_aligned=int(aligned.size),
-                                    n_train=int((~valid).sum()), n_valid=int(valid.sum()),
-                                    outputs=0, history=[])
+    ctx.state = checkpoint.restore(ctx.model_dir, body.checkpoint, ctx.state)
+    return MsgType.RESUMED, checkpoint.resumed(ctx.state, body.checkpoint.trees_done)
 
 
 def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
@@ -146,8 +143,7 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     state.bins = apply_cuts(x, state.cuts, run.params.max_bin)
     state.score_x = state.data.x[state.valid_rows]
     checkpoint.discard(ctx.model_dir)  # a fresh start: older checkpoints are of another run
-    checkpoint.save(ctx.model_dir, 0, state.digest, checkpoint.run_of(int(run.public.n)),
-                    _snapshot(state))
+    _checkpoint(ctx, state, 0)
     return MsgType.ACK, Ack(count=x.shape[1])
 
 
@@ -384,8 +380,7 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         raise StageError(f"finish_tree t{body.tree}: party is at t{run.tree}")
     run.ciphertexts, run.level = b"", None
     ctx.mailbox.drop_tree(body.tree)
-    checkpoint.save(ctx.model_dir, body.tree + 1, state.digest,
-                    checkpoint.run_of(int(_require_key(run).n)), _snapshot(state))
+    _checkpoint(ctx, state, body.tree + 1)
     return MsgType.ACK, Ack(count=len(run.records))
 
 

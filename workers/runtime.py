@@ -174,6 +174,8 @@ OPENERS = frozenset({MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION})
 def _is_peer(job: _Job, sender: str) -> bool:
     state = job.state
     return state is not None and sender in (state.active, *state.passives)
+
+
 MAX_PENDING = 64
 """Steps of one job that may wait for peer data at once (the flow sends a handful)."""
 
@@ -188,7 +190,8 @@ class Worker:
     """A party's long-running worker."""
 
     def __init__(self, party: PartySpec, transport: Transport,
-                 handlers: dict[MsgType, Handler], sealer: Sealer, *, exit_on_close: bool = False,
+                 handlers: dict[MsgType, Handler], sealer: Sealer, *,
+                 exit_on_close: bool = False,
                  peer_timeout: float = DEFAULT_PEER_TIMEOUT,
                  idle_job_seconds: float = IDLE_JOB_SECONDS,
                  health_file: str | None = None) -> None:
