@@ -63,7 +63,7 @@ def measure(bits: int, seconds: float) -> dict[str, float]:
 
 def histogram_rate(public, private, seconds: float) -> float:  # type: ignore[no-untyped-def]
     """The passive party's kernel on 4,096 rows x 10 features, as ciphertext multiplies per second."""
-    from workers.passive import _node_histogram
+    from workers.shards import _node_histogram
 
     rows = 4096
     cts = private.encrypt_batch(random.getrandbits(100) for _ in range(rows))

@@ -21,12 +21,10 @@ from boosting.tree import write_json_atomic
 from crypto._gmp import mpz
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
-from crypto.paillier import (PaillierPublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
-                             public_key_from_n)
+from crypto.paillier import PaillierPublicKey, ciphertexts_from_bytes, public_key_from_n
 from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradients,
                              EncryptedHistograms, HistogramShard, NodePositions, Opened, OpenJob,
-                             PublicKeyMsg, ResumeJob, ShardHistogram, SplitChoices, Step,
-                             TreeStart)
+                             PublicKeyMsg, ResumeJob, SplitChoices, Step, TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, ProtocolError, StageError, checkpoint
@@ -34,14 +32,14 @@ from workers.active import params_of
 from workers.alignment import receive_alignment
 from workers.data import load_party_csv
 from workers.runtime import StepContext
+from workers.shards import (LevelWork, ShardBalance, merge_shards, plan_ranges, shard_histograms,
+                            sum_range)
 from workers.state import JobState
 
 log = logging.getLogger("fedboost.worker")
 
 LOOKUP_FORMAT = "fedboost-lookup"
 LOOKUP_VERSION = 1
-MAX_KEY_BYTES = 512
-"""4096-bit moduli, the largest key a job may configure."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +60,9 @@ class PassiveTraining:
     public: PaillierPublicKey | None = None
     tree: int = -1
     ciphertexts: bytes = b""
-    """The tree's E(g, h, 1) of in-tree rows, fixed width, as received (range-checked)."""
+    """The tree's E(g, h, 1) of in-tree rows, fixed width, as received (helpers get slices)."""
+    tree_ciphertexts: list[mpz] = field(default_factory=list)
+    """The same, parsed and range-checked once per tree (this process sums from them)."""
     enc_index: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     in_tree: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     node_of_row: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
@@ -72,23 +72,8 @@ class PassiveTraining:
     records: dict[int, LookupRecord] = field(default_factory=dict)
     level: LevelWork | None = None
     """The level whose histograms are being built (shards handed out, results arriving)."""
-
-
-@dataclass(slots=True)
-class LevelWork:
-    """One level's histogram shards: which are back, and how to put them together."""
-
-    key: tuple[int, int]
-    built: list[int]
-    n_bins: int
-    n_features: int
-    widths: list[int]
-    """Features per shard, in feature order."""
-    parts: dict[int, ShardHistogram] = field(default_factory=dict)
-
-    @property
-    def n_shards(self) -> int:
-        return len(self.widths)
+    balance: ShardBalance = field(default_factory=ShardBalance)
+    """How to share a level between this process and the party's helpers (learnt as it goes)."""
 
 
 def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
@@ -120,7 +105,7 @@ def _checkpoint(ctx: StepContext, state: JobState, trees_done: int) -> None:
     """Keep the job after ``trees_done`` trees: lookup records and bins, no tree in progress."""
     run: PassiveTraining = state.role_state
     checkpoint.save_job(ctx.model_dir, trees_done, state, _require_key(run).n, ciphertexts=b"",
-                        level=None, tree=-1, depth=-1)
+                        tree_ciphertexts=[], level=None, tree=-1, depth=-1)
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
@@ -167,10 +152,10 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     n_train = state.require_bins().shape[0]
     in_tree = decode_mask(start.in_tree, n_train)
     blob = b"".join(c.ciphertexts for c in sorted(chunks, key=lambda c: c.chunk))
-    # the range of every ciphertext is checked where it is used: in the shards, in parallel
     count, rest = divmod(len(blob), public.ciphertext_bytes)
     if rest or count != int(in_tree.sum()):
         raise ProtocolError(f"tree {tree}: {count} ciphertexts for {int(in_tree.sum())} rows")
+    run.tree_ciphertexts = ciphertexts_from_bytes(blob, public)  # range-checked, once a tree
     run.tree, run.ciphertexts, run.in_tree, run.packing = tree, blob, in_tree, packing
     run.enc_index = np.cumsum(in_tree) - 1
     run.node_of_row = np.zeros(n_train, dtype=np.int64)
@@ -204,9 +189,9 @@ def _apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
 def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     """Alg. 1 lines 4-9: per node and feature, sum E(g, h, 1) per bin (smaller children only).
 
-    The features are split into one shard per process of this party: helpers take theirs from
-    the party's work queue while this process sums the first shard; the step completes when
-    every shard's histograms are back.
+    The level's work is cut into one range per process of this party (workers.shards): the
+    helpers take theirs from the party's work queue while this process sums the first; the
+    step completes when every range's sums are back and merged.
     """
     state: JobState = ctx.state
     run: PassiveTraining = state.role_state
@@ -221,20 +206,26 @@ def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, A
             raise ProtocolError(f"unexpected histogram shard {part.shard} of {work.n_shards}")
         work.parts[part.shard] = part
     run.level = None
-    parts = [work.parts[k] for k in range(work.n_shards)]
-    cells = len(work.built) * work.n_bins
-    filled = np.concatenate([decode_mask(p.filled, cells * n) for p, n in zip(parts, work.widths)])
+    public, packing = _require_key(run), run.packing
+    if packing is None:
+        raise StageError(f"build_histograms t{body.tree}: the tree's gradients have not arrived")
+    if work.n_shards > 1 and work.n_shards == len(work.shares):
+        helpers_end = work.helpers_end()
+        run.balance.learn(work.shares, work.own_end, helpers_end)
+        log.debug("%s t%d d%d: own range done at %.3fs, helpers' at %.3fs; helper speed now "
+                  "%.2f", ctx.party.name, body.tree, body.depth, work.own_end, helpers_end,
+                  run.balance.helper_speed)
+    widths, filled, ciphertexts = merge_shards(work, public, packing)
     ctx.send(state.active, MsgType.ENCRYPTED_HISTOGRAMS, EncryptedHistograms(
         tree=body.tree, depth=body.depth, nodes=work.built, n_features=work.n_features,
-        n_bins=work.n_bins, shard_features=work.widths, filled=encode_mask(filled),
-        per_ciphertext=run.packing.per_ciphertext if run.packing else 0,
-        ciphertexts=b"".join(p.ciphertexts for p in parts)))
+        n_bins=work.n_bins, shard_features=widths, filled=encode_mask(filled),
+        per_ciphertext=packing.per_ciphertext, ciphertexts=ciphertexts))
     return MsgType.ACK, Ack(count=len(work.built))
 
 
 def _dispatch_shards(ctx: StepContext, state: JobState, run: PassiveTraining,
                      body: Step) -> LevelWork:
-    """Position the rows, hand out all feature shards but the first, and sum the first here."""
+    """Position the rows, hand out every range but the first, and sum the first here."""
     started = time.perf_counter()
     if body.depth == 0:
         _start_tree(ctx, state, run, body.tree)
@@ -244,95 +235,54 @@ def _dispatch_shards(ctx: StepContext, state: JobState, run: PassiveTraining,
             raise StageError(f"build_histograms t{body.tree} d{body.depth}: party is at "
                              f"t{run.tree} d{run.depth}")
         built = _apply_positions(ctx, state, run, body.tree, body.depth)
-    public, bins = _require_key(run), state.require_bins()
-    n_bins = run.params.max_bin + 1
-    n_features = bins.shape[1]
-    shards = np.array_split(np.arange(n_features), max(1, min(1 + ctx.helpers(), n_features)))
-    width = public.ciphertext_bytes
-    if run.packing is None:
+    public, bins, packing = _require_key(run), state.require_bins(), run.packing
+    if packing is None:
         raise StageError(f"build_histograms t{body.tree}: the tree's gradients have not arrived")
     node_rows = [np.flatnonzero((run.node_of_row == node) & run.in_tree) for node in built]
-    table = np.frombuffer(run.ciphertexts, dtype=np.uint8).reshape(-1, width)
-    node_cts = table[run.enc_index[np.concatenate(node_rows)]].tobytes()  # one gather, no joins
-    n_bytes = int(public.n).to_bytes((int(public.n).bit_length() + 7) // 8, "big")
-    tasks = [HistogramShard(
-        tree=body.tree, depth=body.depth, shard=k, n=n_bytes, n_bins=n_bins,
-        n_features=len(features), rows=[int(r.size) for r in node_rows],
-        bins=b"".join(np.ascontiguousarray(bins[np.ix_(rows, features)]).tobytes()
-                      for rows in node_rows),
-        ciphertexts=node_cts, cell_bits=run.packing.cell_bits,
-        per_ciphertext=run.packing.per_ciphertext) for k, features in enumerate(shards)]
-    handed_out = time.perf_counter()
-    for task in tasks[1:]:
-        ctx.submit_work(MsgType.HISTOGRAM_SHARD, task)
-    work = LevelWork(key=(body.tree, body.depth), built=built, n_bins=n_bins,
-                     n_features=n_features, widths=[len(f) for f in shards])
-    summed, cpu = time.perf_counter(), time.process_time()
-    work.parts[0] = shard_histograms(tasks[0])
-    log.debug("%s t%d d%d: %d shards; prepared in %.3fs, handed out in %.3fs, own shard %.3fs "
-              "(%.3fs CPU)", ctx.party.name, body.tree, body.depth, len(tasks),
-              handed_out - started, summed - handed_out, time.perf_counter() - summed,
-              time.process_time() - cpu)
+    rows, counts = np.concatenate(node_rows), [int(r.size) for r in node_rows]
+    shares = run.balance.shares(ctx.helpers())
+    work = LevelWork(key=(body.tree, body.depth), built=built, n_bins=run.params.max_bin + 1,
+                     n_features=bins.shape[1], shares=shares,
+                     ranges=plan_ranges(bins.shape[1], rows.size, shares), started=started)
+    if work.n_shards > 1:
+        _hand_out(ctx, run, body, work, packing, bins, rows, counts)
+    work.handed_out = time.perf_counter() - started
+    cpu = time.process_time()
+    own = work.ranges[0]
+    codes = bins[np.ix_(rows, np.arange(own.first, own.first + own.n_features))]
+    cts = [run.tree_ciphertexts[i] for i in run.enc_index[rows].tolist()]
+    work.parts[0] = sum_range(codes, counts, cts, own, work.n_bins, public, packing,
+                              (body.tree, body.depth, 0))
+    work.own_end = time.perf_counter() - started
+    log.debug("%s t%d d%d: %d shards, own share %.3f; handed out in %.3fs, own range done at "
+              "%.3fs (%.3fs CPU)", ctx.party.name, body.tree, body.depth, work.n_shards,
+              shares[0], work.handed_out, work.own_end, time.process_time() - cpu)
     return work
 
 
+def _hand_out(ctx: StepContext, run: PassiveTraining, body: Step, work: LevelWork,
+              packing: BinSumPacking, bins: np.ndarray, rows: np.ndarray,
+              counts: list[int]) -> None:
+    """Queue ranges 1.. for the party's helpers: each with the level's rows' ciphertexts and
+    its features' bin codes."""
+    public = _require_key(run)
+    table = np.frombuffer(run.ciphertexts, dtype=np.uint8).reshape(-1, public.ciphertext_bytes)
+    level_cts = table[run.enc_index[rows]].tobytes()  # one gather, no joins
+    n_bytes = int(public.n).to_bytes((int(public.n).bit_length() + 7) // 8, "big")
+    for k, shard in enumerate(work.ranges[1:], start=1):
+        features = np.arange(shard.first, shard.first + shard.n_features)
+        ctx.submit_work(MsgType.HISTOGRAM_SHARD, HistogramShard(
+            tree=body.tree, depth=body.depth, shard=k, n=n_bytes, n_bins=work.n_bins,
+            n_features=shard.n_features, rows=counts,
+            bins=np.ascontiguousarray(bins[np.ix_(rows, features)]).tobytes(),
+            ciphertexts=level_cts, cell_bits=packing.cell_bits,
+            per_ciphertext=packing.per_ciphertext, row_from=shard.row_from,
+            row_to=shard.row_to))
+
+
 def histogram_shard(ctx: StepContext, body: HistogramShard) -> tuple[MsgType, Any]:
-    """Work step (a helper process of this party): the encrypted histograms of one shard."""
+    """Work step (a helper process of this party): the encrypted histograms of one range."""
     return MsgType.SHARD_HISTOGRAM, shard_histograms(body)
-
-
-def shard_histograms(task: HistogramShard) -> ShardHistogram:
-    """Validate a shard, sum its ciphertexts per node, feature and bin, and pack the sums.
-
-    Several bin sums travel per ciphertext (crypto.compress), so the active party decrypts
-    ``per_ciphertext`` times fewer numbers; empty bins travel as a mask.
-    """
-    if len(task.n) > MAX_KEY_BYTES or not 2 <= task.n_bins <= 256 or task.n_features < 1:
-        raise ProtocolError("histogram shard: key size or bin count out of range")
-    if any(r < 0 for r in task.rows):
-        raise ProtocolError("histogram shard: negative row count")
-    public = public_key_from_n(int.from_bytes(task.n, "big"))
-    packing = BinSumPacking(task.cell_bits, task.per_ciphertext)
-    packing.check_fits(int(public.n).bit_length())
-    total = sum(task.rows)
-    if len(task.bins) != total * task.n_features:
-        raise ProtocolError(f"histogram shard: {len(task.bins)} bin codes for {total} rows x "
-                            f"{task.n_features} features")
-    codes = np.frombuffer(task.bins, dtype=np.uint8).reshape(total, task.n_features)
-    if codes.size and int(codes.max()) >= task.n_bins:
-        raise ProtocolError("histogram shard: bin code out of range")
-    cts = ciphertexts_from_bytes(task.ciphertexts, public)  # checks width and range
-    if len(cts) != total:
-        raise ProtocolError(f"histogram shard: {len(cts)} ciphertexts for {total} rows")
-    sums: list[mpz] = []
-    first = 0
-    for count in task.rows:
-        sums += _node_histogram(codes[first:first + count], np.arange(first, first + count), cts,
-                                task.n_bins, public.nsquare)
-        first += count
-    filled = np.array([c != 1 for c in sums], dtype=bool)  # 1 is the trivial E(0): empty bin
-    packed = packing.pack([c for c in sums if c != 1], public.nsquare)
-    return ShardHistogram(tree=task.tree, depth=task.depth, shard=task.shard,
-                          filled=encode_mask(filled), ciphertexts=ciphertexts_to_bytes(packed, public))
-
-
-def _node_histogram(bins: np.ndarray, enc_index: np.ndarray, ciphertexts: list[mpz],
-                    n_bins: int, nsquare: mpz) -> list[mpz]:
-    """Homomorphic bin sums (products of ciphertexts) of one node, features x bins.
-
-    Row by row: each ciphertext is read once and multiplied into one accumulator per feature,
-    which all stay in cache; a pass per feature would stream every ciphertext once per feature.
-    """
-    n_features = bins.shape[1]
-    acc: list[mpz | None] = [None] * (n_features * n_bins)
-    slots = (bins.astype(np.int64) + np.arange(n_features) * n_bins).tolist()
-    for row, row_slots in zip(enc_index.tolist(), slots, strict=True):
-        c = ciphertexts[row]
-        for slot in row_slots:
-            a = acc[slot]
-            acc[slot] = c if a is None else a * c % nsquare
-    one = mpz(1)  # the trivial encryption of 0 marks an empty bin
-    return [one if a is None else a for a in acc]
 
 
 def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
@@ -378,7 +328,7 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     run: PassiveTraining = state.role_state
     if run.tree > body.tree:
         raise StageError(f"finish_tree t{body.tree}: party is at t{run.tree}")
-    run.ciphertexts, run.level = b"", None
+    run.ciphertexts, run.tree_ciphertexts, run.level = b"", [], None
     ctx.mailbox.drop_tree(body.tree)
     _checkpoint(ctx, state, body.tree + 1)
     return MsgType.ACK, Ack(count=len(run.records))
