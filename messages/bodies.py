@@ -241,12 +241,11 @@ class EncryptedHistograms:
 
 @dataclass(frozen=True, slots=True)
 class HistogramShard:
-    """Work for one of a party's own processes: the histograms of a range of its features.
+    """Work for one of a party's own processes: a level's data, to sum the histograms of the
+    features it claims one by one from the pool ``claims`` (workers.shards).
 
-    Per built node (in order): that node's rows of the range's bin codes (rows x features,
-    uint8, row-major) and the rows' E(g, h, 1), fixed width. The range's first feature counts
-    the level's rows from ``row_from`` on, its last one the rows before ``row_to``, the others
-    every row (workers.shards). Never leaves the party.
+    Per built node (in order): that node's rows of the bin codes (rows x features, uint8,
+    row-major) and the rows' E(g, h, 1), fixed width. Never leaves the party.
     """
 
     tree: int
@@ -261,24 +260,21 @@ class HistogramShard:
     cell_bits: int
     per_ciphertext: int
     """How to pack the bin sums (crypto.compress.BinSumPacking)."""
-    row_from: int
-    row_to: int
+    claims: str
 
 
 @dataclass(frozen=True, slots=True)
 class ShardHistogram:
-    """A shard's result: which bins (node, feature, bin) of its whole features are filled,
-    and their sums packed ``per_ciphertext`` to a ciphertext; the sums (node, bin) of the
-    features it covers only in part (``partial_columns``), unpacked, fixed width; and the
-    seconds it took (the coordinating process balances the next level's shards by them)."""
+    """A shard's result: the features it summed and, feature after feature, which bins
+    (node, bin) are filled and their sums packed ``per_ciphertext`` to a ciphertext; and the
+    seconds it took."""
 
     tree: int
     depth: int
     shard: int
+    features: list[int]
     filled: InstanceSpace
     ciphertexts: bytes
-    partial_columns: list[int]
-    partial: bytes
     seconds: float
 
 

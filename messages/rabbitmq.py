@@ -36,6 +36,7 @@ import pika
 import pika.exceptions as px
 
 from messages import TransportError
+from messages._work_publisher import Publication, WorkPublisher
 
 log = logging.getLogger("fedboost.transport")
 
@@ -46,6 +47,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 INBOX_ARGUMENTS = {"x-single-active-consumer": True}
 WORK_CHUNK_BYTES = 2 * 1024 * 1024
 """Chunks of a shard's data: small, so a helper pulls one while the next is published."""
+DATA_QUEUE_ARGUMENTS = {"x-expires": 24 * 3600 * 1000}
 FLOW_QUEUE_ARGUMENTS = {"x-expires": 24 * 3600 * 1000}
 _COMPLETED_IDS = 100_000
 _CONNECTION_ERRORS = (px.AMQPConnectionError, px.ConnectionClosed, px.StreamLostError,
@@ -81,6 +83,22 @@ def redact(url: str) -> str:
         return url
     netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def chunk_messages(queue: str, data: bytes, step: int,
+                   digest: str | None = None) -> list[tuple[str, bytes, Any]]:
+    """``data`` as persistent messages to ``queue`` of at most ``step`` bytes, under one message
+    id; when there are several (or a ``digest`` is given) each names its index, their count and
+    the whole payload's SHA-256."""
+    message_id = uuid.uuid4().hex
+    count = max(1, math.ceil(len(data) / step))
+    if count > 1 and digest is None:
+        digest = hashlib.sha256(data).hexdigest()
+    return [(queue, data[k * step:(k + 1) * step], pika.BasicProperties(
+        delivery_mode=pika.DeliveryMode.Persistent, message_id=message_id,
+        headers=None if digest is None else {"fb-index": k, "fb-count": count,
+                                             "fb-sha256": digest}))
+        for k in range(count)]
 
 
 @dataclass(slots=True)
@@ -143,6 +161,8 @@ class RabbitTransport:
         self._channel: Any = None
         self._work_tag: str | None = None
         self._inbox_tag: str | None = None
+        self._publisher: WorkPublisher | None = None
+        """Hands out work shards in the background (made on the first shard)."""
         self._connect(first=True)
 
     # ---- connection -------------------------------------------------------------------------
@@ -170,13 +190,16 @@ class RabbitTransport:
                 time.sleep(delay)
                 delay = min(delay * 2, 15.0)
 
-    def _open(self) -> None:
-        self._drop_connection()
+    def _parameters(self, purpose: str = "") -> pika.URLParameters:
         params = pika.URLParameters(self.url)
         params.heartbeat = self.heartbeat
         params.blocked_connection_timeout = 300
-        params.client_properties = {"connection_name": f"fedboost {self.name}"}
-        connection = pika.BlockingConnection(params)
+        params.client_properties = {"connection_name": f"fedboost {self.name}{purpose}"}
+        return params
+
+    def _open(self) -> None:
+        self._drop_connection()
+        connection = pika.BlockingConnection(self._parameters())
         channel = connection.channel()
         channel.confirm_delivery()
         self._connection, self._channel = connection, channel
@@ -358,7 +381,10 @@ class RabbitTransport:
             self._connect()
 
     def acknowledge(self) -> None:
-        """The last received message is done: the broker may forget it."""
+        """The last received message is done: the broker may forget it (once the work it
+        handed out has reached the broker)."""
+        if self._publisher is not None:
+            self._publisher.flush()
         tags, self._unacked = self._unacked, []
         if self._last_id:
             self._completed[self._last_id] = None
@@ -398,56 +424,45 @@ class RabbitTransport:
                       wait_for_queue=not recipient.startswith("flow."))
 
     def submit_work(self, data: bytes) -> None:
-        """Queue a shard of work for this party's helper processes.
+        """Queue a shard of work for this party's helper processes; returns at once (a thread
+        publishes it, see ``messages._work_publisher``).
 
-        A shard above one chunk goes to a private queue first, then a ticket naming it to the
-        work queue: whichever helper takes the ticket reads every chunk.
+        A shard above one chunk goes to a private queue, and a ticket naming it to the work
+        queue: whichever helper takes the ticket reads every chunk.
         """
         if self.work is None:
             raise TransportError(f"{self.name} has no work queue")
+        if len(data) > self.max_message_bytes:
+            raise TransportError(f"{self.name}: work of {len(data)} bytes exceeds the "
+                                 f"{self.max_message_bytes}-byte limit")
+        if self._publisher is None:
+            self._publisher = WorkPublisher(self.name, self._parameters(" work"),
+                                            reconnect_seconds=self.reconnect_seconds,
+                                            heartbeat=self.heartbeat)
         if len(data) <= self.chunk_bytes:
-            self._publish(self.work, f"{self.name} helpers", data, wait_for_queue=True)
+            self._publisher.submit(Publication(chunk_messages(self.work, data, self.chunk_bytes)))
             return
         data_queue = f"{self.work}.{uuid.uuid4().hex}"
-        try:
-            self._channel.queue_declare(data_queue, durable=True,
-                                        arguments={"x-expires": 24 * 3600 * 1000})
-        except _CONNECTION_ERRORS:
-            self._connect()
-            self._channel.queue_declare(data_queue, durable=True,
-                                        arguments={"x-expires": 24 * 3600 * 1000})
         # the ticket goes first: a helper pulls each chunk while the next one is published
         digest = hashlib.sha256(data).hexdigest()
-        step = min(self.chunk_bytes, WORK_CHUNK_BYTES)
+        chunks = chunk_messages(data_queue, data, min(self.chunk_bytes, WORK_CHUNK_BYTES),
+                                digest=digest)
         ticket = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent,
                                       message_id=uuid.uuid4().hex,
                                       headers={"fb-data-queue": data_queue,
-                                               "fb-count": math.ceil(len(data) / step),
-                                               "fb-sha256": digest})
-        self._publish_one(self.work, f"{self.name} helpers", b"", ticket, True)
-        self._publish(data_queue, f"{self.name} helpers", data, wait_for_queue=True,
-                      chunked=True, chunk_bytes=step, digest=digest)
+                                               "fb-count": len(chunks), "fb-sha256": digest})
+        self._publisher.submit(Publication([(self.work, b"", ticket), *chunks],
+                                           declare=data_queue,
+                                           declare_arguments=DATA_QUEUE_ARGUMENTS))
 
-    def _publish(self, queue: str, recipient: str, data: bytes, *, wait_for_queue: bool,
-                 chunked: bool = False, chunk_bytes: int | None = None,
-                 digest: str | None = None) -> None:
+    def _publish(self, queue: str, recipient: str, data: bytes, *,
+                 wait_for_queue: bool) -> None:
         if not isinstance(data, bytes):
             raise TypeError("transports carry bytes only")
         if len(data) > self.max_message_bytes:
             raise TransportError(f"{self.name}: message of {len(data)} bytes to {recipient} "
                                  f"exceeds the {self.max_message_bytes}-byte limit")
-        message_id = uuid.uuid4().hex
-        step = chunk_bytes or self.chunk_bytes
-        count = max(1, math.ceil(len(data) / step))
-        chunked = chunked or count > 1
-        if chunked and digest is None:
-            digest = hashlib.sha256(data).hexdigest()
-        for index in range(count):
-            headers = ({"fb-index": index, "fb-count": count, "fb-sha256": digest}
-                       if chunked else None)
-            props = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent,
-                                         message_id=message_id, headers=headers)
-            chunk = data[index * step:(index + 1) * step]
+        for _, chunk, props in chunk_messages(queue, data, self.chunk_bytes):
             if not self._publish_one(queue, recipient, chunk, props, wait_for_queue):
                 return
 
@@ -486,6 +501,51 @@ class RabbitTransport:
 
     # ---- party processes --------------------------------------------------------------------
 
+    def open_claims(self, count: int) -> str:
+        """A pool of ``count`` units: a private queue of that many tokens, each taken (and so
+        claimed) by exactly one of the party's processes."""
+        if self.work is None:
+            raise TransportError(f"{self.name} has no work queue")
+        pool = f"{self.work}.{uuid.uuid4().hex}.units"
+        try:
+            self._channel.queue_declare(pool, durable=True, arguments=DATA_QUEUE_ARGUMENTS)
+        except _CONNECTION_ERRORS:
+            self._connect()
+            self._channel.queue_declare(pool, durable=True, arguments=DATA_QUEUE_ARGUMENTS)
+        props = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Transient)
+        for unit in range(count):
+            self._publish_one(pool, f"{self.name} processes", str(unit).encode(), props, True)
+        return pool
+
+    def claim(self, pool: str) -> int | None:
+        """Take the pool's next token; None when it is empty or gone (the level is over), or
+        when the connection dropped (the coordinating process sums what nobody claimed)."""
+        if self.work is None or not pool.startswith(self.work + ".") or len(pool) > 255:
+            raise TransportError(f"{self.name}: {pool!r} is not a pool of this party")
+        try:
+            method, _props, body = self._channel.basic_get(pool, auto_ack=True)
+        except px.ChannelClosedByBroker:  # deleted: every unit was done
+            self._connect()
+            return None
+        except _CONNECTION_ERRORS as exc:
+            log.warning("%s: connection lost while claiming work (%r)", self.name, exc)
+            self._connect()
+            return None
+        if method is None:
+            return None
+        try:
+            return int(body.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            log.warning("%s: dropped a malformed token in %s", self.name, pool)
+            return None
+
+    def close_claims(self, pool: str) -> None:
+        """Delete the pool's queue (tokens nobody took go with it)."""
+        try:
+            self._channel.queue_delete(pool)
+        except _CONNECTION_ERRORS as exc:
+            log.warning("%s: could not delete %s (%r)", self.name, pool, exc)
+
     def helpers(self) -> int:
         """Other processes of this party ready to take shards of work."""
         if self.work is None:
@@ -498,7 +558,11 @@ class RabbitTransport:
         return int(method.consumer_count) - (1 if self._work_tag is not None else 0)
 
     def close(self) -> None:
-        """Close the connection; unacknowledged messages go back to their queues."""
+        """Close the connections (after handing out submitted work); unacknowledged messages
+        go back to their queues."""
+        if self._publisher is not None:
+            self._publisher.close()
+            self._publisher = None
         self._drop_connection()
 
     def delete_inbox(self) -> None:

@@ -41,6 +41,17 @@ class Transport(Protocol):
     def helpers(self) -> int:
         """How many helper processes of this party take shards of work now."""
 
+    def open_claims(self, count: int) -> str:
+        """A pool of work units ``0 .. count-1`` that this party's processes claim one at a
+        time (coordinating process); returns the pool's name for the shards to carry."""
+
+    def claim(self, pool: str) -> int | None:
+        """The next unclaimed unit of ``pool``, or None when none is left (or the pool is
+        gone). Each unit goes to exactly one process."""
+
+    def close_claims(self, pool: str) -> None:
+        """Retire a pool: later claims get None."""
+
     def close(self) -> None:
         """Release resources."""
 
@@ -58,6 +69,9 @@ class MemoryHub:
         self.inboxes: dict[str, Any] = {name: self.context.Queue() for name in names}
         self.helpers = dict(helpers or {})
         self.work: dict[str, Any] = {name: self.context.Queue() for name in self.helpers}
+        # per party: [pool number, next unit, units]; its lock makes a claim atomic
+        self.claims: dict[str, Any] = {name: self.context.Array("q", 3)
+                                       for name in self.helpers}
         self.tap: Any = self.context.Queue() if record else None
         self._records: list[tuple[str, str, bytes]] = []
         if record:
@@ -78,7 +92,8 @@ class MemoryHub:
         if helper and not self.helpers.get(name):
             raise TransportError(f"{name!r} has no helper processes")
         return MemoryTransport(name, self.inboxes, self.tap, work=self.work.get(name),
-                               helper=helper, n_helpers=self.helpers.get(name, 0))
+                               helper=helper, n_helpers=self.helpers.get(name, 0),
+                               claims=self.claims.get(name))
 
     def recorded(self, settle: float = 1.0) -> list[tuple[str, str, bytes]]:
         """Everything recorded so far, once the tap has been quiet for ``settle`` seconds."""
@@ -96,8 +111,9 @@ class MemoryTransport:
     """
 
     def __init__(self, name: str, inboxes: dict[str, Any], tap: Any, *, work: Any = None,
-                 helper: bool = False, n_helpers: int = 0) -> None:
+                 helper: bool = False, n_helpers: int = 0, claims: Any = None) -> None:
         self.name = name
+        self._claims = claims
         self._inboxes = inboxes
         self._tap = tap
         self._work = work
@@ -136,6 +152,34 @@ class MemoryTransport:
     def helpers(self) -> int:
         """The helper processes started with the hub."""
         return self._n_helpers
+
+    def open_claims(self, count: int) -> str:
+        """A new pool of ``count`` units in the party's shared counter (the previous one ends)."""
+        claims = self._require_claims()
+        with claims.get_lock():
+            claims[0], claims[1], claims[2] = claims[0] + 1, 0, count
+            return str(claims[0])
+
+    def claim(self, pool: str) -> int | None:
+        """The next unit of the current pool, atomically."""
+        claims = self._require_claims()
+        with claims.get_lock():
+            if str(claims[0]) != pool or claims[1] >= claims[2]:
+                return None
+            claims[1] += 1
+            return int(claims[1] - 1)
+
+    def close_claims(self, pool: str) -> None:
+        """Exhaust the pool if it is still the current one."""
+        claims = self._require_claims()
+        with claims.get_lock():
+            if str(claims[0]) == pool:
+                claims[1] = claims[2]
+
+    def _require_claims(self) -> Any:
+        if self._claims is None:
+            raise TransportError(f"{self.name} has no helper processes to share work with")
+        return self._claims
 
     def close(self) -> None:
         """Nothing to release: the hub owns the queues."""

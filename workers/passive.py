@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -32,11 +33,12 @@ from workers.active import params_of
 from workers.alignment import receive_alignment
 from workers.data import load_party_csv
 from workers.runtime import StepContext
-from workers.shards import (LevelWork, ShardBalance, merge_shards, plan_ranges, shard_histograms,
-                            sum_range)
+from workers.shards import LevelData, LevelWork, shard_data, shard_result, sum_claimed
 from workers.state import JobState
 
 log = logging.getLogger("fedboost.worker")
+_HAND_OUT = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hand-out")
+"""Hands a level's data to the party's helpers while the step's thread sums (one at a time)."""
 
 LOOKUP_FORMAT = "fedboost-lookup"
 LOOKUP_VERSION = 1
@@ -72,8 +74,6 @@ class PassiveTraining:
     records: dict[int, LookupRecord] = field(default_factory=dict)
     level: LevelWork | None = None
     """The level whose histograms are being built (shards handed out, results arriving)."""
-    balance: ShardBalance = field(default_factory=ShardBalance)
-    """How to share a level between this process and the party's helpers (learnt as it goes)."""
 
 
 def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
@@ -155,8 +155,8 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     count, rest = divmod(len(blob), public.ciphertext_bytes)
     if rest or count != int(in_tree.sum()):
         raise ProtocolError(f"tree {tree}: {count} ciphertexts for {int(in_tree.sum())} rows")
-    run.tree_ciphertexts = ciphertexts_from_bytes(blob, public)  # range-checked, once a tree
     run.tree, run.ciphertexts, run.in_tree, run.packing = tree, blob, in_tree, packing
+    run.tree_ciphertexts = []  # parsed once the level's helpers have their data
     run.enc_index = np.cumsum(in_tree) - 1
     run.node_of_row = np.zeros(n_train, dtype=np.int64)
     run.depth = 0
@@ -189,43 +189,44 @@ def _apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
 def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     """Alg. 1 lines 4-9: per node and feature, sum E(g, h, 1) per bin (smaller children only).
 
-    The level's work is cut into one range per process of this party (workers.shards): the
-    helpers take theirs from the party's work queue while this process sums the first; the
-    step completes when every range's sums are back and merged.
+    With helper processes, the features are claimed one at a time by this process and the
+    helpers (workers.shards); the step completes when every helper has answered.
     """
     state: JobState = ctx.state
     run: PassiveTraining = state.role_state
     level = (body.tree, body.depth)
     if run.level is None or run.level.key != level:
-        run.level = _dispatch_shards(ctx, state, run, body)
+        run.level = _start_level(ctx, state, run, body)
     work = run.level
+    public, packing = _require_key(run), work.data.packing
     ctx.mailbox.require((MsgType.SHARD_HISTOGRAM, ctx.party.name, *level),
-                        counts=[work.n_shards - len(work.parts)])
+                        counts=[work.tickets - len(work.answered)])
     for part in ctx.mailbox.take_all(MsgType.SHARD_HISTOGRAM, ctx.party.name, *level):
-        if not 0 < part.shard < work.n_shards or part.shard in work.parts:
-            raise ProtocolError(f"unexpected histogram shard {part.shard} of {work.n_shards}")
-        work.parts[part.shard] = part
+        work.add_answer(part, packing, public.ciphertext_bytes)
     run.level = None
-    public, packing = _require_key(run), run.packing
-    if packing is None:
-        raise StageError(f"build_histograms t{body.tree}: the tree's gradients have not arrived")
-    if work.n_shards > 1 and work.n_shards == len(work.shares):
-        helpers_end = work.helpers_end()
-        run.balance.learn(work.shares, work.own_end, helpers_end)
-        log.debug("%s t%d d%d: own range done at %.3fs, helpers' at %.3fs; helper speed now "
-                  "%.2f", ctx.party.name, body.tree, body.depth, work.own_end, helpers_end,
-                  run.balance.helper_speed)
-    widths, filled, ciphertexts = merge_shards(work, public, packing)
-    ctx.send(state.active, MsgType.ENCRYPTED_HISTOGRAMS, EncryptedHistograms(
-        tree=body.tree, depth=body.depth, nodes=work.built, n_features=work.n_features,
-        n_bins=work.n_bins, shard_features=widths, filled=encode_mask(filled),
-        per_ciphertext=packing.per_ciphertext, ciphertexts=ciphertexts))
+    if work.pool:
+        ctx.close_claims(work.pool)
+    for feature in work.missing():  # claimed by a helper that never answered
+        work.features[feature] = work.data.sum_features([feature])
+    log.debug("%s t%d d%d: %d of %d features summed by helpers, %d here", ctx.party.name,
+              body.tree, body.depth, work.by_helpers, work.n_features,
+              work.n_features - work.by_helpers)
+    _send_histograms(ctx, state, body, work.built, work.data, *work.merged())
     return MsgType.ACK, Ack(count=len(work.built))
 
 
-def _dispatch_shards(ctx: StepContext, state: JobState, run: PassiveTraining,
-                     body: Step) -> LevelWork:
-    """Position the rows, hand out every range but the first, and sum the first here."""
+def _send_histograms(ctx: StepContext, state: JobState, body: Step, built: list[int],
+                     data: LevelData, widths: list[int], filled: np.ndarray,
+                     ciphertexts: bytes) -> None:
+    ctx.send(state.active, MsgType.ENCRYPTED_HISTOGRAMS, EncryptedHistograms(
+        tree=body.tree, depth=body.depth, nodes=built, n_features=data.codes.shape[1],
+        n_bins=data.n_bins, shard_features=widths, filled=encode_mask(filled),
+        per_ciphertext=data.packing.per_ciphertext, ciphertexts=ciphertexts))
+
+
+def _start_level(ctx: StepContext, state: JobState, run: PassiveTraining,
+                 body: Step) -> LevelWork:
+    """Position the rows; hand the level to the helpers and claim features here too."""
     started = time.perf_counter()
     if body.depth == 0:
         _start_tree(ctx, state, run, body.tree)
@@ -240,49 +241,55 @@ def _dispatch_shards(ctx: StepContext, state: JobState, run: PassiveTraining,
         raise StageError(f"build_histograms t{body.tree}: the tree's gradients have not arrived")
     node_rows = [np.flatnonzero((run.node_of_row == node) & run.in_tree) for node in built]
     rows, counts = np.concatenate(node_rows), [int(r.size) for r in node_rows]
-    shares = run.balance.shares(ctx.helpers())
-    work = LevelWork(key=(body.tree, body.depth), built=built, n_bins=run.params.max_bin + 1,
-                     n_features=bins.shape[1], shares=shares,
-                     ranges=plan_ranges(bins.shape[1], rows.size, shares), started=started)
-    if work.n_shards > 1:
-        _hand_out(ctx, run, body, work, packing, bins, rows, counts)
-    work.handed_out = time.perf_counter() - started
-    cpu = time.process_time()
-    own = work.ranges[0]
-    codes = bins[np.ix_(rows, np.arange(own.first, own.first + own.n_features))]
-    cts = [run.tree_ciphertexts[i] for i in run.enc_index[rows].tolist()]
-    work.parts[0] = sum_range(codes, counts, cts, own, work.n_bins, public, packing,
-                              (body.tree, body.depth, 0))
-    work.own_end = time.perf_counter() - started
-    log.debug("%s t%d d%d: %d shards, own share %.3f; handed out in %.3fs, own range done at "
-              "%.3fs (%.3fs CPU)", ctx.party.name, body.tree, body.depth, work.n_shards,
-              shares[0], work.handed_out, work.own_end, time.process_time() - cpu)
+    helpers = ctx.helpers()
+    pool = ctx.open_claims(bins.shape[1]) if helpers else ""
+    # gathering, sealing and publishing 15 MB per helper runs beside this thread's summing
+    handing_out = _HAND_OUT.submit(_hand_out, ctx, run, body, helpers, pool, packing, bins,
+                                   rows, counts)
+    if not run.tree_ciphertexts:  # range-checked here, once a tree
+        run.tree_ciphertexts = ciphertexts_from_bytes(run.ciphertexts, public)
+    data = LevelData(bins[rows], [run.tree_ciphertexts[i] for i in run.enc_index[rows].tolist()],
+                     counts, run.params.max_bin + 1, public, packing)
+    work = LevelWork(key=(body.tree, body.depth), built=built, n_bins=data.n_bins,
+                     n_features=bins.shape[1], pool=pool, tickets=helpers, data=data)
+    if helpers:
+        work.features = sum_claimed(data, lambda: ctx.claim(pool))
+    else:
+        work.together = data.sum_features(list(range(data.codes.shape[1])))
+    handed_out = handing_out.result()  # its errors are this step's; acks wait for it
+    log.debug("%s t%d d%d: %d helpers; handed out at %.3fs, %d features done here at %.3fs",
+              ctx.party.name, body.tree, body.depth, helpers, handed_out - started,
+              len(work.features), time.perf_counter() - started)
     return work
 
 
-def _hand_out(ctx: StepContext, run: PassiveTraining, body: Step, work: LevelWork,
+def _hand_out(ctx: StepContext, run: PassiveTraining, body: Step, helpers: int, pool: str,
               packing: BinSumPacking, bins: np.ndarray, rows: np.ndarray,
-              counts: list[int]) -> None:
-    """Queue ranges 1.. for the party's helpers: each with the level's rows' ciphertexts and
-    its features' bin codes."""
-    public = _require_key(run)
-    table = np.frombuffer(run.ciphertexts, dtype=np.uint8).reshape(-1, public.ciphertext_bytes)
-    level_cts = table[run.enc_index[rows]].tobytes()  # one gather, no joins
-    n_bytes = int(public.n).to_bytes((int(public.n).bit_length() + 7) // 8, "big")
-    for k, shard in enumerate(work.ranges[1:], start=1):
-        features = np.arange(shard.first, shard.first + shard.n_features)
-        ctx.submit_work(MsgType.HISTOGRAM_SHARD, HistogramShard(
-            tree=body.tree, depth=body.depth, shard=k, n=n_bytes, n_bins=work.n_bins,
-            n_features=shard.n_features, rows=counts,
-            bins=np.ascontiguousarray(bins[np.ix_(rows, features)]).tobytes(),
-            ciphertexts=level_cts, cell_bits=packing.cell_bits,
-            per_ciphertext=packing.per_ciphertext, row_from=shard.row_from,
-            row_to=shard.row_to))
+              counts: list[int]) -> float:
+    """Queue the level's data for each helper: its rows' ciphertexts and every bin code.
+    Returns when it was done (``time.perf_counter``)."""
+    if helpers:
+        public = _require_key(run)
+        table = np.frombuffer(run.ciphertexts, dtype=np.uint8).reshape(
+            -1, public.ciphertext_bytes)
+        shard = HistogramShard(
+            tree=body.tree, depth=body.depth, shard=0,
+            n=int(public.n).to_bytes((int(public.n).bit_length() + 7) // 8, "big"),
+            n_bins=run.params.max_bin + 1, n_features=bins.shape[1], rows=counts,
+            bins=np.ascontiguousarray(bins[rows]).tobytes(),
+            ciphertexts=table[run.enc_index[rows]].tobytes(),  # one gather, no joins
+            cell_bits=packing.cell_bits, per_ciphertext=packing.per_ciphertext, claims=pool)
+        for k in range(1, helpers + 1):
+            ctx.submit_work(MsgType.HISTOGRAM_SHARD, replace(shard, shard=k))
+    return time.perf_counter()
 
 
 def histogram_shard(ctx: StepContext, body: HistogramShard) -> tuple[MsgType, Any]:
-    """Work step (a helper process of this party): the encrypted histograms of one range."""
-    return MsgType.SHARD_HISTOGRAM, shard_histograms(body)
+    """Work step (a helper process of this party): sum the features it can claim."""
+    started = time.perf_counter()
+    data = shard_data(body)
+    done = sum_claimed(data, lambda: ctx.claim(body.claims))
+    return MsgType.SHARD_HISTOGRAM, shard_result(body, done, started)
 
 
 def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -33,6 +34,11 @@ from workers import DataError, NotReady, ProtocolError
 log = logging.getLogger("fedboost.worker")
 
 USER_ERRORS = (DataError, BoostingError)
+SWITCH_INTERVAL = 0.0005
+"""Seconds a thread may hold the GIL while another waits (Python's default: 0.005). A worker
+sums ciphertexts on its main thread while a background thread (broker publisher, queue feeder)
+hands its helpers their shards; at the default, that thread waited for the GIL so often that
+handing out a 15 MB shard took 0.8 s instead of 0.18 s (measured on 2 cores)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +123,17 @@ class StepContext:
     def helpers(self) -> int:
         """How many helper processes of this party take shards now."""
         return self._transport.helpers()
+
+    def open_claims(self, count: int) -> str:
+        """A pool of ``count`` units for this party's processes to claim (Transport)."""
+        return self._transport.open_claims(count)
+
+    def claim(self, pool: str) -> int | None:
+        """The next unit of ``pool`` nobody has claimed, or None."""
+        return self._transport.claim(pool)
+
+    def close_claims(self, pool: str) -> None:
+        self._transport.close_claims(pool)
 
     @property
     def model_dir(self) -> Path:
@@ -215,6 +232,7 @@ class Worker:
     def serve(self) -> None:
         """Serve until stopped (SIGTERM/SIGINT) or, in single-job mode, until CLOSE_JOB."""
         signal.signal(signal.SIGTERM, self.stop)
+        sys.setswitchinterval(SWITCH_INTERVAL)
         log.info("worker %s (%s) serving", self.party.name, self.party.role)
         while not self._stopping:
             data = self.transport.receive(timeout=0.5)

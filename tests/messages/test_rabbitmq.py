@@ -120,6 +120,31 @@ def test_shards_go_to_helpers_not_the_coordinator(rabbit_url: str, names: tuple[
             t.close()
 
 
+def test_claims_hand_each_unit_to_exactly_one_process(rabbit_url: str,
+                                                       names: tuple[str, str]) -> None:
+    party = names[0]
+    coordinator = RabbitTransport(party, rabbit_url, party=True)
+    helper = RabbitTransport(party, rabbit_url, party=True)
+    try:
+        pool = coordinator.open_claims(40)
+        taken: dict[str, list[int]] = {"coordinator": [], "helper": []}
+        while True:  # alternate, as two processes racing would
+            a, b = coordinator.claim(pool), helper.claim(pool)
+            taken["coordinator"] += [a] if a is not None else []
+            taken["helper"] += [b] if b is not None else []
+            if a is None and b is None:
+                break
+        assert sorted(taken["coordinator"] + taken["helper"]) == list(range(40))
+        assert taken["coordinator"] and taken["helper"]
+        coordinator.close_claims(pool)
+        assert helper.claim(pool) is None  # the pool is gone: the level is over
+        with pytest.raises(TransportError, match="not a pool of this party"):
+            helper.claim("fedboost.someone-else.work.x.units")
+    finally:
+        coordinator.close()
+        helper.close()
+
+
 def test_big_shards_reach_one_helper_whole_even_if_a_helper_dies(
         rabbit_url: str, names: tuple[str, str]) -> None:
     party = names[0]
