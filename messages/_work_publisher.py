@@ -21,10 +21,9 @@ from typing import Any
 import pika
 import pika.exceptions as px
 
-log = logging.getLogger("fedboost.transport")
+from messages._pika import CONNECTION_ERRORS, close_quietly
 
-_CONNECTION_ERRORS = (px.AMQPConnectionError, px.ConnectionClosed, px.StreamLostError,
-                      px.ChannelWrongStateError, px.ChannelClosed, ConnectionError)
+log = logging.getLogger("fedboost.transport")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +106,7 @@ class WorkPublisher:
                           exc.reply_text)
                 self._disconnect()
                 return
-            except (px.UnroutableError, px.NackError, *_CONNECTION_ERRORS) as exc:
+            except (px.UnroutableError, px.NackError, *CONNECTION_ERRORS) as exc:
                 self._disconnect()
                 if time.monotonic() + delay > deadline:
                     log.error("%s: gave up handing out work after %.0f s: %r", self.name,
@@ -132,13 +131,9 @@ class WorkPublisher:
             return
         try:
             self._connection.process_data_events(time_limit=0)
-        except _CONNECTION_ERRORS:
+        except CONNECTION_ERRORS:
             self._disconnect()
 
     def _disconnect(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
-        if connection is not None and connection.is_open:
-            try:
-                connection.close()
-            except Exception as exc:  # noqa: BLE001 - already broken; nothing to save
-                log.debug("%s: closing the work publisher's connection: %r", self.name, exc)
+        close_quietly(connection, f"{self.name} work publisher")

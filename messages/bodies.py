@@ -245,7 +245,9 @@ class HistogramShard:
     features it claims one by one from the pool ``claims`` (workers.shards).
 
     Per built node (in order): that node's rows of the bin codes (rows x features, uint8,
-    row-major) and the rows' E(g, h, 1), fixed width. Never leaves the party.
+    row-major) and, per row, where its E(g, h, 1) is in the tree's ciphertexts (``index``,
+    uint32 little-endian). The tree's ciphertexts (fixed width) travel with the tree's first
+    level only; later levels name them by their SHA-256. Never leaves the party.
     """
 
     tree: int
@@ -256,7 +258,9 @@ class HistogramShard:
     n_features: int
     rows: list[int]
     bins: bytes
-    ciphertexts: bytes
+    index: bytes
+    tree_digest: bytes
+    tree_ciphertexts: bytes
     cell_bits: int
     per_ciphertext: int
     """How to pack the bin sums (crypto.compress.BinSumPacking)."""

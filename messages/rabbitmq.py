@@ -5,10 +5,14 @@ the right to create bindings, which would let a party bind another party's traff
 
 - ``fedboost.<party>``: the party's inbox (durable, single active consumer). Every process of
   the party subscribes; the broker lets exactly one consume, so a standby takes over if it dies.
-- ``fedboost.<party>.work``: the party's own work queue (durable, competing consumers): feature
-  shards of histogram building, taken by the party's helper processes. A shard larger than a
-  chunk waits in its own ``fedboost.<party>.work.<id>`` queue and the work queue carries a
-  ticket naming it: chunks on a shared queue would be dealt to different helpers.
+- ``fedboost.<party>.work``: the party's own work queue (durable, competing consumers): a
+  level's histogram data, one shard per helper process. A shard larger than a chunk waits in
+  its own ``fedboost.<party>.work.<id>`` queue and the work queue carries a ticket naming it:
+  chunks on a shared queue would be dealt to different helpers. Shards are published by a
+  thread of their own (``messages._work_publisher``), so the coordinating process sums meanwhile.
+- ``fedboost.<party>.work.<id>.units``: a claim pool, one token per unit of a level's work
+  (a feature); each of the party's processes takes tokens one at a time, so each unit goes to
+  exactly one process and faster processes take more.
 - ``fedboost.flow.<id>``: a flow run's reply queue (durable, expires a day after last use).
 
 Delivery: messages are persistent and published with confirms, to a queue that must exist
@@ -36,6 +40,8 @@ import pika
 import pika.exceptions as px
 
 from messages import TransportError
+from messages._pika import CONNECTION_ERRORS as _CONNECTION_ERRORS
+from messages._pika import close_quietly
 from messages._work_publisher import Publication, WorkPublisher
 
 log = logging.getLogger("fedboost.transport")
@@ -50,8 +56,6 @@ WORK_CHUNK_BYTES = 2 * 1024 * 1024
 DATA_QUEUE_ARGUMENTS = {"x-expires": 24 * 3600 * 1000}
 FLOW_QUEUE_ARGUMENTS = {"x-expires": 24 * 3600 * 1000}
 _COMPLETED_IDS = 100_000
-_CONNECTION_ERRORS = (px.AMQPConnectionError, px.ConnectionClosed, px.StreamLostError,
-                      px.ChannelWrongStateError, px.ChannelClosed, ConnectionError)
 
 
 def queue_of(participant: str) -> str:
@@ -60,7 +64,7 @@ def queue_of(participant: str) -> str:
 
 
 def work_queue_of(party: str) -> str:
-    """A party's own work queue (feature shards for its helper processes)."""
+    """A party's own work queue (histogram shards for its helper processes)."""
     return QUEUE_PREFIX + party + ".work"
 
 
@@ -227,11 +231,7 @@ class RabbitTransport:
 
     def _drop_connection(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
-        if connection is not None and connection.is_open:
-            try:
-                connection.close()
-            except Exception as exc:  # noqa: BLE001 - already broken; nothing to save
-                log.debug("%s: closing a broken connection: %r", self.name, exc)
+        close_quietly(connection, self.name)
 
     def _on_message(self, queue: str) -> Any:
         generation = self._generation

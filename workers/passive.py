@@ -7,6 +7,7 @@ values or labels.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -266,18 +267,19 @@ def _start_level(ctx: StepContext, state: JobState, run: PassiveTraining,
 def _hand_out(ctx: StepContext, run: PassiveTraining, body: Step, helpers: int, pool: str,
               packing: BinSumPacking, bins: np.ndarray, rows: np.ndarray,
               counts: list[int]) -> float:
-    """Queue the level's data for each helper: its rows' ciphertexts and every bin code.
+    """Queue the level's data for each helper: every bin code of its rows, where their
+    ciphertexts are in the tree's, and with the tree's first level the tree's ciphertexts.
     Returns when it was done (``time.perf_counter``)."""
     if helpers:
         public = _require_key(run)
-        table = np.frombuffer(run.ciphertexts, dtype=np.uint8).reshape(
-            -1, public.ciphertext_bytes)
         shard = HistogramShard(
             tree=body.tree, depth=body.depth, shard=0,
             n=int(public.n).to_bytes((int(public.n).bit_length() + 7) // 8, "big"),
             n_bins=run.params.max_bin + 1, n_features=bins.shape[1], rows=counts,
             bins=np.ascontiguousarray(bins[rows]).tobytes(),
-            ciphertexts=table[run.enc_index[rows]].tobytes(),  # one gather, no joins
+            index=run.enc_index[rows].astype("<u4").tobytes(),
+            tree_digest=hashlib.sha256(run.ciphertexts).digest(),
+            tree_ciphertexts=run.ciphertexts if body.depth == 0 else b"",
             cell_bits=packing.cell_bits, per_ciphertext=packing.per_ciphertext, claims=pool)
         for k in range(1, helpers + 1):
             ctx.submit_work(MsgType.HISTOGRAM_SHARD, replace(shard, shard=k))
@@ -288,6 +290,8 @@ def histogram_shard(ctx: StepContext, body: HistogramShard) -> tuple[MsgType, An
     """Work step (a helper process of this party): sum the features it can claim."""
     started = time.perf_counter()
     data = shard_data(body)
+    if data is None:  # this process missed the tree's first level: nothing to sum with
+        return MsgType.SHARD_HISTOGRAM, shard_result(body, {}, started)
     done = sum_claimed(data, lambda: ctx.claim(body.claims))
     return MsgType.SHARD_HISTOGRAM, shard_result(body, done, started)
 

@@ -12,6 +12,7 @@ model, are the same however the work was shared.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,8 +70,13 @@ def sum_claimed(data: LevelData, claim: Callable[[], int | None]) -> dict[int, P
     return done
 
 
-def shard_data(task: HistogramShard) -> LevelData:
-    """Validate a helper's shard and parse it into the level's data."""
+_TREE_CIPHERTEXTS: dict[bytes, list[mpz]] = {}
+"""This process's parsed copy of the latest tree's ciphertexts, by SHA-256 (one tree)."""
+
+
+def shard_data(task: HistogramShard) -> LevelData | None:
+    """Validate a helper's shard and parse it into the level's data; None if it names a tree
+    whose ciphertexts this process never got (another helper had the tree's first level)."""
     if len(task.n) > MAX_KEY_BYTES or not 2 <= task.n_bins <= 256 or task.n_features < 1:
         raise ProtocolError("histogram shard: key size or bin count out of range")
     if any(r < 0 for r in task.rows):
@@ -79,16 +85,27 @@ def shard_data(task: HistogramShard) -> LevelData:
     public = public_key_from_n(int.from_bytes(task.n, "big"))
     packing = BinSumPacking(task.cell_bits, task.per_ciphertext)
     packing.check_fits(int(public.n).bit_length())
-    if len(task.bins) != total * task.n_features:
-        raise ProtocolError(f"histogram shard: {len(task.bins)} bin codes for {total} rows x "
+    if len(task.bins) != total * task.n_features or len(task.index) != 4 * total:
+        raise ProtocolError(f"histogram shard: {len(task.bins)} bin codes and "
+                            f"{len(task.index)} index bytes for {total} rows x "
                             f"{task.n_features} features")
     codes = np.frombuffer(task.bins, dtype=np.uint8).reshape(total, task.n_features)
     if codes.size and int(codes.max()) >= task.n_bins:
         raise ProtocolError("histogram shard: bin code out of range")
-    cts = ciphertexts_from_bytes(task.ciphertexts, public)  # checks width and range
-    if len(cts) != total:
-        raise ProtocolError(f"histogram shard: {len(cts)} ciphertexts for {total} rows")
-    return LevelData(codes, cts, task.rows, task.n_bins, public, packing)
+    if task.depth == 0 or task.tree_ciphertexts:  # the tree's first level brings them
+        if hashlib.sha256(task.tree_ciphertexts).digest() != task.tree_digest:
+            raise ProtocolError("histogram shard: the tree's ciphertexts fail their SHA-256")
+        _TREE_CIPHERTEXTS.clear()  # one tree at a time
+        _TREE_CIPHERTEXTS[task.tree_digest] = ciphertexts_from_bytes(task.tree_ciphertexts,
+                                                                     public)  # range-checked
+    tree = _TREE_CIPHERTEXTS.get(task.tree_digest)
+    if tree is None:
+        return None
+    index = np.frombuffer(task.index, dtype="<u4")
+    if index.size and int(index.max()) >= len(tree):
+        raise ProtocolError(f"histogram shard: row index beyond the tree's {len(tree)} rows")
+    return LevelData(codes, [tree[i] for i in index.tolist()], task.rows, task.n_bins, public,
+                     packing)
 
 
 def shard_result(task: HistogramShard, done: dict[int, PackedFeature],

@@ -170,6 +170,35 @@ def test_big_shards_reach_one_helper_whole_even_if_a_helper_dies(
             t.close()
 
 
+def test_the_message_that_handed_out_work_is_acknowledged_after_the_work_is_out(
+        rabbit_url: str, names: tuple[str, str]) -> None:
+    party = names[0]
+    coordinator = RabbitTransport(party, rabbit_url, party=True, chunk_bytes=1024)
+    flow = RabbitTransport(f"flow.{names[1]}", rabbit_url, party=False)
+    try:
+        flow.send(party, b"command")
+        assert coordinator.receive(10) == b"command"
+        coordinator.submit_work(b"\x01" * 200_000)  # returns before it is published
+        coordinator.submit_work(b"small")
+        coordinator.acknowledge()  # waits for the publishing thread
+        probe = pika.BlockingConnection(pika.URLParameters(rabbit_url))
+        try:
+            method = probe.channel().queue_declare(f"fedboost.{party}.work", durable=True,
+                                                   passive=True).method
+        finally:
+            probe.close()
+        assert method.message_count == 2  # the big shard's ticket and the small shard
+        helper = RabbitTransport(party, rabbit_url, party=True, chunk_bytes=1024)
+        try:  # taking them also removes the big shard's data queue
+            assert sorted(_receive(helper) for _ in range(2)) == [b"\x01" * 200_000, b"small"]
+        finally:
+            helper.close()
+    finally:
+        flow.delete_inbox()
+        coordinator.close()
+        flow.close()
+
+
 def test_errors_are_clear(rabbit_url: str, names: tuple[str, str]) -> None:
     a = RabbitTransport(names[0], rabbit_url, party=True, reconnect_seconds=1.0)
     try:

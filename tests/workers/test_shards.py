@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing as mp
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -37,6 +39,43 @@ def _level(seed: int, public: PaillierPublicKey, private: PaillierPrivateKey, n_
     return codes, [int(v) for v in values], private.encrypt_batch([int(v) for v in values])
 
 
+def _task(public: PaillierPublicKey, packing: BinSumPacking, codes: np.ndarray, cts: list[int],
+          node_rows: list[int], *, rows: np.ndarray | None = None,
+          with_tree: bool = True) -> HistogramShard:
+    """A helper's shard of a level whose rows are ``rows`` of the tree (default: all, in order)."""
+    table = ciphertexts_to_bytes(cts, public)
+    rows = np.arange(len(cts)) if rows is None else rows
+    return HistogramShard(tree=0, depth=0 if with_tree else 1, shard=1,
+                          n=int(public.n).to_bytes(64, "big"), n_bins=N_BINS,
+                          n_features=codes.shape[1], rows=node_rows,
+                          bins=np.ascontiguousarray(codes[rows]).tobytes(),
+                          index=rows.astype("<u4").tobytes(),
+                          tree_digest=hashlib.sha256(table).digest(),
+                          tree_ciphertexts=table if with_tree else b"",
+                          cell_bits=packing.cell_bits, per_ciphertext=packing.per_ciphertext,
+                          claims="pool")
+
+
+def test_later_levels_reuse_the_trees_ciphertexts_by_digest(
+        keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
+    public, private = keypair
+    codes, _, cts = _level(7, public, private, 3, [10])
+    packing = BinSumPacking.for_key(CELL_BITS, public.n.bit_length())
+    deeper = np.array([8, 2, 5])
+
+    first = shard_data(_task(public, packing, codes, cts, [10]))
+    later = shard_data(_task(public, packing, codes, cts, [3], rows=deeper, with_tree=False))
+
+    assert first is not None and later is not None
+    assert later.ciphertexts == [cts[k] for k in deeper]
+    assert np.array_equal(later.codes, codes[deeper])
+    other = _level(8, public, private, 3, [10])[2]  # a tree this process never received
+    assert shard_data(_task(public, packing, codes, other, [10], with_tree=False)) is None
+    tampered = replace(_task(public, packing, codes, cts, [10]), tree_digest=b"\x00" * 32)
+    with pytest.raises(ProtocolError, match="fail their SHA-256"):
+        shard_data(tampered)
+
+
 def _decrypt(private: PaillierPrivateKey, widths: list[int], filled: np.ndarray,
              ciphertexts: bytes, nodes: int, packing: BinSumPacking) -> np.ndarray:
     """What the key holder reads (workers.active._decrypt_histograms, without gradients)."""
@@ -65,11 +104,7 @@ def test_however_features_are_claimed_the_key_holder_gets_the_same_sums(
     codes, values, cts = _level(seed, public, private, n_features, node_rows)
     packing = BinSumPacking.for_key(CELL_BITS, public.n.bit_length())
     data = LevelData(codes, cts, node_rows, N_BINS, public, packing)
-    task = HistogramShard(tree=0, depth=1, shard=1, n=int(public.n).to_bytes(64, "big"),
-                          n_bins=N_BINS, n_features=n_features, rows=node_rows,
-                          bins=codes.tobytes(), ciphertexts=ciphertexts_to_bytes(cts, public),
-                          cell_bits=packing.cell_bits, per_ciphertext=packing.per_ciphertext,
-                          claims="pool")
+    task = _task(public, packing, codes, cts, node_rows)
     work = LevelWork(key=(0, 1), built=list(range(len(node_rows))), n_bins=N_BINS,
                      n_features=n_features, pool="pool", tickets=1, data=data)
 
@@ -78,7 +113,9 @@ def test_however_features_are_claimed_the_key_holder_gets_the_same_sums(
         yield from (f for f in range(n_features) if takers[f] == who)
         yield None
     work.features = sum_claimed(data, claims("here").__next__)
-    helper = sum_claimed(shard_data(task), claims("helper").__next__)
+    helper_data = shard_data(task)
+    assert helper_data is not None
+    helper = sum_claimed(helper_data, claims("helper").__next__)
     work.add_answer(shard_result(task, helper, 0.0), packing, public.ciphertext_bytes)
     for feature in work.missing():
         work.features[feature] = data.sum_features([feature])
@@ -125,11 +162,7 @@ def test_a_feature_answered_twice_is_refused(
     codes, _, cts = _level(1, public, private, 2, [4])
     packing = BinSumPacking.for_key(CELL_BITS, public.n.bit_length())
     data = LevelData(codes, cts, [4], N_BINS, public, packing)
-    task = HistogramShard(tree=0, depth=0, shard=1, n=int(public.n).to_bytes(64, "big"),
-                          n_bins=N_BINS, n_features=2, rows=[4], bins=codes.tobytes(),
-                          ciphertexts=ciphertexts_to_bytes(cts, public),
-                          cell_bits=packing.cell_bits, per_ciphertext=packing.per_ciphertext,
-                          claims="pool")
+    task = _task(public, packing, codes, cts, [4])
     work = LevelWork(key=(0, 0), built=[0], n_bins=N_BINS, n_features=2, pool="pool",
                      tickets=1, data=data, features={0: data.sum_features([0])})
     answer = shard_result(task, {0: data.sum_features([0])}, 0.0)

@@ -1,0 +1,23 @@
+"""What both RabbitMQ connections of a party process (its own, its work publisher's) share."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pika.exceptions as px
+
+log = logging.getLogger("fedboost.transport")
+
+CONNECTION_ERRORS = (px.AMQPConnectionError, px.ConnectionClosed, px.StreamLostError,
+                     px.ChannelWrongStateError, px.ChannelClosed, ConnectionError)
+"""A lost or closed connection or channel: reconnect and try again."""
+
+
+def close_quietly(connection: Any, owner: str) -> None:
+    """Close a connection that may already be broken; nothing in it is left to save."""
+    if connection is not None and connection.is_open:
+        try:
+            connection.close()
+        except Exception as exc:  # noqa: BLE001 - already broken; nothing to save
+            log.debug("%s: closing a broken connection: %r", owner, exc)
