@@ -209,9 +209,9 @@ def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, A
         ctx.close_claims(work.pool)
     for feature in work.missing():  # claimed by a helper that never answered
         work.features[feature] = work.data.sum_features([feature])
-    log.debug("%s t%d d%d: %d of %d features summed by helpers, %d here", ctx.party.name,
-              body.tree, body.depth, work.by_helpers, work.n_features,
-              work.n_features - work.by_helpers)
+    log.debug("%s t%d d%d: %d of %d features summed by helpers (in up to %.3fs), %d here",
+              ctx.party.name, body.tree, body.depth, work.by_helpers, work.n_features,
+              work.helper_seconds, work.n_features - work.by_helpers)
     _send_histograms(ctx, state, body, work.built, work.data, *work.merged())
     return MsgType.ACK, Ack(count=len(work.built))
 
@@ -219,6 +219,7 @@ def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, A
 def _send_histograms(ctx: StepContext, state: JobState, body: Step, built: list[int],
                      data: LevelData, widths: list[int], filled: np.ndarray,
                      ciphertexts: bytes) -> None:
+    """Alg. 1 line 9: the level's encrypted histograms go to the active party."""
     ctx.send(state.active, MsgType.ENCRYPTED_HISTOGRAMS, EncryptedHistograms(
         tree=body.tree, depth=body.depth, nodes=built, n_features=data.codes.shape[1],
         n_bins=data.n_bins, shard_features=widths, filled=encode_mask(filled),

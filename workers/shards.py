@@ -138,6 +138,8 @@ class LevelWork:
     """Every feature at once (no helpers): one row-major pass, packed together."""
     answered: set[int] = field(default_factory=set)
     by_helpers: int = 0
+    helper_seconds: float = 0.0
+    """The longest a helper took (parsing and summing), for the log."""
 
     def add_answer(self, part: ShardHistogram, packing: BinSumPacking, width: int) -> None:
         """File a helper's features (a shard answered twice, after a redelivery, adds only
@@ -160,6 +162,7 @@ class LevelWork:
                                 f"of packed sums, expected {first}")
         self.answered.add(part.shard)
         self.by_helpers += len(part.features)
+        self.helper_seconds = max(self.helper_seconds, part.seconds)
 
     def missing(self) -> list[int]:
         if self.together is not None:
