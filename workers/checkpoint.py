@@ -29,7 +29,9 @@ from workers import ProtocolError
 from workers.state import JobState
 
 FOLDER = "checkpoints"
-MAGIC = b"fedboost-checkpoint-1\n"
+MAGIC = b"fedboost-checkpoint-2\n"
+"""The number changes with the layout of the pickled state (2: a passive party keeps its tree's
+parsed ciphertexts), so an older worker's checkpoint is never unpickled into the wrong fields."""
 KEEP = 2
 _NAME = re.compile(r"trees-(\d{6})\.ckpt")
 
@@ -126,6 +128,9 @@ def discard(directory: Path) -> None:
 def _read(path: Path) -> dict[str, Any]:
     raw = path.read_bytes()
     head, digest, payload = raw[:len(MAGIC)], raw[len(MAGIC):len(MAGIC) + 32], raw[len(MAGIC) + 32:]
+    if head != MAGIC and head.startswith(MAGIC[:-2]):
+        raise CheckpointError(f"{path} was written by another fedboost version "
+                              f"({head.strip().decode(errors='replace')}); it cannot be resumed")
     if head != MAGIC or hashlib.sha256(payload).digest() != digest:
         raise CheckpointError(f"{path} is damaged (truncated or not a checkpoint)")
     # our own file, verified intact, in a folder only this party's worker writes

@@ -41,6 +41,16 @@ def test_damaged_and_half_written_files_are_never_offered(tmp_path: Path) -> Non
     assert not (tmp_path / checkpoint.FOLDER).exists()
 
 
+def test_a_checkpoint_of_another_layout_is_never_unpickled(tmp_path: Path) -> None:
+    path = checkpoint.save(tmp_path, 1, "spec", "run-a", {"trees": 1})
+    older = b"fedboost-checkpoint-1\n"  # same length, an earlier state layout
+    path.write_bytes(older + path.read_bytes()[len(checkpoint.MAGIC):])
+
+    assert checkpoint.available(tmp_path, "spec") == []
+    with pytest.raises(CheckpointError, match="another fedboost version"):
+        checkpoint.load(tmp_path, Checkpoint(1, "run-a"), "spec")
+
+
 def test_runs_are_told_apart_by_their_key() -> None:
     assert checkpoint.run_of(2**2047 + 1) != checkpoint.run_of(2**2047 + 3)
     assert checkpoint.run_of(12345) == checkpoint.run_of(12345)
