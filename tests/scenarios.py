@@ -118,6 +118,22 @@ def wait_until(ready, seconds: float, what: str) -> None:  # type: ignore[no-unt
     raise AssertionError(f"{what} not ready after {seconds} s")
 
 
+def create_flow_run(api: str, deployment_id: str, parameters: dict[str, Any] | None = None,
+                    seconds: float = 60.0) -> str:
+    """Start a run of a deployment through Prefect's REST API, as the UI's Run does; returns
+    its id. A 5xx (the server busy with its SQLite database: seen as 503 on 2 cores) is tried
+    again until ``seconds`` pass; any other refusal fails at once."""
+    deadline = time.monotonic() + seconds
+    while True:
+        created = httpx.post(f"{api}/deployments/{deployment_id}/create_flow_run",
+                             json={"parameters": parameters} if parameters else {}, timeout=10)
+        if created.status_code < 500 or time.monotonic() > deadline:
+            break
+        time.sleep(2.0)
+    assert created.status_code == 201, created.text
+    return str(created.json()["id"])
+
+
 def unavailable(message: str) -> None:
     """A real service or tool a test needs is missing: under CI=true that fails the test,
     locally it skips it."""

@@ -27,7 +27,7 @@ from flows.config import load_config
 from flows.secureboost import vertical_secureboost
 from messages.rabbitmq import INBOX_ARGUMENTS, delete_party_queues, queue_of
 from messages.signing import write_key_pair
-from tests.scenarios import REPO, rabbitmqctl, served_deployment, wait_until
+from tests.scenarios import REPO, create_flow_run, rabbitmqctl, served_deployment, wait_until
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
@@ -241,10 +241,7 @@ def test_retry_of_a_failed_deployment_run_resumes(federation: Federation, refere
     serve_log = federation.root / "serve-retry.log"
     api = prefect_server
     with served_deployment("retry", job_file, api, federation.root, serve_log) as deployment:
-        created = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run",
-                             json={}, timeout=10)
-        assert created.status_code == 201, created.text
-        run_id = created.json()["id"]
+        run_id = create_flow_run(api, deployment["id"])
 
         def state() -> str:
             return str(httpx.get(f"{api}/flow_runs/{run_id}", timeout=5).json()["state"]["type"])

@@ -24,7 +24,7 @@ from flows.config import JobConfig
 from flows.secureboost import vertical_secureboost
 from messages.rabbitmq import delete_party_queues
 from messages.signing import write_key_pair
-from tests.scenarios import REPO, served_deployment, wait_until
+from tests.scenarios import REPO, create_flow_run, served_deployment, wait_until
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
@@ -114,10 +114,7 @@ def test_deployment_run_through_the_prefect_api(federation: Federation, prefect_
         parameters = deployment["parameters"]
         parameters["config"]["job"] = f"{federation.config.job}-deployed"
         parameters["config"]["params"]["n_trees"] = 1
-        created = httpx.post(f"{prefect_server}/deployments/{deployment['id']}/create_flow_run",
-                             json={"parameters": parameters}, timeout=10)
-        assert created.status_code == 201, created.text
-        run_id = created.json()["id"]
+        run_id = create_flow_run(prefect_server, deployment["id"], parameters)
         state: dict = {}
 
         def finished() -> bool:
