@@ -66,6 +66,8 @@ class PassiveTraining:
     """The tree's E(g, h, 1) of in-tree rows, fixed width, as received (helpers get slices)."""
     tree_ciphertexts: list[mpz] = field(default_factory=list)
     """The same, parsed and range-checked once per tree (this process sums from them)."""
+    tree_digest: bytes = b""
+    """Their SHA-256, which names them to helpers (hashed once a tree, when first handed out)."""
     enc_index: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     in_tree: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     node_of_row: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
@@ -106,7 +108,8 @@ def _checkpoint(ctx: StepContext, state: JobState, trees_done: int) -> None:
     """Keep the job after ``trees_done`` trees: lookup records and bins, no tree in progress."""
     run: PassiveTraining = state.role_state
     checkpoint.save_job(ctx.model_dir, trees_done, state, _require_key(run).n, ciphertexts=b"",
-                        tree_ciphertexts=[], level=None, tree=-1, depth=-1)
+                        tree_ciphertexts=[], tree_digest=b"", level=None, tree=-1,
+                        depth=-1)
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
@@ -157,7 +160,7 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     if rest or count != int(in_tree.sum()):
         raise ProtocolError(f"tree {tree}: {count} ciphertexts for {int(in_tree.sum())} rows")
     run.tree, run.ciphertexts, run.in_tree, run.packing = tree, blob, in_tree, packing
-    run.tree_ciphertexts = []  # parsed once the level's helpers have their data
+    run.tree_ciphertexts, run.tree_digest = [], b""  # made when first needed
     run.enc_index = np.cumsum(in_tree) - 1
     run.node_of_row = np.zeros(n_train, dtype=np.int64)
     run.depth = 0
@@ -279,12 +282,20 @@ def _hand_out(ctx: StepContext, run: PassiveTraining, body: Step, helpers: int, 
             n_bins=run.params.max_bin + 1, n_features=bins.shape[1], rows=counts,
             bins=np.ascontiguousarray(bins[rows]).tobytes(),
             index=run.enc_index[rows].astype("<u4").tobytes(),
-            tree_digest=hashlib.sha256(run.ciphertexts).digest(),
+            tree_digest=_tree_digest(run),
             tree_ciphertexts=run.ciphertexts if body.depth == 0 else b"",
             cell_bits=packing.cell_bits, per_ciphertext=packing.per_ciphertext, claims=pool)
         for k in range(1, helpers + 1):
             ctx.submit_work(MsgType.HISTOGRAM_SHARD, replace(shard, shard=k))
     return time.perf_counter()
+
+
+def _tree_digest(run: PassiveTraining) -> bytes:
+    """The tree's ciphertexts' SHA-256, hashed on the tree's first hand-out (the hand-out thread;
+    the next level's hand-out starts only after this one finished)."""
+    if not run.tree_digest:
+        run.tree_digest = hashlib.sha256(run.ciphertexts).digest()
+    return run.tree_digest
 
 
 def histogram_shard(ctx: StepContext, body: HistogramShard) -> tuple[MsgType, Any]:
@@ -340,7 +351,7 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     run: PassiveTraining = state.role_state
     if run.tree > body.tree:
         raise StageError(f"finish_tree t{body.tree}: party is at t{run.tree}")
-    run.ciphertexts, run.tree_ciphertexts, run.level = b"", [], None
+    run.ciphertexts, run.tree_ciphertexts, run.tree_digest, run.level = b"", [], b"", None
     ctx.mailbox.drop_tree(body.tree)
     _checkpoint(ctx, state, body.tree + 1)
     return MsgType.ACK, Ack(count=len(run.records))
