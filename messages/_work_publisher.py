@@ -6,7 +6,8 @@ is lost to the coordinating process's own work. Here a thread with its own conne
 connections are not shared between threads) publishes while the caller computes. ``flush``
 waits until everything submitted reached the broker (or was given up after
 ``reconnect_seconds``), so a message that led to work is acknowledged only after its work was
-handed out.
+handed out; work that only saves time (``before_ack=False``: a tree's ciphertexts, which helpers
+can do without) is not waited for.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class Publication:
     """(queue, body, pika.BasicProperties)"""
     declare: str | None = None
     declare_arguments: dict[str, Any] | None = None
+    before_ack: bool = True
+    """Whether ``flush`` waits for it."""
 
 
 class WorkPublisher:
@@ -56,12 +59,14 @@ class WorkPublisher:
 
     def submit(self, publication: Publication) -> None:
         """Publish in the background; returns at once."""
-        with self._done:
-            self._pending += 1
+        if publication.before_ack:
+            with self._done:
+                self._pending += 1
         self._jobs.put(publication)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted publication is done; False if ``timeout`` passed first."""
+        """Wait until every publication submitted ``before_ack`` is done (and what was submitted
+        before it: they go in order); False if ``timeout`` passed first."""
         with self._done:
             return self._done.wait_for(lambda: self._pending == 0, timeout)
 
@@ -84,9 +89,10 @@ class WorkPublisher:
             try:
                 self._publish(job)
             finally:
-                with self._done:
-                    self._pending -= 1
-                    self._done.notify_all()
+                if job.before_ack:
+                    with self._done:
+                        self._pending -= 1
+                        self._done.notify_all()
 
     def _publish(self, job: Publication) -> None:
         """Publish with confirms until the broker has everything; a chunk or ticket published

@@ -89,17 +89,19 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def chunk_messages(queue: str, data: bytes, step: int,
-                   digest: str | None = None) -> list[tuple[str, bytes, Any]]:
-    """``data`` as persistent messages to ``queue`` of at most ``step`` bytes, under one message
-    id; when there are several (or a ``digest`` is given) each names its index, their count and
-    the whole payload's SHA-256."""
+def chunk_messages(queue: str, data: bytes, step: int, digest: str | None = None, *,
+                   persistent: bool = True) -> list[tuple[str, bytes, Any]]:
+    """``data`` as messages to ``queue`` of at most ``step`` bytes, under one message id; when
+    there are several (or a ``digest`` is given) each names its index, their count and the whole
+    payload's SHA-256. Persistent ones survive a broker restart; transient ones are never
+    written to its disk."""
     message_id = uuid.uuid4().hex
     count = max(1, math.ceil(len(data) / step))
     if count > 1 and digest is None:
         digest = hashlib.sha256(data).hexdigest()
+    mode = pika.DeliveryMode.Persistent if persistent else pika.DeliveryMode.Transient
     return [(queue, data[k * step:(k + 1) * step], pika.BasicProperties(
-        delivery_mode=pika.DeliveryMode.Persistent, message_id=message_id,
+        delivery_mode=mode, message_id=message_id,
         headers=None if digest is None else {"fb-index": k, "fb-count": count,
                                              "fb-sha256": digest}))
         for k in range(count)]
@@ -423,9 +425,11 @@ class RabbitTransport:
         self._publish(queue_of(recipient), recipient, data,
                       wait_for_queue=not recipient.startswith("flow."))
 
-    def submit_work(self, data: bytes) -> None:
+    def submit_work(self, data: bytes, *, before_ack: bool = True) -> None:
         """Queue a shard of work for this party's helper processes; returns at once (a thread
-        publishes it, see ``messages._work_publisher``).
+        publishes it, see ``messages._work_publisher``). Unless ``before_ack`` is False (work
+        that only saves time), ``acknowledge`` waits for it to reach the broker's disk; with
+        False it is transient: not waited for, and not written to disk.
 
         A shard above one chunk goes to a private queue, and a ticket naming it to the work
         queue: whichever helper takes the ticket reads every chunk.
@@ -440,20 +444,23 @@ class RabbitTransport:
                                             reconnect_seconds=self.reconnect_seconds,
                                             heartbeat=self.heartbeat)
         if len(data) <= self.chunk_bytes:
-            self._publisher.submit(Publication(chunk_messages(self.work, data, self.chunk_bytes)))
+            self._publisher.submit(Publication(
+                chunk_messages(self.work, data, self.chunk_bytes, persistent=before_ack),
+                before_ack=before_ack))
             return
         data_queue = f"{self.work}.{uuid.uuid4().hex}"
         # the ticket goes first: a helper pulls each chunk while the next one is published
         digest = hashlib.sha256(data).hexdigest()
         chunks = chunk_messages(data_queue, data, min(self.chunk_bytes, WORK_CHUNK_BYTES),
-                                digest=digest)
-        ticket = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent,
+                                digest=digest, persistent=before_ack)
+        ticket = pika.BasicProperties(delivery_mode=chunks[0][2].delivery_mode,
                                       message_id=uuid.uuid4().hex,
                                       headers={"fb-data-queue": data_queue,
                                                "fb-count": len(chunks), "fb-sha256": digest})
         self._publisher.submit(Publication([(self.work, b"", ticket), *chunks],
                                            declare=data_queue,
-                                           declare_arguments=DATA_QUEUE_ARGUMENTS))
+                                           declare_arguments=DATA_QUEUE_ARGUMENTS,
+                                           before_ack=before_ack))
 
     def _publish(self, queue: str, recipient: str, data: bytes, *,
                  wait_for_queue: bool) -> None:

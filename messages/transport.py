@@ -35,8 +35,10 @@ class Transport(Protocol):
     def acknowledge(self) -> None:
         """The last received message is fully handled (a broker may now forget it)."""
 
-    def submit_work(self, data: bytes) -> None:
-        """Queue a shard of work for this party's helper processes."""
+    def submit_work(self, data: bytes, *, before_ack: bool = True) -> None:
+        """Queue work for this party's helper processes; unless ``before_ack`` is False (work
+        that only saves time), acknowledging the message that led to it waits until it is
+        handed over."""
 
     def helpers(self) -> int:
         """How many helper processes of this party take shards of work now."""
@@ -143,8 +145,8 @@ class MemoryTransport:
     def acknowledge(self) -> None:
         """Nothing to do: a process-local queue has no redelivery."""
 
-    def submit_work(self, data: bytes) -> None:
-        """Put a shard of work on the party's work queue."""
+    def submit_work(self, data: bytes, *, before_ack: bool = True) -> None:
+        """Put work on the party's work queue (at once: ``before_ack`` changes nothing here)."""
         if self._work is None:
             raise TransportError(f"{self.name} has no helper processes")
         self._work.put(data)

@@ -11,6 +11,7 @@ import pika
 import pytest
 
 from messages import TransportError
+from messages._work_publisher import Publication, WorkPublisher
 from messages.rabbitmq import RabbitTransport, delete_party_queues, queue_of
 
 
@@ -197,6 +198,28 @@ def test_the_message_that_handed_out_work_is_acknowledged_after_the_work_is_out(
         flow.delete_inbox()
         coordinator.close()
         flow.close()
+
+
+def test_acknowledging_waits_only_for_work_that_must_be_out_first(rabbit_url: str,
+                                                                   names: tuple[str, str]) -> None:
+    # Prepare: a publisher whose first job (to a queue that does not exist) keeps it retrying
+    queue = f"fedboost.{names[0]}.work"
+    setup = pika.BlockingConnection(pika.URLParameters(rabbit_url))
+    setup.channel().queue_declare(queue, durable=True)
+    setup.close()
+    publisher = WorkPublisher(names[0], pika.URLParameters(rabbit_url), reconnect_seconds=3.0,
+                              heartbeat=60)
+    props = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent)
+    try:
+        # Execute and assert: a job that only saves time is not waited for...
+        publisher.submit(Publication([(f"{queue}.missing", b"x", props)], before_ack=False))
+        assert publisher.flush(timeout=0.5)
+        # ...but one that must be out is, and it goes out after what came before it
+        publisher.submit(Publication([(queue, b"y", props)]))
+        assert not publisher.flush(timeout=0.5)
+        assert publisher.flush(timeout=30)
+    finally:
+        publisher.close()
 
 
 def test_errors_are_clear(rabbit_url: str, names: tuple[str, str]) -> None:
