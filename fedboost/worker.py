@@ -17,7 +17,7 @@ from multiprocessing.process import BaseProcess
 from flows.config import WorkerConfig
 from messages.rabbitmq import RabbitTransport, redact
 from messages.signing import Sealer
-from workers.roles import handlers_for
+from workers.roles import arrivals_for, handlers_for
 from workers.runtime import PartySpec, Worker
 
 log = logging.getLogger("fedboost.worker")
@@ -40,7 +40,7 @@ def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = 
     log.info("%s: connected to %s", config.party, redact(config.transport.amqp_url()))
     sealer = Sealer.from_folder(config.signing.key_dir, config.party)
     worker = Worker(party_spec(config), transport, handlers_for(config.role), sealer,
-                    health_file=health_file)
+                    arrivals=arrivals_for(config.role), health_file=health_file)
     signal.signal(signal.SIGINT, worker.stop)
     worker.serve()
     log.info("%s: stopped", config.party)

@@ -240,14 +240,29 @@ class EncryptedHistograms:
 
 
 @dataclass(frozen=True, slots=True)
+class TreeCiphertexts:
+    """Work for the party's helper processes: one chunk of a tree's E(g, h, 1) (fixed width),
+    passed on as it arrives from the active party, so helpers hold the tree by the time its
+    first histograms are asked for. The chunks in order make the tree's ciphertexts, which the
+    tree's ``HistogramShard``s name by their SHA-256. Never leaves the party.
+    """
+
+    tree: int
+    chunk: int
+    n_chunks: int
+    n: bytes
+    ciphertexts: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class HistogramShard:
     """Work for one of a party's own processes: a level's data, to sum the histograms of the
     features it claims one by one from the pool ``claims`` (workers.shards).
 
     Per built node (in order): that node's rows of the bin codes (rows x features, uint8,
     row-major) and, per row, where its E(g, h, 1) is in the tree's ciphertexts (``index``,
-    uint32 little-endian). The tree's ciphertexts (fixed width) travel with the tree's first
-    level only; later levels name them by their SHA-256. Never leaves the party.
+    uint32 little-endian). The tree's ciphertexts came before, in ``TreeCiphertexts`` chunks;
+    ``tree_digest`` names them. Never leaves the party.
     """
 
     tree: int
@@ -260,7 +275,6 @@ class HistogramShard:
     bins: bytes
     index: bytes
     tree_digest: bytes
-    tree_ciphertexts: bytes
     cell_bits: int
     per_ciphertext: int
     """How to pack the bin sums (crypto.compress.BinSumPacking)."""

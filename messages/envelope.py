@@ -61,6 +61,7 @@ class MsgType(IntEnum):
 
     HISTOGRAM_SHARD = 220
     SHARD_HISTOGRAM = 221
+    TREE_CIPHERTEXTS = 222
 
 
 BODY_TYPES: dict[MsgType, type] = {
@@ -86,6 +87,7 @@ BODY_TYPES: dict[MsgType, type] = {
     MsgType.DECISIONS: b.Decisions,
     MsgType.HISTOGRAM_SHARD: b.HistogramShard,
     MsgType.SHARD_HISTOGRAM: b.ShardHistogram,
+    MsgType.TREE_CIPHERTEXTS: b.TreeCiphertexts,
 }
 STEP_COMMANDS = frozenset(
     {MsgType.PSI_BLIND, MsgType.PSI_REBLIND, MsgType.PSI_INTERSECT, MsgType.BIN_FEATURES,
@@ -97,8 +99,9 @@ STEP_COMMANDS = frozenset(
 for _kind in STEP_COMMANDS:
     BODY_TYPES[_kind] = b.Step
 COMMANDS = STEP_COMMANDS | {MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION, MsgType.RESUME_JOB}
-WORK = frozenset({MsgType.HISTOGRAM_SHARD})
-"""Shards of a step that a party's coordinating process hands to its own helper processes."""
+WORK = frozenset({MsgType.HISTOGRAM_SHARD, MsgType.TREE_CIPHERTEXTS})
+"""What a party's coordinating process hands to its own helper processes: shards of a step, and
+the data those shards share (a tree's ciphertexts)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,15 +26,17 @@ from crypto.encoding import GradientPacker
 from crypto.paillier import PaillierPublicKey, ciphertexts_from_bytes, public_key_from_n
 from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradients,
                              EncryptedHistograms, HistogramShard, NodePositions, Opened, OpenJob,
-                             PublicKeyMsg, ResumeJob, SplitChoices, Step, TreeStart)
+                             PublicKeyMsg, ResumeJob, SplitChoices, Step, TreeCiphertexts,
+                             TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
-from workers import DataError, ProtocolError, StageError, checkpoint
+from workers import DataError, NotReady, ProtocolError, StageError, checkpoint
 from workers.active import params_of
 from workers.alignment import receive_alignment
 from workers.data import load_party_csv
 from workers.runtime import StepContext
-from workers.shards import LevelData, LevelWork, shard_data, shard_result, sum_claimed
+from workers.shards import (LevelData, LevelWork, hold_tree_chunk, shard_data, shard_result,
+                            sum_claimed)
 from workers.state import JobState
 
 log = logging.getLogger("fedboost.worker")
@@ -136,15 +138,56 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=x.shape[1])
 
 
+def gradients_arrived(ctx: StepContext, sender: str,
+                      body: TreeStart | EncryptedGradients) -> None:
+    """As a tree's gradients arrive (its start, then chunks): pass each chunk on to the helpers,
+    and once all are here start the tree, before its first histograms are asked for. Whatever
+    fails here fails again, and is answered, in that step."""
+    state: JobState | None = ctx.state
+    run = None if state is None else state.role_state
+    if (not isinstance(run, PassiveTraining) or sender != state.active
+            or run.tree >= body.tree or run.ciphertexts):
+        return  # not training, this tree started already, or the previous one is not finished
+    if isinstance(body, EncryptedGradients):
+        _pass_on_chunk(ctx, state, run, body)
+    try:
+        _start_tree(ctx, state, run, body.tree)
+    except NotReady:
+        return  # more chunks to come
+
+
+def _pass_on_chunk(ctx: StepContext, state: JobState, run: PassiveTraining,
+                   chunk: EncryptedGradients) -> None:
+    """One copy of a gradient chunk per helper (each takes one work item at a time), sealed
+    and published beside this thread; the tree's levels queue after them."""
+    starts = ctx.mailbox.items.get((MsgType.TREE_START, state.active, chunk.tree, -1))
+    helpers = ctx.helpers()
+    if not starts or not helpers or run.public is None:
+        return
+    _HAND_OUT.submit(_hand_out_chunk, ctx, helpers, TreeCiphertexts(
+        tree=chunk.tree, chunk=chunk.chunk, n_chunks=starts[0].n_chunks,
+        n=_key_bytes(run.public), ciphertexts=chunk.ciphertexts))
+
+
+def _hand_out_chunk(ctx: StepContext, helpers: int, chunk: TreeCiphertexts) -> None:
+    """Not waited for: a helper without the whole tree answers its shards empty, and this
+    process sums what it left."""
+    try:
+        for _ in range(helpers):
+            ctx.submit_work(MsgType.TREE_CIPHERTEXTS, chunk, before_ack=False)
+    except Exception as exc:  # noqa: BLE001 - a failed hand-out costs time, never a result
+        log.warning("%s: could not hand tree %d's chunk %d to the helpers: %r", ctx.party.name,
+                    chunk.tree, chunk.chunk, exc)
+
+
 def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: int) -> None:
-    """Take the tree's encrypted gradients (all chunks) and reset node positions."""
+    """Take the tree's encrypted gradients (all chunks), parse and range-check them, and reset
+    node positions. Checks everything before taking."""
     ctx.mailbox.require((MsgType.TREE_START, state.active, tree, -1))
     start: TreeStart = ctx.mailbox.items[(MsgType.TREE_START, state.active, tree, -1)][0]
-    ctx.mailbox.require((MsgType.ENCRYPTED_GRADIENTS, state.active, tree, -1),
-                        counts=[start.n_chunks])
-    ctx.mailbox.take(MsgType.TREE_START, state.active, tree)
-    chunks: list[EncryptedGradients] = ctx.mailbox.take_all(MsgType.ENCRYPTED_GRADIENTS,
-                                                            state.active, tree)
+    key = (MsgType.ENCRYPTED_GRADIENTS, state.active, tree, -1)
+    ctx.mailbox.require(key, counts=[start.n_chunks])
+    chunks: list[EncryptedGradients] = ctx.mailbox.items[key]
     if sorted(c.chunk for c in chunks) != list(range(start.n_chunks)):
         raise ProtocolError(f"tree {tree}: gradient chunks {sorted(c.chunk for c in chunks)}")
     public = _require_key(run)
@@ -159,11 +202,20 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     count, rest = divmod(len(blob), public.ciphertext_bytes)
     if rest or count != int(in_tree.sum()):
         raise ProtocolError(f"tree {tree}: {count} ciphertexts for {int(in_tree.sum())} rows")
+    parsed = ciphertexts_from_bytes(blob, public)  # range-checked here, once a tree
+    ctx.mailbox.take(MsgType.TREE_START, state.active, tree)
+    ctx.mailbox.take_all(*key)
     run.tree, run.ciphertexts, run.in_tree, run.packing = tree, blob, in_tree, packing
-    run.tree_ciphertexts, run.tree_digest = [], b""  # made when first needed
+    run.tree_ciphertexts, run.tree_digest = parsed, b""
     run.enc_index = np.cumsum(in_tree) - 1
     run.node_of_row = np.zeros(n_train, dtype=np.int64)
     run.depth = 0
+    run.level = None
+
+
+def _key_bytes(public: PaillierPublicKey) -> bytes:
+    n = int(public.n)
+    return n.to_bytes((n.bit_length() + 7) // 8, "big")
 
 
 def _require_key(run: PassiveTraining) -> PaillierPublicKey:
@@ -234,7 +286,11 @@ def _start_level(ctx: StepContext, state: JobState, run: PassiveTraining,
     """Position the rows; hand the level to the helpers and claim features here too."""
     started = time.perf_counter()
     if body.depth == 0:
-        _start_tree(ctx, state, run, body.tree)
+        if run.tree != body.tree:  # its gradients came while another step ran, or just now
+            _start_tree(ctx, state, run, body.tree)
+        elif run.depth != 0:
+            raise StageError(f"build_histograms t{body.tree} d0: party is at t{run.tree} "
+                             f"d{run.depth}")
         built = [0]
     else:
         if run.tree != body.tree or run.depth != body.depth - 1:
@@ -248,11 +304,9 @@ def _start_level(ctx: StepContext, state: JobState, run: PassiveTraining,
     rows, counts = np.concatenate(node_rows), [int(r.size) for r in node_rows]
     helpers = ctx.helpers()
     pool = ctx.open_claims(bins.shape[1]) if helpers else ""
-    # gathering, sealing and publishing 15 MB per helper runs beside this thread's summing
+    # gathering, sealing and publishing the level's data runs beside this thread's summing
     handing_out = _HAND_OUT.submit(_hand_out, ctx, run, body, helpers, pool, packing, bins,
                                    rows, counts)
-    if not run.tree_ciphertexts:  # range-checked here, once a tree
-        run.tree_ciphertexts = ciphertexts_from_bytes(run.ciphertexts, public)
     data = LevelData(bins[rows], [run.tree_ciphertexts[i] for i in run.enc_index[rows].tolist()],
                      counts, run.params.max_bin + 1, public, packing)
     work = LevelWork(key=(body.tree, body.depth), built=built, n_bins=data.n_bins,
@@ -271,28 +325,25 @@ def _start_level(ctx: StepContext, state: JobState, run: PassiveTraining,
 def _hand_out(ctx: StepContext, run: PassiveTraining, body: Step, helpers: int, pool: str,
               packing: BinSumPacking, bins: np.ndarray, rows: np.ndarray,
               counts: list[int]) -> float:
-    """Queue the level's data for each helper: every bin code of its rows, where their
-    ciphertexts are in the tree's, and with the tree's first level the tree's ciphertexts.
+    """Queue the level's data for each helper: every bin code of its rows and where their
+    ciphertexts are in the tree's (which the helpers got when the tree started).
     Returns when it was done (``time.perf_counter``)."""
     if helpers:
-        public = _require_key(run)
         shard = HistogramShard(
-            tree=body.tree, depth=body.depth, shard=0,
-            n=int(public.n).to_bytes((int(public.n).bit_length() + 7) // 8, "big"),
+            tree=body.tree, depth=body.depth, shard=0, n=_key_bytes(_require_key(run)),
             n_bins=run.params.max_bin + 1, n_features=bins.shape[1], rows=counts,
             bins=np.ascontiguousarray(bins[rows]).tobytes(),
             index=run.enc_index[rows].astype("<u4").tobytes(),
-            tree_digest=_tree_digest(run),
-            tree_ciphertexts=run.ciphertexts if body.depth == 0 else b"",
-            cell_bits=packing.cell_bits, per_ciphertext=packing.per_ciphertext, claims=pool)
+            tree_digest=_tree_digest(run), cell_bits=packing.cell_bits,
+            per_ciphertext=packing.per_ciphertext, claims=pool)
         for k in range(1, helpers + 1):
             ctx.submit_work(MsgType.HISTOGRAM_SHARD, replace(shard, shard=k))
     return time.perf_counter()
 
 
 def _tree_digest(run: PassiveTraining) -> bytes:
-    """The tree's ciphertexts' SHA-256, hashed on the tree's first hand-out (the hand-out thread;
-    the next level's hand-out starts only after this one finished)."""
+    """The tree's ciphertexts' SHA-256, which names them to helpers (hashed once a tree, when
+    first handed out; a level's hand-out runs only after the previous one finished)."""
     if not run.tree_digest:
         run.tree_digest = hashlib.sha256(run.ciphertexts).digest()
     return run.tree_digest
@@ -302,10 +353,16 @@ def histogram_shard(ctx: StepContext, body: HistogramShard) -> tuple[MsgType, An
     """Work step (a helper process of this party): sum the features it can claim."""
     started = time.perf_counter()
     data = shard_data(body)
-    if data is None:  # this process missed the tree's first level: nothing to sum with
+    if data is None:  # this process does not hold the tree's ciphertexts: nothing to sum with
         return MsgType.SHARD_HISTOGRAM, shard_result(body, {}, started)
     done = sum_claimed(data, lambda: ctx.claim(body.claims))
     return MsgType.SHARD_HISTOGRAM, shard_result(body, done, started)
+
+
+def tree_ciphertexts(_: StepContext, body: TreeCiphertexts) -> None:
+    """Work step (a helper process of this party): keep a chunk of a tree's ciphertexts for
+    its shards. Nothing is answered: a helper without the whole tree answers its shards empty."""
+    hold_tree_chunk(body)
 
 
 def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from messages.envelope import MsgType
 from workers import active, alignment, passive, scoring
-from workers.runtime import Handler
+from workers.runtime import Arrival, Handler
 
 
 ACTIVE_HANDLERS: dict[MsgType, Handler] = {
@@ -40,6 +40,13 @@ PASSIVE_HANDLERS: dict[MsgType, Handler] = {
     MsgType.CLOSE_JOB: passive.close_job,
     MsgType.RESUME_JOB: passive.resume_job,
     MsgType.HISTOGRAM_SHARD: passive.histogram_shard,
+    MsgType.TREE_CIPHERTEXTS: passive.tree_ciphertexts,
+}
+
+PASSIVE_ARRIVALS: dict[MsgType, Arrival] = {
+    # a tree starts as soon as its gradients are in: helpers get them before its first level
+    MsgType.TREE_START: passive.gradients_arrived,
+    MsgType.ENCRYPTED_GRADIENTS: passive.gradients_arrived,
 }
 
 
@@ -50,3 +57,9 @@ def handlers_for(role: str) -> dict[MsgType, Handler]:
     if role == "passive":
         return PASSIVE_HANDLERS
     raise ValueError(f"unknown role {role!r}")
+
+
+def arrivals_for(role: str) -> dict[MsgType, Arrival]:
+    """What a role does as peer messages are filed, before the steps that need them."""
+    handlers_for(role)  # the same check of the role's name
+    return PASSIVE_ARRIVALS if role == "passive" else {}

@@ -2,11 +2,14 @@
 
 Commands from the flow run a handler and get exactly one reply. Peer messages (ciphertexts,
 instance spaces) are filed in the job's mailbox; a handler that needs one that has not arrived
-raises ``NotReady`` and its command is retried whenever new peer data comes in. A handler's
+raises ``NotReady`` and its command is retried whenever new peer data comes in. A role may also
+act on a peer message as it is filed (an ``Arrival``: get ready for the step that will need it);
+that answers nothing, and what fails there is left for the step to find and answer. A handler's
 failure becomes an ``ErrorReply``; the worker keeps serving.
 
 Work messages (``WORK``) are shards of a step that the party's coordinating process hands to
-its own helper processes; they need no job state and their reply goes back to the party's inbox.
+its own helper processes, and data those shards share; they need no job state. A shard's reply
+goes back to the party's inbox; a work handler that only keeps data returns None, no reply.
 A message is acknowledged to the transport only once its outcome (reply sent, or filed) is done.
 """
 
@@ -114,11 +117,12 @@ class StepContext:
         """Send a peer message for this job."""
         self._send(recipient, kind, body, self.task)
 
-    def submit_work(self, kind: MsgType, body: Any) -> None:
-        """Hand a shard of this step to the party's helper processes."""
+    def submit_work(self, kind: MsgType, body: Any, *, before_ack: bool = True) -> None:
+        """Hand a shard of this step to the party's helper processes (``before_ack=False``:
+        data they can do without, which the message that led to it need not wait for)."""
         env = Envelope(job=self.job, task=self.task, sender=self.party.name,
                        recipient=self.party.name, kind=kind, body=body)
-        self._transport.submit_work(self._sealer.seal(env))
+        self._transport.submit_work(self._sealer.seal(env), before_ack=before_ack)
 
     def helpers(self) -> int:
         """How many helper processes of this party take shards now."""
@@ -141,7 +145,11 @@ class StepContext:
         return Path(self.party.model_dir.replace("{job}", self.job))
 
 
-Handler = Callable[[StepContext, Any], tuple[MsgType, Any]]
+Handler = Callable[[StepContext, Any], tuple[MsgType, Any] | None]
+"""A step: its reply (kind, body). Only work steps may return None (nothing to answer)."""
+Arrival = Callable[[StepContext, str, Any], None]
+"""Runs with (sender, body) when a peer message of its kind is filed, before waiting steps are
+retried."""
 
 # Mail keys need the tree/depth of each peer message; bodies without them file under -1.
 def _mail_key(env: Envelope) -> MailKey:
@@ -208,6 +216,7 @@ class Worker:
 
     def __init__(self, party: PartySpec, transport: Transport,
                  handlers: dict[MsgType, Handler], sealer: Sealer, *,
+                 arrivals: dict[MsgType, Arrival] | None = None,
                  exit_on_close: bool = False,
                  peer_timeout: float = DEFAULT_PEER_TIMEOUT,
                  idle_job_seconds: float = IDLE_JOB_SECONDS,
@@ -219,6 +228,7 @@ class Worker:
         self.idle_job_seconds = idle_job_seconds
         self.transport = transport
         self.handlers = handlers
+        self.arrivals = arrivals or {}
         self.sealer = sealer
         """Signs what this worker sends; verifies and de-duplicates what it receives."""
         self.exit_on_close = exit_on_close
@@ -334,7 +344,25 @@ class Worker:
                         env.kind.name, env.sender, env.job)
         else:
             job.mailbox.put(_mail_key(env), env.body)
+            self._arrived(job, env)
             self._retry_pending(job)
+
+    def _arrived(self, job: _Job, env: Envelope) -> None:
+        """Let the role act on a filed peer message; its failures are the step's to answer."""
+        arrival = self.arrivals.get(env.kind)
+        if arrival is None:
+            return
+        ctx = StepContext(self.party, env.job, env.task, job.state, job.mailbox,
+                          self._send_for(env.job), self.transport, self.sealer)
+        try:
+            arrival(ctx, env.sender, env.body)
+        except NotReady:
+            pass
+        except (*USER_ERRORS, ProtocolError, CryptoError, DecodeError, MessageError) as exc:
+            log.info("%s: on %s: %s (the step will answer it)", self.party.name, env.kind.name,
+                     exc)
+        except Exception:  # a bug must not take the worker down
+            log.error("%s: on %s:\n%s", self.party.name, env.kind.name, traceback.format_exc())
 
     def _fail_pending(self, job: _Job, failure: Envelope) -> None:
         for p in [p for p in job.pending if p.env.task == failure.task]:
@@ -356,26 +384,29 @@ class Worker:
                           self._send_for(env.job), self.transport, self.sealer)
         start, first_try = time.perf_counter(), since or time.monotonic()
         try:
-            kind, body = handler(ctx, env.body)
+            reply = handler(ctx, env.body)
+            if reply is None and env.kind not in WORK:
+                raise TypeError(f"step {env.kind.name} returned no reply")
         except NotReady as waiting:
             job.pending.append(_Pending(env, first_try, str(waiting)))
             return
         except USER_ERRORS as exc:
-            kind, body = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name, str(exc), True)
+            reply = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name, str(exc), True)
         except (ProtocolError, CryptoError, DecodeError, MessageError) as exc:
             log.warning("%s: %s failed: %s", self.party.name, env.kind.name, exc)
-            kind, body = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name, str(exc), False)
+            reply = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name, str(exc), False)
         except Exception as exc:  # a bug must not take the worker down
             log.error("%s: %s crashed:\n%s", self.party.name, env.kind.name, traceback.format_exc())
-            kind, body = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name,
-                                                   f"internal error: {exc!r}", False)
+            reply = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name,
+                                              f"internal error: {exc!r}", False)
         if ctx.state is not None:
             job.state = ctx.state
         job.done.add(env.task)
         waited = f" (first tried {time.monotonic() - since:.3f}s ago)" if since else ""
         log.info("%s job=%s step=%s task=%s %.3fs%s", self.party.name, env.job, env.kind.name,
                  env.task, time.perf_counter() - start, waited)
-        self._reply(env, kind, body)
+        if reply is not None:
+            self._reply(env, *reply)
         if env.kind == MsgType.CLOSE_JOB:
             self.jobs.pop(env.job, None)
             if self.exit_on_close:

@@ -23,7 +23,7 @@ from crypto._gmp import mpz
 from crypto.compress import BinSumPacking
 from crypto.paillier import (PaillierPublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
                              public_key_from_n)
-from messages.bodies import HistogramShard, ShardHistogram
+from messages.bodies import HistogramShard, ShardHistogram, TreeCiphertexts
 from messages.instance_space import decode_mask, encode_mask
 from workers import ProtocolError
 
@@ -70,13 +70,41 @@ def sum_claimed(data: LevelData, claim: Callable[[], int | None]) -> dict[int, P
     return done
 
 
-_TREE_CIPHERTEXTS: dict[bytes, list[mpz]] = {}
-"""This process's parsed copy of the latest tree's ciphertexts, by SHA-256 (one tree)."""
+MAX_TREE_CHUNKS = 65_536
+
+_TREE_CIPHERTEXTS: dict[tuple[bytes, bytes], list[mpz]] = {}
+"""This process's parsed copy of the latest tree's ciphertexts, by (SHA-256, key n): one tree."""
+_TREE_CHUNKS: dict[tuple[bytes, int, int], dict[int, tuple[bytes, list[mpz]]]] = {}
+"""Chunks of the tree being received, by (key n, tree, chunk count): one tree."""
+
+
+def hold_tree_chunk(task: TreeCiphertexts) -> None:
+    """Parse and range-check a chunk of a tree's ciphertexts; once the tree's chunks are all
+    here, keep the tree (in place of the previous one) under its SHA-256 for its shards."""
+    if len(task.n) > MAX_KEY_BYTES or not 0 <= task.chunk < task.n_chunks <= MAX_TREE_CHUNKS:
+        raise ProtocolError(f"tree {task.tree}: chunk {task.chunk} of {task.n_chunks}, or key "
+                            f"size out of range")
+    public = public_key_from_n(int.from_bytes(task.n, "big"))
+    key = (task.n, task.tree, task.n_chunks)
+    if key not in _TREE_CHUNKS:  # another tree: what came of an earlier one will not be used
+        _TREE_CHUNKS.clear()
+        _TREE_CHUNKS[key] = {}
+    chunks = _TREE_CHUNKS[key]
+    if task.chunk in chunks:
+        return  # a copy meant for another helper
+    chunks[task.chunk] = (task.ciphertexts, ciphertexts_from_bytes(task.ciphertexts, public))
+    if len(chunks) < task.n_chunks:
+        return
+    ordered = [chunks[k] for k in range(task.n_chunks)]
+    digest = hashlib.sha256(b"".join(raw for raw, _ in ordered)).digest()
+    _TREE_CHUNKS.clear()
+    _TREE_CIPHERTEXTS.clear()  # one tree at a time
+    _TREE_CIPHERTEXTS[(digest, task.n)] = [c for _, parsed in ordered for c in parsed]
 
 
 def shard_data(task: HistogramShard) -> LevelData | None:
-    """Validate a helper's shard and parse it into the level's data; None if it names a tree
-    whose ciphertexts this process never got (another helper had the tree's first level)."""
+    """Validate a helper's shard and make it the level's data; None if it names a tree whose
+    ciphertexts this process does not hold (another helper took them, or it started later)."""
     if len(task.n) > MAX_KEY_BYTES or not 2 <= task.n_bins <= 256 or task.n_features < 1:
         raise ProtocolError("histogram shard: key size or bin count out of range")
     if any(r < 0 for r in task.rows):
@@ -92,13 +120,7 @@ def shard_data(task: HistogramShard) -> LevelData | None:
     codes = np.frombuffer(task.bins, dtype=np.uint8).reshape(total, task.n_features)
     if codes.size and int(codes.max()) >= task.n_bins:
         raise ProtocolError("histogram shard: bin code out of range")
-    if task.depth == 0 or task.tree_ciphertexts:  # the tree's first level brings them
-        if hashlib.sha256(task.tree_ciphertexts).digest() != task.tree_digest:
-            raise ProtocolError("histogram shard: the tree's ciphertexts fail their SHA-256")
-        _TREE_CIPHERTEXTS.clear()  # one tree at a time
-        _TREE_CIPHERTEXTS[task.tree_digest] = ciphertexts_from_bytes(task.tree_ciphertexts,
-                                                                     public)  # range-checked
-    tree = _TREE_CIPHERTEXTS.get(task.tree_digest)
+    tree = _TREE_CIPHERTEXTS.get((task.tree_digest, task.n))  # range-checked under this n
     if tree is None:
         return None
     index = np.frombuffer(task.index, dtype="<u4")

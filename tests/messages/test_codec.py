@@ -40,10 +40,11 @@ SAMPLES = {
     MsgType.NODE_POSITIONS: b.NodePositions(1, 2, [b.NodeSplit(3, 5, 6, encode_mask(np.ones(4, bool)))]),
     MsgType.DECISIONS: b.Decisions(0, [1, 2], 3, b"\x07"),
     MsgType.HISTOGRAM_SHARD: b.HistogramShard(1, 0, 1, b"\x05", 33, 2, [3], b"\x00" * 6,
-                                              b"\x00" * 12, b"\x01" * 32, b"\x02" * 24, 177,
-                                              11, "fedboost.host.work.1.units"),
+                                              b"\x00" * 12, b"\x01" * 32, 177, 11,
+                                              "fedboost.host.work.1.units"),
     MsgType.SHARD_HISTOGRAM: b.ShardHistogram(1, 0, 1, [0, 1], encode_mask(np.ones(66, bool)),
                                               b"\x03" * 10, 0.25),
+    MsgType.TREE_CIPHERTEXTS: b.TreeCiphertexts(1, 0, 2, b"\x05", b"\x02" * 24),
 }
 
 

@@ -12,13 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from crypto import CryptoError
 from crypto.compress import BinSumPacking
 from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_from_bytes,
                              ciphertexts_to_bytes, generate_keypair)
-from messages.bodies import HistogramShard
+from messages.bodies import HistogramShard, TreeCiphertexts
 from messages.transport import MemoryHub, MemoryTransport
 from workers import ProtocolError
-from workers.shards import LevelData, LevelWork, shard_data, shard_result, sum_claimed
+from workers.shards import (LevelData, LevelWork, hold_tree_chunk, shard_data, shard_result,
+                            sum_claimed)
 
 N_BINS = 5
 CELL_BITS = 40  # row values below 2**20, at most 2**10 rows: sums fit with room to spare
@@ -39,41 +41,77 @@ def _level(seed: int, public: PaillierPublicKey, private: PaillierPrivateKey, n_
     return codes, [int(v) for v in values], private.encrypt_batch([int(v) for v in values])
 
 
-def _task(public: PaillierPublicKey, packing: BinSumPacking, codes: np.ndarray, cts: list[int],
-          node_rows: list[int], *, rows: np.ndarray | None = None,
-          with_tree: bool = True) -> HistogramShard:
-    """A helper's shard of a level whose rows are ``rows`` of the tree (default: all, in order)."""
+def _hold(public: PaillierPublicKey, cts: list[int], tree: int = 0, chunks: int = 3) -> bytes:
+    """Hand a helper a tree's ciphertexts chunk by chunk, last chunk first (as copies of them
+    may come); returns their SHA-256."""
     table = ciphertexts_to_bytes(cts, public)
+    cuts = np.linspace(0, len(cts), chunks + 1).astype(int) * public.ciphertext_bytes
+    for k in reversed(range(chunks)):
+        hold_tree_chunk(TreeCiphertexts(tree=tree, chunk=k, n_chunks=chunks,
+                                        n=int(public.n).to_bytes(64, "big"),
+                                        ciphertexts=table[cuts[k]:cuts[k + 1]]))
+    return hashlib.sha256(table).digest()
+
+
+def _task(public: PaillierPublicKey, packing: BinSumPacking, codes: np.ndarray, cts: list[int],
+          node_rows: list[int], *, rows: np.ndarray | None = None, depth: int = 0) -> HistogramShard:
+    """A helper's shard of a level whose rows are ``rows`` of the tree (default: all, in order)."""
     rows = np.arange(len(cts)) if rows is None else rows
-    return HistogramShard(tree=0, depth=0 if with_tree else 1, shard=1,
+    return HistogramShard(tree=0, depth=depth, shard=1,
                           n=int(public.n).to_bytes(64, "big"), n_bins=N_BINS,
                           n_features=codes.shape[1], rows=node_rows,
                           bins=np.ascontiguousarray(codes[rows]).tobytes(),
                           index=rows.astype("<u4").tobytes(),
-                          tree_digest=hashlib.sha256(table).digest(),
-                          tree_ciphertexts=table if with_tree else b"",
+                          tree_digest=hashlib.sha256(ciphertexts_to_bytes(cts, public)).digest(),
                           cell_bits=packing.cell_bits, per_ciphertext=packing.per_ciphertext,
                           claims="pool")
 
 
-def test_later_levels_reuse_the_trees_ciphertexts_by_digest(
+def test_shards_sum_from_the_tree_the_helper_holds(
         keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
     public, private = keypair
     codes, _, cts = _level(7, public, private, 3, [10])
     packing = BinSumPacking.for_key(CELL_BITS, public.n.bit_length())
     deeper = np.array([8, 2, 5])
+    _hold(public, cts)
 
     first = shard_data(_task(public, packing, codes, cts, [10]))
-    later = shard_data(_task(public, packing, codes, cts, [3], rows=deeper, with_tree=False))
+    later = shard_data(_task(public, packing, codes, cts, [3], rows=deeper, depth=1))
 
     assert first is not None and later is not None
+    assert first.ciphertexts == cts
     assert later.ciphertexts == [cts[k] for k in deeper]
     assert np.array_equal(later.codes, codes[deeper])
     other = _level(8, public, private, 3, [10])[2]  # a tree this process never received
-    assert shard_data(_task(public, packing, codes, other, [10], with_tree=False)) is None
-    tampered = replace(_task(public, packing, codes, cts, [10]), tree_digest=b"\x00" * 32)
-    with pytest.raises(ProtocolError, match="fail their SHA-256"):
-        shard_data(tampered)
+    assert shard_data(_task(public, packing, codes, other, [10])) is None
+    other_key = generate_keypair(512)[0]  # the same digest under another key: not this tree
+    assert shard_data(replace(_task(public, packing, codes, cts, [10]),
+                              n=int(other_key.n).to_bytes(64, "big"))) is None
+
+
+def test_a_tree_is_held_only_once_all_its_chunks_came(
+        keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
+    public, private = keypair
+    codes, _, cts = _level(9, public, private, 2, [6])
+    packing = BinSumPacking.for_key(CELL_BITS, public.n.bit_length())
+    n = int(public.n).to_bytes(64, "big")
+    _hold(public, cts)
+    table = ciphertexts_to_bytes(_level(10, public, private, 2, [6])[2], public)
+    half = 3 * public.ciphertext_bytes
+
+    hold_tree_chunk(TreeCiphertexts(1, 0, 2, n, table[:half]))
+    hold_tree_chunk(TreeCiphertexts(1, 0, 2, n, table[:half]))  # a second copy changes nothing
+    assert shard_data(_task(public, packing, codes, cts, [6])) is not None  # tree 0 still held
+    hold_tree_chunk(TreeCiphertexts(1, 1, 2, n, table[half:]))
+    assert shard_data(_task(public, packing, codes, cts, [6])) is None  # tree 1 replaced it
+
+    with pytest.raises(CryptoError, match="not a multiple"):
+        hold_tree_chunk(TreeCiphertexts(2, 0, 2, n, table[:half - 1]))
+    with pytest.raises(ProtocolError, match="chunk 2 of 2"):
+        hold_tree_chunk(TreeCiphertexts(2, 2, 2, n, table[:half]))
+    beyond = (int(public.nsquare) + 1).to_bytes(public.ciphertext_bytes, "big")
+    with pytest.raises(CryptoError):
+        hold_tree_chunk(TreeCiphertexts(2, 0, 2, n, beyond))
 
 
 def _decrypt(private: PaillierPrivateKey, widths: list[int], filled: np.ndarray,
@@ -104,6 +142,7 @@ def test_however_features_are_claimed_the_key_holder_gets_the_same_sums(
     codes, values, cts = _level(seed, public, private, n_features, node_rows)
     packing = BinSumPacking.for_key(CELL_BITS, public.n.bit_length())
     data = LevelData(codes, cts, node_rows, N_BINS, public, packing)
+    _hold(public, cts)
     task = _task(public, packing, codes, cts, node_rows)
     work = LevelWork(key=(0, 1), built=list(range(len(node_rows))), n_bins=N_BINS,
                      n_features=n_features, pool="pool", tickets=1, data=data)

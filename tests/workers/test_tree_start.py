@@ -1,0 +1,120 @@
+"""A passive party starts a tree as soon as all its gradients are in: the coordinating process
+parses them and its helpers hold them before the tree's first histograms are asked for. Bad
+gradients are left for that step, which answers them with an error."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_to_bytes,
+                             generate_keypair)
+from messages.bodies import (EncryptedGradients, ErrorReply, JobSpec, OpenJob, PartyInfo, Step,
+                             TreeStart)
+from messages.envelope import Envelope, MsgType
+from messages.instance_space import encode_mask
+from messages.signing import Sealer, federation_sealers
+from messages.transport import MemoryHub
+from tests.scenarios import DATA
+from workers import shards
+from workers.passive import PassiveTraining
+from workers.roles import arrivals_for, handlers_for
+from workers.runtime import PartySpec, Worker
+
+SEALERS = federation_sealers(["guest", "host"])
+ROWS = 40
+SPEC = JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")], 2, 3, 0.3, 32,
+               "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 512, 0.0, 0, "y")
+
+
+@pytest.fixture(scope="module")
+def keypair() -> tuple[PaillierPublicKey, PaillierPrivateKey]:
+    return generate_keypair(512)
+
+
+def _host(tmp_path: Path, public: PaillierPublicKey) -> tuple[Worker, Worker, MemoryHub]:
+    """A host coordinator with an open job whose features are binned, and one helper."""
+    hub = MemoryHub(["host", "guest", "flow"], helpers={"host": 1})
+    party = PartySpec("host", "passive", str(DATA / "breast_hetero_host.csv"), "id", None,
+                      str(tmp_path), processes=2)
+    coordinator = Worker(party, hub.endpoint("host"), handlers_for("passive"), SEALERS["host"],
+                         arrivals=arrivals_for("passive"))
+    own = SEALERS["host"]  # each process has its own copy of the key (and of what it has seen)
+    helper = Worker(party, hub.endpoint("host", helper=True), handlers_for("passive"),
+                    Sealer(own.identity, own.private, dict(own.trusted)),
+                    arrivals=arrivals_for("passive"))
+    coordinator.handle_bytes(SEALERS["flow"].seal(
+        Envelope("job", "s/open", "flow", "host", MsgType.OPEN_JOB, OpenJob(SPEC))))
+    assert hub.endpoint("flow").receive(timeout=5) is not None  # OPENED
+    state = coordinator.jobs["job"].state
+    state.bins = np.random.default_rng(0).integers(0, 33, size=(ROWS, 3), dtype=np.uint8)
+    state.role_state.public = public
+    return coordinator, helper, hub
+
+
+def _from_guest(kind: MsgType, body: object) -> bytes:
+    return SEALERS["guest"].seal(Envelope("job", "s/encrypt_gradients/t0", "guest", "host",
+                                          kind, body))
+
+
+def _gradients(public: PaillierPublicKey, private: PaillierPrivateKey,
+               rows: int = ROWS) -> tuple[bytes, list[bytes]]:
+    blob = ciphertexts_to_bytes(private.encrypt_batch(list(range(1, rows + 1))), public)
+    half = (rows // 2) * public.ciphertext_bytes
+    start = TreeStart(tree=0, in_tree=encode_mask(np.ones(ROWS, dtype=bool)), n_chunks=2,
+                      value_bits=20, max_rows=ROWS)
+    return (_from_guest(MsgType.TREE_START, start),
+            [_from_guest(MsgType.ENCRYPTED_GRADIENTS, EncryptedGradients(0, k, part))
+             for k, part in enumerate((blob[:half], blob[half:]))])
+
+
+def test_chunks_reach_the_helpers_as_they_arrive_and_the_last_one_starts_the_tree(
+        tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
+    public, private = keypair
+    coordinator, helper, hub = _host(tmp_path, public)
+    run: PassiveTraining = coordinator.jobs["job"].state.role_state
+    start, chunks = _gradients(public, private)
+    work = hub.endpoint("host", helper=True)
+
+    coordinator.handle_bytes(start)
+    coordinator.handle_bytes(chunks[0])
+    assert run.tree == -1  # one chunk still to come...
+    first = work.receive(timeout=5)  # ...but the helper has the first one already
+    assert first is not None
+    coordinator.handle_bytes(chunks[1])
+    assert run.tree == 0 and len(run.tree_ciphertexts) == ROWS
+    assert not coordinator.jobs["job"].mailbox.items  # taken: the tree's first step is ready
+    second = work.receive(timeout=5)
+    assert second is not None
+
+    for handed in (second, first):
+        envelope = Sealer(SEALERS["host"].identity, SEALERS["host"].private,
+                          dict(SEALERS["host"].trusted)).open(handed)
+        assert envelope.kind == MsgType.TREE_CIPHERTEXTS and envelope.body.n_chunks == 2
+        helper.handle_bytes(handed)  # keeps the chunk, and answers nothing
+    assert hub.endpoint("host").receive(timeout=0.2) is None
+    digest = hashlib.sha256(run.ciphertexts).digest()
+    assert shards._TREE_CIPHERTEXTS[(digest, envelope.body.n)] == run.tree_ciphertexts
+
+
+def test_bad_gradients_are_answered_by_the_trees_first_step(
+        tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
+    public, private = keypair
+    coordinator, _, hub = _host(tmp_path, public)
+    run: PassiveTraining = coordinator.jobs["job"].state.role_state
+    start, chunks = _gradients(public, private, rows=ROWS - 1)  # one ciphertext short
+
+    for message in (start, *chunks):
+        coordinator.handle_bytes(message)
+    assert run.tree == -1
+
+    coordinator.handle_bytes(SEALERS["flow"].seal(Envelope(
+        "job", "s/build_histograms/t0/d0", "flow", "host", MsgType.BUILD_HISTOGRAMS, Step(0, 0))))
+    data = hub.endpoint("flow").receive(timeout=5)
+    assert data is not None
+    reply = SEALERS["flow"].open(data)
+    assert isinstance(reply.body, ErrorReply)
+    assert f"{ROWS - 1} ciphertexts for {ROWS} rows" in reply.body.message
