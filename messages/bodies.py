@@ -261,8 +261,10 @@ class HistogramShard:
 
     Per built node (in order): that node's rows of the bin codes (rows x features, uint8,
     row-major) and, per row, where its E(g, h, 1) is in the tree's ciphertexts (``index``,
-    uint32 little-endian). The tree's ciphertexts came before, in ``TreeCiphertexts`` chunks;
-    ``tree_digest`` names them. Never leaves the party.
+    uint32 little-endian). ``tree_digest`` names the tree's ciphertexts: with one helper they
+    came before, in ``TreeCiphertexts`` chunks; with more, the tree's first level carries them
+    in ``tree_ciphertexts`` (chunk copies on a shared queue would not reach every helper).
+    Never leaves the party.
     """
 
     tree: int
@@ -275,6 +277,7 @@ class HistogramShard:
     bins: bytes
     index: bytes
     tree_digest: bytes
+    tree_ciphertexts: bytes
     cell_bits: int
     per_ciphertext: int
     """How to pack the bin sums (crypto.compress.BinSumPacking)."""

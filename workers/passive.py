@@ -158,23 +158,23 @@ def gradients_arrived(ctx: StepContext, sender: str,
 
 def _pass_on_chunk(ctx: StepContext, state: JobState, run: PassiveTraining,
                    chunk: EncryptedGradients) -> None:
-    """One copy of a gradient chunk per helper (each takes one work item at a time), sealed
-    and published beside this thread; the tree's levels queue after them."""
+    """With one helper, pass a gradient chunk on to it, sealed and published beside this
+    thread; the tree's levels queue after it. With more, copies of a chunk on the shared work
+    queue could all go to one helper (each takes whatever comes while it is free), so they get
+    the tree with its first level instead (``_hand_out``)."""
     starts = ctx.mailbox.items.get((MsgType.TREE_START, state.active, chunk.tree, -1))
-    helpers = ctx.helpers()
-    if not starts or not helpers or run.public is None:
+    if not starts or run.public is None or ctx.helpers() != 1:
         return
-    _HAND_OUT.submit(_hand_out_chunk, ctx, helpers, TreeCiphertexts(
+    _HAND_OUT.submit(_hand_out_chunk, ctx, TreeCiphertexts(
         tree=chunk.tree, chunk=chunk.chunk, n_chunks=starts[0].n_chunks,
         n=_key_bytes(run.public), ciphertexts=chunk.ciphertexts))
 
 
-def _hand_out_chunk(ctx: StepContext, helpers: int, chunk: TreeCiphertexts) -> None:
+def _hand_out_chunk(ctx: StepContext, chunk: TreeCiphertexts) -> None:
     """Not waited for: a helper without the whole tree answers its shards empty, and this
     process sums what it left."""
     try:
-        for _ in range(helpers):
-            ctx.submit_work(MsgType.TREE_CIPHERTEXTS, chunk, before_ack=False)
+        ctx.submit_work(MsgType.TREE_CIPHERTEXTS, chunk, before_ack=False)
     except Exception as exc:  # noqa: BLE001 - a failed hand-out costs time, never a result
         log.warning("%s: could not hand tree %d's chunk %d to the helpers: %r", ctx.party.name,
                     chunk.tree, chunk.chunk, exc)
@@ -326,7 +326,8 @@ def _hand_out(ctx: StepContext, run: PassiveTraining, body: Step, helpers: int, 
               packing: BinSumPacking, bins: np.ndarray, rows: np.ndarray,
               counts: list[int]) -> float:
     """Queue the level's data for each helper: every bin code of its rows and where their
-    ciphertexts are in the tree's (which the helpers got when the tree started).
+    ciphertexts are in the tree's; with several helpers, the tree's first level also brings the
+    tree's ciphertexts (one helper got them chunk by chunk as they arrived).
     Returns when it was done (``time.perf_counter``)."""
     if helpers:
         shard = HistogramShard(
@@ -334,7 +335,9 @@ def _hand_out(ctx: StepContext, run: PassiveTraining, body: Step, helpers: int, 
             n_bins=run.params.max_bin + 1, n_features=bins.shape[1], rows=counts,
             bins=np.ascontiguousarray(bins[rows]).tobytes(),
             index=run.enc_index[rows].astype("<u4").tobytes(),
-            tree_digest=_tree_digest(run), cell_bits=packing.cell_bits,
+            tree_digest=_tree_digest(run),
+            tree_ciphertexts=run.ciphertexts if body.depth == 0 and helpers > 1 else b"",
+            cell_bits=packing.cell_bits,
             per_ciphertext=packing.per_ciphertext, claims=pool)
         for k in range(1, helpers + 1):
             ctx.submit_work(MsgType.HISTOGRAM_SHARD, replace(shard, shard=k))

@@ -96,10 +96,14 @@ def hold_tree_chunk(task: TreeCiphertexts) -> None:
     if len(chunks) < task.n_chunks:
         return
     ordered = [chunks[k] for k in range(task.n_chunks)]
-    digest = hashlib.sha256(b"".join(raw for raw, _ in ordered)).digest()
+    _keep_tree(hashlib.sha256(b"".join(raw for raw, _ in ordered)).digest(), task.n,
+               [c for _, parsed in ordered for c in parsed])
+
+
+def _keep_tree(digest: bytes, n: bytes, ciphertexts: list[mpz]) -> None:
     _TREE_CHUNKS.clear()
     _TREE_CIPHERTEXTS.clear()  # one tree at a time
-    _TREE_CIPHERTEXTS[(digest, task.n)] = [c for _, parsed in ordered for c in parsed]
+    _TREE_CIPHERTEXTS[(digest, n)] = ciphertexts
 
 
 def shard_data(task: HistogramShard) -> LevelData | None:
@@ -120,6 +124,10 @@ def shard_data(task: HistogramShard) -> LevelData | None:
     codes = np.frombuffer(task.bins, dtype=np.uint8).reshape(total, task.n_features)
     if codes.size and int(codes.max()) >= task.n_bins:
         raise ProtocolError("histogram shard: bin code out of range")
+    if task.tree_ciphertexts:  # the tree's first level, with several helpers
+        if hashlib.sha256(task.tree_ciphertexts).digest() != task.tree_digest:
+            raise ProtocolError("histogram shard: the tree's ciphertexts fail their SHA-256")
+        _keep_tree(task.tree_digest, task.n, ciphertexts_from_bytes(task.tree_ciphertexts, public))
     tree = _TREE_CIPHERTEXTS.get((task.tree_digest, task.n))  # range-checked under this n
     if tree is None:
         return None

@@ -54,8 +54,10 @@ def _hold(public: PaillierPublicKey, cts: list[int], tree: int = 0, chunks: int 
 
 
 def _task(public: PaillierPublicKey, packing: BinSumPacking, codes: np.ndarray, cts: list[int],
-          node_rows: list[int], *, rows: np.ndarray | None = None, depth: int = 0) -> HistogramShard:
-    """A helper's shard of a level whose rows are ``rows`` of the tree (default: all, in order)."""
+          node_rows: list[int], *, rows: np.ndarray | None = None, depth: int = 0,
+          with_tree: bool = False) -> HistogramShard:
+    """A helper's shard of a level whose rows are ``rows`` of the tree (default: all, in order);
+    ``with_tree``: it brings the tree's ciphertexts (a first level, several helpers)."""
     rows = np.arange(len(cts)) if rows is None else rows
     return HistogramShard(tree=0, depth=depth, shard=1,
                           n=int(public.n).to_bytes(64, "big"), n_bins=N_BINS,
@@ -63,6 +65,7 @@ def _task(public: PaillierPublicKey, packing: BinSumPacking, codes: np.ndarray, 
                           bins=np.ascontiguousarray(codes[rows]).tobytes(),
                           index=rows.astype("<u4").tobytes(),
                           tree_digest=hashlib.sha256(ciphertexts_to_bytes(cts, public)).digest(),
+                          tree_ciphertexts=ciphertexts_to_bytes(cts, public) if with_tree else b"",
                           cell_bits=packing.cell_bits, per_ciphertext=packing.per_ciphertext,
                           claims="pool")
 
@@ -87,6 +90,22 @@ def test_shards_sum_from_the_tree_the_helper_holds(
     other_key = generate_keypair(512)[0]  # the same digest under another key: not this tree
     assert shard_data(replace(_task(public, packing, codes, cts, [10]),
                               n=int(other_key.n).to_bytes(64, "big"))) is None
+
+
+def test_with_several_helpers_the_first_level_brings_the_tree(
+        keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
+    public, private = keypair
+    codes, _, cts = _level(11, public, private, 2, [5])
+    packing = BinSumPacking.for_key(CELL_BITS, public.n.bit_length())
+    first = _task(public, packing, codes, cts, [5], with_tree=True)
+
+    data = shard_data(first)
+    later = shard_data(_task(public, packing, codes, cts, [2], rows=np.array([4, 1]), depth=1))
+
+    assert data is not None and data.ciphertexts == cts
+    assert later is not None and later.ciphertexts == [cts[4], cts[1]]
+    with pytest.raises(ProtocolError, match="fail their SHA-256"):
+        shard_data(replace(first, tree_digest=b"\x00" * 32))
 
 
 def test_a_tree_is_held_only_once_all_its_chunks_came(

@@ -35,9 +35,10 @@ def keypair() -> tuple[PaillierPublicKey, PaillierPrivateKey]:
     return generate_keypair(512)
 
 
-def _host(tmp_path: Path, public: PaillierPublicKey) -> tuple[Worker, Worker, MemoryHub]:
-    """A host coordinator with an open job whose features are binned, and one helper."""
-    hub = MemoryHub(["host", "guest", "flow"], helpers={"host": 1})
+def _host(tmp_path: Path, public: PaillierPublicKey,
+          helpers: int = 1) -> tuple[Worker, Worker, MemoryHub]:
+    """A host coordinator with an open job whose features are binned, and a helper."""
+    hub = MemoryHub(["host", "guest", "flow"], helpers={"host": helpers})
     party = PartySpec("host", "passive", str(DATA / "breast_hetero_host.csv"), "id", None,
                       str(tmp_path), processes=2)
     coordinator = Worker(party, hub.endpoint("host"), handlers_for("passive"), SEALERS["host"],
@@ -98,6 +99,30 @@ def test_chunks_reach_the_helpers_as_they_arrive_and_the_last_one_starts_the_tre
     assert hub.endpoint("host").receive(timeout=0.2) is None
     digest = hashlib.sha256(run.ciphertexts).digest()
     assert shards._TREE_CIPHERTEXTS[(digest, envelope.body.n)] == run.tree_ciphertexts
+
+
+def test_with_two_helpers_the_trees_first_level_brings_the_tree(
+        tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
+    public, private = keypair
+    coordinator, _, hub = _host(tmp_path, public, helpers=2)
+    run: PassiveTraining = coordinator.jobs["job"].state.role_state
+    start, chunks = _gradients(public, private)
+    work = hub.endpoint("host", helper=True)
+
+    for message in (start, *chunks):
+        coordinator.handle_bytes(message)
+    assert run.tree == 0
+    assert work.receive(timeout=0.3) is None  # copies of chunks could all go to one helper
+
+    coordinator.handle_bytes(SEALERS["flow"].seal(Envelope(
+        "job", "s/build_histograms/t0/d0", "flow", "host", MsgType.BUILD_HISTOGRAMS, Step(0, 0))))
+    own = SEALERS["host"]
+    opener = Sealer(own.identity, own.private, dict(own.trusted))
+    shards_out = [opener.open(data) for data in (work.receive(timeout=5), work.receive(timeout=5))
+                  if data is not None]
+    assert [s.body.shard for s in shards_out] == [1, 2]
+    assert all(s.body.tree_ciphertexts == run.ciphertexts for s in shards_out)
+    assert all(s.body.tree_digest == hashlib.sha256(run.ciphertexts).digest() for s in shards_out)
 
 
 def test_bad_gradients_are_answered_by_the_trees_first_step(
