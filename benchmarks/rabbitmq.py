@@ -8,7 +8,8 @@ Each round runs default_credit three ways, same config and seed, in this order:
   memory      the embedded default (host: 2 processes on in-memory queues)
 Prints seconds per tree and the host's build-histograms seconds per tree (Prefect task run
 times) per run and averaged over rounds (this machine's speed drifts, so the three kinds take
-turns), then the RabbitMQ/memory cost ratio and the 1-process/2-process histogram speed-up.
+turns), then the RabbitMQ/memory cost ratio and the 1-process/2-process histogram speed-up, in
+all and split into the tree's first level and the deeper ones.
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ def _job(tag: str, url: str, bits: int, trees: int, keys: Path) -> dict[str, Any
 def _measure(run: Any) -> dict[str, float]:
     state = run()
     result = state.result()
-    steps = step_seconds(state.state_details.flow_run_id)
+    steps = step_seconds(state.state_details.flow_run_id, by_depth=True)
     trees = len(result["tree_seconds"])
+    first = steps.get("build-histograms-d0", 0.0)
+    deeper = sum(v for k, v in steps.items() if k.startswith("build-histograms-d")) - first
     return {"s/tree": sum(result["tree_seconds"]) / trees,
-            "hist s/tree": steps.get("build-histograms", 0.0) / trees,
+            "hist s/tree": (first + deeper) / trees,
+            "hist d0 s/tree": first / trees, "hist deeper s/tree": deeper / trees,
             "train_auc": result["train_auc"]}
 
 
@@ -127,6 +131,9 @@ def main() -> None:
     speedup = mean["rabbitmq-1"]["hist s/tree"] / mean["rabbitmq-2"]["hist s/tree"]
     print(f"\nRabbitMQ / in-memory seconds per tree (host 2 processes each): {cost:.3f}")
     print(f"host histograms, 1 process / 2 processes: {speedup:.2f}x faster with two")
+    for part, label in (("hist d0 s/tree", "first level"), ("hist deeper s/tree", "deeper levels")):
+        one, two = mean["rabbitmq-1"][part], mean["rabbitmq-2"][part]
+        print(f"  {label}: {one:.2f} / {two:.2f} s/tree, {one / two:.2f}x")
 
 
 if __name__ == "__main__":

@@ -38,8 +38,9 @@ TREE_STEPS = ["encrypt-gradients", "build-histograms", "find-splits", "apply-spl
               "broadcast-nodes", "finish-tree"]
 
 
-def step_seconds(flow_run_id: object) -> dict[str, float]:
-    """Total run time per task name of one flow run, read back from the Prefect API."""
+def step_seconds(flow_run_id: object, by_depth: bool = False) -> dict[str, float]:
+    """Total run time per task name of one flow run, read back from the Prefect API (per step,
+    or with ``by_depth`` per step and tree depth: ``build-histograms-d0``)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
@@ -54,7 +55,7 @@ def step_seconds(flow_run_id: object) -> dict[str, float]:
             if len(page) < 200:
                 break
     for run in runs:
-        name = re.sub(r"-t\d+(-d\d+)?$", "", run.name)
+        name = re.sub(r"-t\d+(?=(-d\d+)?$)" if by_depth else r"-t\d+(-d\d+)?$", "", run.name)
         totals[name] = totals.get(name, 0.0) + run.total_run_time.total_seconds()
     return totals
 
