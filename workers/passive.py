@@ -255,13 +255,18 @@ def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, A
         run.level = _start_level(ctx, state, run, body)
     work = run.level
     public, packing = _require_key(run), work.data.packing
-    ctx.mailbox.require((MsgType.SHARD_HISTOGRAM, ctx.party.name, *level),
-                        counts=[work.tickets - len(work.answered)])
-    for part in ctx.mailbox.take_all(MsgType.SHARD_HISTOGRAM, ctx.party.name, *level):
+    answers = (MsgType.SHARD_HISTOGRAM, ctx.party.name, *level)
+    if not work.gives_up_on_helpers(time.monotonic()):
+        ctx.mailbox.require(answers, counts=[work.tickets - len(work.answered)])
+    for part in ctx.mailbox.take_all(*answers):
         work.add_answer(part, packing, public.ciphertext_bytes)
     run.level = None
     if work.pool:
         ctx.close_claims(work.pool)
+    if len(work.answered) < work.tickets:
+        log.warning("%s t%d d%d: %d of %d helpers did not answer; their features are summed "
+                    "here", ctx.party.name, body.tree, body.depth,
+                    work.tickets - len(work.answered), work.tickets)
     for feature in work.missing():  # claimed by a helper that never answered
         work.features[feature] = work.data.sum_features([feature])
     log.debug("%s t%d d%d: %d of %d features summed by helpers (in up to %.3fs), %d here",
@@ -311,10 +316,12 @@ def _start_level(ctx: StepContext, state: JobState, run: PassiveTraining,
                      counts, run.params.max_bin + 1, public, packing)
     work = LevelWork(key=(body.tree, body.depth), built=built, n_bins=data.n_bins,
                      n_features=bins.shape[1], pool=pool, tickets=helpers, data=data)
+    summing = time.monotonic()
     if helpers:
         work.features = sum_claimed(data, lambda: ctx.claim(pool))
     else:
         work.together = data.sum_features(list(range(data.codes.shape[1])))
+    work.summed_here = time.monotonic(), time.monotonic() - summing
     handed_out = handing_out.result()  # its errors are this step's; acks wait for it
     log.debug("%s t%d d%d: %d helpers; handed out at %.3fs, %d features done here at %.3fs",
               ctx.party.name, body.tree, body.depth, helpers, handed_out - started,

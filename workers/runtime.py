@@ -206,6 +206,8 @@ MAX_PENDING = 64
 
 DEFAULT_PEER_TIMEOUT = 900.0
 """Seconds a step may wait for a peer's message before it fails, naming the peer."""
+RETRY_SECONDS = 1.0
+"""How often waiting steps are retried when no message comes (see ``Worker._retry_waiting``)."""
 IDLE_JOB_SECONDS = 24 * 3600.0
 """A job without any message for this long is dropped from memory (its flow died and was not
 resumed); its checkpoints stay on disk, so resuming it later still continues where it stopped."""
@@ -234,6 +236,7 @@ class Worker:
         self.exit_on_close = exit_on_close
         self.jobs: dict[str, _Job] = {}
         self._stopping = False
+        self._last_retry = time.monotonic()
 
     def stop(self, *_: object) -> None:
         """Finish the current message and exit the loop."""
@@ -250,6 +253,7 @@ class Worker:
                 self.handle_bytes(data)
                 self.transport.acknowledge()
             self._expire_pending()
+            self._retry_waiting()
             self._drop_idle_jobs()
             self._beat()
         self.transport.close()
@@ -268,6 +272,17 @@ class Worker:
             log.warning("%s: dropped job %r after %.0f s without messages (its checkpoints "
                         "stay)", self.party.name, name, now - self.jobs[name].last_seen)
             self.jobs.pop(name).discard()
+
+    def _retry_waiting(self) -> None:
+        """Retry waiting steps now and then even without new mail: a step may decide to go on
+        without input that stopped coming (a helper process that died mid-level)."""
+        now = time.monotonic()
+        if now - self._last_retry < RETRY_SECONDS:
+            return
+        self._last_retry = now
+        for job in list(self.jobs.values()):
+            if job.pending:
+                self._retry_pending(job)
 
     def _expire_pending(self) -> None:
         """Fail steps whose peer input never came, so no flow waits forever."""

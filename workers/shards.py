@@ -30,6 +30,10 @@ from workers import ProtocolError
 MAX_KEY_BYTES = 512
 """4096-bit moduli, the largest key a job may configure."""
 
+HELPER_GRACE = 3.0
+MIN_HELPER_WAIT = 10.0
+"""Seconds a level waits at least for its helpers' answers (see ``LevelWork.gives_up_on_helpers``)."""
+
 PackedFeature = tuple[np.ndarray, bytes]
 """One feature's filled mask (node, bin) and its filled bins' sums, packed, fixed width."""
 
@@ -170,6 +174,18 @@ class LevelWork:
     by_helpers: int = 0
     helper_seconds: float = 0.0
     """The longest a helper took (parsing and summing), for the log."""
+    summed_here: tuple[float, float] | None = None
+    """When this process finished its share (``time.monotonic``) and how long it took."""
+
+    def gives_up_on_helpers(self, now: float) -> bool:
+        """Whether to stop waiting for helpers' answers and sum what they did not return here:
+        once ``HELPER_GRACE`` times this process's own share has passed since it finished
+        (at least ``MIN_HELPER_WAIT`` s). Claims give every process about the same share, so a
+        helper that is still silent by then has died or stalled; a late answer is ignored."""
+        if self.summed_here is None:
+            return False
+        finished, took = self.summed_here
+        return now - finished > max(MIN_HELPER_WAIT, HELPER_GRACE * took)
 
     def add_answer(self, part: ShardHistogram, packing: BinSumPacking, width: int) -> None:
         """File a helper's features (a shard answered twice, after a redelivery, adds only

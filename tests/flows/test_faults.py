@@ -76,6 +76,16 @@ class Federation:
     def log(self, party: str) -> str:
         return "".join(path.read_text() for path in self.logs[party])
 
+    def start_helper(self) -> tuple[subprocess.Popen[bytes], Path]:
+        """Another host process, started after the host's: it stands by for the inbox and
+        takes histogram shards (a helper)."""
+        log = self.root / f"{self.host}-helper-{uuid.uuid4().hex[:4]}.log"
+        proc = subprocess.Popen(
+            [*FEDBOOST, "worker", "--party", self.host, "--config", str(self.job_file),
+             "--models", str(self.models), "--processes", "1"],
+            stdout=log.open("w"), stderr=subprocess.STDOUT, env=self.env, cwd=self.root)
+        return proc, log
+
     def train(self, job_file: Path, command: str = "train") -> subprocess.Popen[str]:
         """The flow in its own process (and process group: its Prefect server goes with it)."""
         config = load_config(job_file)
@@ -202,6 +212,29 @@ def test_broker_restarted_mid_run(federation: Federation, reference: Path) -> No
     _finish(flow)
     _assert_same_model(federation, job, reference)
     assert "reconnected" in federation.log(federation.guest)
+
+
+def test_a_helper_that_stops_answering_costs_time_not_the_model(federation: Federation,
+                                                                reference: Path) -> None:
+    """A helper frozen mid-training (SIGSTOP: its connection stays open, so the broker still
+    hands it shards and the party still counts it) never answers its level: the coordinating
+    process stops waiting, sums the features it left, and the job ends with the same model."""
+    job_file = federation.write_job("lost-helper")
+    job = load_config(job_file).job
+    helper, helper_log = federation.start_helper()
+    try:
+        _wait_for(lambda: "serving" in helper_log.read_text(), "the helper to serve", 120)
+        flow = federation.train(job_file)
+        shared = re.compile(rf"job={re.escape(job)} step=HISTOGRAM_SHARD task=\S+/t1/d0 ")
+        _wait_for(lambda: bool(shared.search(helper_log.read_text())), "the helper's share of t1")
+        helper.send_signal(signal.SIGSTOP)
+        _wait_for(lambda: "helpers did not answer" in federation.log(federation.host),
+                  "the coordinating process to stop waiting", 120)
+    finally:
+        helper.send_signal(signal.SIGKILL)  # also ends a stopped process
+        helper.wait()
+    _finish(flow)
+    _assert_same_model(federation, job, reference)
 
 
 def test_a_party_that_never_answers_fails_the_job_naming_it(rabbit_url: str,

@@ -19,8 +19,8 @@ from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_
 from messages.bodies import HistogramShard, TreeCiphertexts
 from messages.transport import MemoryHub, MemoryTransport
 from workers import ProtocolError
-from workers.shards import (LevelData, LevelWork, hold_tree_chunk, shard_data, shard_result,
-                            sum_claimed)
+from workers.shards import (HELPER_GRACE, MIN_HELPER_WAIT, LevelData, LevelWork,
+                            hold_tree_chunk, shard_data, shard_result, sum_claimed)
 
 N_BINS = 5
 CELL_BITS = 40  # row values below 2**20, at most 2**10 rows: sums fit with room to spare
@@ -257,3 +257,21 @@ def test_memory_claims_hand_each_unit_to_one_process() -> None:
     assert coordinator.claim(pool) is None  # an older pool is over
     coordinator.close_claims(newer)
     assert coordinator.claim(newer) is None
+
+
+def test_a_level_stops_waiting_for_silent_helpers_after_a_grace_period(
+        keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
+    public, private = keypair
+    codes, _, cts = _level(12, public, private, 2, [3])
+    data = LevelData(codes, cts, [3], N_BINS, public,
+                     BinSumPacking.for_key(CELL_BITS, public.n.bit_length()))
+    work = LevelWork(key=(0, 0), built=[0], n_bins=N_BINS, n_features=2, pool="pool",
+                     tickets=1, data=data)
+    assert not work.gives_up_on_helpers(1e9)  # this process has not finished its share yet
+
+    work.summed_here = (100.0, 1.0)  # finished at t=100 after 1 s of summing
+    assert not work.gives_up_on_helpers(100.0 + MIN_HELPER_WAIT - 0.1)
+    assert work.gives_up_on_helpers(100.0 + MIN_HELPER_WAIT + 0.1)
+    work.summed_here = (100.0, 2 * MIN_HELPER_WAIT)  # a long share: wait in proportion
+    assert not work.gives_up_on_helpers(100.0 + 2 * MIN_HELPER_WAIT + 1)
+    assert work.gives_up_on_helpers(100.0 + HELPER_GRACE * 2 * MIN_HELPER_WAIT + 0.1)
