@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from crypto._gmp import mpz
 from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_from_bytes,
@@ -57,6 +57,24 @@ class KeyHolderPool:
         """Encrypt to concatenated fixed-width ciphertexts."""
         parts = [list(plaintexts[s]) for s in self._slices(len(plaintexts))]
         return b"".join(self._pool.map(_encrypt, parts))
+
+    def encrypt_chunks(self, plaintexts: Sequence[int], chunk: int) -> Iterator[bytes]:
+        """Encrypt ``chunk`` plaintexts at a time (the last chunk may be shorter), each chunk
+        split over the processes, and yield each chunk's ciphertexts as soon as it is done, in
+        order, so the caller can send one while the next is encrypted."""
+        if chunk < 1:
+            raise ValueError(f"chunks of {chunk} plaintexts")
+        count, part = len(plaintexts), -(-chunk // self.processes)
+        cuts = [(a, min(a + part, first + chunk, count))
+                for first in range(0, count, chunk)
+                for a in range(first, min(first + chunk, count), part)]
+        done: list[bytes] = []
+        blobs = self._pool.imap(_encrypt, [list(plaintexts[a:b]) for a, b in cuts])
+        for (_, stop), blob in zip(cuts, blobs, strict=True):
+            done.append(blob)
+            if stop % chunk == 0 or stop == count:  # a chunk's last part
+                yield b"".join(done)
+                done = []
 
     def decrypt(self, ciphertexts: bytes) -> list[int]:
         """Decrypt concatenated fixed-width ciphertexts."""

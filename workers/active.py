@@ -193,18 +193,18 @@ def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         packer.check_fits(run.public.n.bit_length())
         run.packer = packer
         started = time.perf_counter()
-        encrypted = run.crypto_pool().encrypt(packer.pack(g.ints[in_tree], h.ints[in_tree]))
-        encrypted_at = time.perf_counter()
-        step = GRADIENT_CHUNK * run.public.ciphertext_bytes
-        blobs = [encrypted[i:i + step] for i in range(0, len(encrypted), step)]
-        start = TreeStart(tree=tree, in_tree=encode_mask(in_tree), n_chunks=len(blobs),
-                          value_bits=g.bits, max_rows=n)
+        packed = packer.pack(g.ints[in_tree], h.ints[in_tree])
+        start = TreeStart(tree=tree, in_tree=encode_mask(in_tree),
+                          n_chunks=-(-len(packed) // GRADIENT_CHUNK), value_bits=g.bits, max_rows=n)
         for passive in participants:
             ctx.send(passive, MsgType.TREE_START, start)
-            for k, blob in enumerate(blobs):
+        # each chunk goes out while the next is encrypted: passive parties take in (and pass
+        # on to their helpers) the tree's gradients during the encryption, not after it
+        for k, blob in enumerate(run.crypto_pool().encrypt_chunks(packed, GRADIENT_CHUNK)):
+            for passive in participants:
                 ctx.send(passive, MsgType.ENCRYPTED_GRADIENTS, EncryptedGradients(tree, k, blob))
-        log.debug("%s t%d: encrypted %d rows in %.3fs, sent in %.3fs", ctx.party.name, tree,
-                  int(in_tree.sum()), encrypted_at - started, time.perf_counter() - encrypted_at)
+        log.debug("%s t%d: encrypted and sent %d rows in %.3fs", ctx.party.name, tree,
+                  int(in_tree.sum()), time.perf_counter() - started)
     return MsgType.ACK, Ack(count=int(in_tree.sum()))
 
 

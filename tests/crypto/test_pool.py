@@ -24,3 +24,18 @@ def test_pool_encrypts_and_decrypts_like_the_key(keypair_1024) -> None:  # type:
             pool.decrypt(b"\xff" * pub.ciphertext_bytes)
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 8, 9, 23])
+def test_chunks_come_in_order_and_whole(keypair_1024, count: int) -> None:  # type: ignore[no-untyped-def]
+    pub, priv = keypair_1024
+    pool = KeyHolderPool(priv, processes=2)
+    try:
+        plain = list(range(5000, 5000 + count))
+        chunks = list(pool.encrypt_chunks(plain, 8))
+        assert [len(c) // pub.ciphertext_bytes for c in chunks] == \
+            [min(8, count - k) for k in range(0, count, 8)]
+        cts = ciphertexts_from_bytes(b"".join(chunks), pub)
+        assert [int(m) for m in priv.decrypt_batch(cts)] == plain
+    finally:
+        pool.close()
