@@ -78,6 +78,12 @@ class PaillierPublicKey:
         return hash(int(self.n))
 
     @property
+    def n_bytes(self) -> bytes:
+        """The modulus as it travels: big-endian, no leading zero bytes."""
+        n = int(self.n)
+        return n.to_bytes((n.bit_length() + 7) // 8, "big")
+
+    @property
     def ciphertext_bytes(self) -> int:
         """Fixed width of a ciphertext on the wire."""
         return (self.nsquare.bit_length() + 7) // 8

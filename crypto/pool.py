@@ -54,9 +54,8 @@ class KeyHolderPool:
         return [slice(i, min(i + step, count)) for i in range(0, count, step)]
 
     def encrypt(self, plaintexts: Sequence[int]) -> bytes:
-        """Encrypt to concatenated fixed-width ciphertexts."""
-        parts = [list(plaintexts[s]) for s in self._slices(len(plaintexts))]
-        return b"".join(self._pool.map(_encrypt, parts))
+        """Encrypt to concatenated fixed-width ciphertexts (one chunk, split over the processes)."""
+        return b"".join(self.encrypt_chunks(plaintexts, max(1, len(plaintexts))))
 
     def encrypt_chunks(self, plaintexts: Sequence[int], chunk: int) -> Iterator[bytes]:
         """Encrypt ``chunk`` plaintexts at a time (the last chunk may be shorter), each chunk

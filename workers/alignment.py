@@ -106,8 +106,7 @@ def psi_intersect(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
 
 def send_public_key(ctx: StepContext, state: JobState, public: PaillierPublicKey) -> None:
     """Give every passive party the Paillier public key."""
-    n = int(public.n)
-    msg = PublicKeyMsg(n=n.to_bytes((n.bit_length() + 7) // 8, "big"), bits=n.bit_length())
+    msg = PublicKeyMsg(n=public.n_bytes, bits=int(public.n).bit_length())
     for passive in state.passives:
         ctx.send(passive, MsgType.PUBLIC_KEY, msg)
 

@@ -167,7 +167,7 @@ def _pass_on_chunk(ctx: StepContext, state: JobState, run: PassiveTraining,
         return
     _HAND_OUT.submit(_hand_out_chunk, ctx, TreeCiphertexts(
         tree=chunk.tree, chunk=chunk.chunk, n_chunks=starts[0].n_chunks,
-        n=_key_bytes(run.public), ciphertexts=chunk.ciphertexts))
+        n=run.public.n_bytes, ciphertexts=chunk.ciphertexts))
 
 
 def _hand_out_chunk(ctx: StepContext, chunk: TreeCiphertexts) -> None:
@@ -211,11 +211,6 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     run.node_of_row = np.zeros(n_train, dtype=np.int64)
     run.depth = 0
     run.level = None
-
-
-def _key_bytes(public: PaillierPublicKey) -> bytes:
-    n = int(public.n)
-    return n.to_bytes((n.bit_length() + 7) // 8, "big")
 
 
 def _require_key(run: PassiveTraining) -> PaillierPublicKey:
@@ -321,7 +316,8 @@ def _start_level(ctx: StepContext, state: JobState, run: PassiveTraining,
         work.features = sum_claimed(data, lambda: ctx.claim(pool))
     else:
         work.together = data.sum_features(list(range(data.codes.shape[1])))
-    work.summed_here = time.monotonic(), time.monotonic() - summing
+    summed = time.monotonic()
+    work.summed_here = summed, summed - summing
     handed_out = handing_out.result()  # its errors are this step's; acks wait for it
     log.debug("%s t%d d%d: %d helpers; handed out at %.3fs, %d features done here at %.3fs",
               ctx.party.name, body.tree, body.depth, helpers, handed_out - started,
@@ -338,7 +334,7 @@ def _hand_out(ctx: StepContext, run: PassiveTraining, body: Step, helpers: int, 
     Returns when it was done (``time.perf_counter``)."""
     if helpers:
         shard = HistogramShard(
-            tree=body.tree, depth=body.depth, shard=0, n=_key_bytes(_require_key(run)),
+            tree=body.tree, depth=body.depth, shard=0, n=_require_key(run).n_bytes,
             n_bins=run.params.max_bin + 1, n_features=bins.shape[1], rows=counts,
             bins=np.ascontiguousarray(bins[rows]).tobytes(),
             index=run.enc_index[rows].astype("<u4").tobytes(),

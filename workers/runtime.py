@@ -37,6 +37,8 @@ from workers import DataError, NotReady, ProtocolError
 log = logging.getLogger("fedboost.worker")
 
 USER_ERRORS = (DataError, BoostingError)
+STEP_ERRORS = (ProtocolError, CryptoError, DecodeError, MessageError)
+"""Failures of a step that are the peers' or the input's, not a bug: answered, logged briefly."""
 SWITCH_INTERVAL = 0.0005
 """Seconds a thread may hold the GIL while another waits (Python's default: 0.005). A worker
 sums ciphertexts on its main thread while a background thread (broker publisher, queue feeder)
@@ -367,17 +369,20 @@ class Worker:
         arrival = self.arrivals.get(env.kind)
         if arrival is None:
             return
-        ctx = StepContext(self.party, env.job, env.task, job.state, job.mailbox,
-                          self._send_for(env.job), self.transport, self.sealer)
+        ctx = self._context(job, env)
         try:
             arrival(ctx, env.sender, env.body)
         except NotReady:
             pass
-        except (*USER_ERRORS, ProtocolError, CryptoError, DecodeError, MessageError) as exc:
+        except (*USER_ERRORS, *STEP_ERRORS) as exc:
             log.info("%s: on %s: %s (the step will answer it)", self.party.name, env.kind.name,
                      exc)
         except Exception:  # a bug must not take the worker down
             log.error("%s: on %s:\n%s", self.party.name, env.kind.name, traceback.format_exc())
+
+    def _context(self, job: _Job, env: Envelope) -> StepContext:
+        return StepContext(self.party, env.job, env.task, job.state, job.mailbox,
+                           self._send_for(env.job), self.transport, self.sealer)
 
     def _fail_pending(self, job: _Job, failure: Envelope) -> None:
         for p in [p for p in job.pending if p.env.task == failure.task]:
@@ -395,8 +400,7 @@ class Worker:
             self._reply(env, MsgType.ERROR, ErrorReply(self.party.name, env.kind.name,
                         f"{self.party.role} party has no step {env.kind.name}", False))
             return
-        ctx = StepContext(self.party, env.job, env.task, job.state, job.mailbox,
-                          self._send_for(env.job), self.transport, self.sealer)
+        ctx = self._context(job, env)
         start, first_try = time.perf_counter(), since or time.monotonic()
         try:
             reply = handler(ctx, env.body)
@@ -407,7 +411,7 @@ class Worker:
             return
         except USER_ERRORS as exc:
             reply = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name, str(exc), True)
-        except (ProtocolError, CryptoError, DecodeError, MessageError) as exc:
+        except STEP_ERRORS as exc:
             log.warning("%s: %s failed: %s", self.party.name, env.kind.name, exc)
             reply = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name, str(exc), False)
         except Exception as exc:  # a bug must not take the worker down
