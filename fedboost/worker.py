@@ -28,7 +28,8 @@ def party_spec(config: WorkerConfig) -> PartySpec:
     return PartySpec(name=config.party, role=config.role, data=str(config.data),
                      id_column=config.id, label=config.label,
                      model_dir=str(config.models / "{job}" / config.party),
-                     columns=config.columns, processes=config.processes)
+                     columns=config.columns, processes=config.processes,
+                     state_dir=str(config.state) if config.state else "")
 
 
 def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = None) -> None:

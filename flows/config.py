@@ -214,6 +214,9 @@ class WorkerConfig(_Strict):
     columns: list[str] | None = None
     models: Path = Path("models")
     """This party's model part of job J goes to ``models/J/<party>/``."""
+    state: Path | None = None
+    """The party's private folder (checkpoint key, answered messages); default
+    ``models/.fedboost/<party>``."""
     processes: int = Field(1, ge=1, le=64)
     """Processes this command starts (one coordinates, the others take histogram shards)."""
     transport: TransportConfig = TransportConfig(kind="rabbitmq")
@@ -257,6 +260,7 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
         raise ConfigError(f"config file {path} is for party {config.party!r}, not {party!r}")
     return config.model_copy(update={"data": _resolve(base, config.data),
                                      "models": _resolve(base, config.models),
+                                     "state": _resolve(base, config.state),
                                      "signing": SigningConfig(
                                          key_dir=_resolve(base, config.signing.key_dir))})
 
