@@ -33,6 +33,7 @@ from messages.envelope import COMMANDS, WORK, Envelope, MsgType
 from messages.signing import Sealer, is_flow
 from messages.transport import Transport
 from workers import DataError, NotReady, ProtocolError
+from workers.policy import PartyPolicy
 
 log = logging.getLogger("fedboost.worker")
 
@@ -60,6 +61,8 @@ class PartySpec:
     """Feature columns to use (default: every column but the id and the label)."""
     processes: int = 1
     """Worker processes of this party: one coordinates, the others take histogram shards."""
+    policy: PartyPolicy = PartyPolicy()
+    """The party's own policy (minimum key size, protocols): no job overrides it."""
     state_dir: str = ""
     """A folder only this party's worker reads (0700): the key that authenticates its
     checkpoints and its record of messages already answered. Default: ``.fedboost/<party>``
