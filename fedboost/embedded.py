@@ -12,6 +12,7 @@ from crypto.pool import default_processes
 from flows.config import JobConfig, PartyConfig
 from messages.signing import FLOW_IDENTITY, federation_sealers
 from messages.transport import MemoryHub
+from fedboost.worker import policy_of
 from workers.embedded import start_workers, stop_workers
 from workers.runtime import PartySpec
 
@@ -27,7 +28,8 @@ def party_specs(config: JobConfig, out_dir: Path,
         path = (data or {}).get(name, party.data)
         specs.append(PartySpec(name=name, role=party.role, data=str(path), id_column=party.id,
                                label=party.label, model_dir=str(out_dir / name),
-                               columns=party.columns, processes=processes_of(party)))
+                               columns=party.columns, processes=processes_of(party),
+                               policy=policy_of(party.policy)))
     return specs
 
 

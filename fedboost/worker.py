@@ -14,10 +14,11 @@ import os
 import signal
 from multiprocessing.process import BaseProcess
 
-from flows.config import WorkerConfig
+from flows.config import PolicyConfig, WorkerConfig
 from messages.rabbitmq import RabbitTransport, redact
 from messages.signing import Sealer
 from workers.roles import arrivals_for, handlers_for
+from workers.policy import PartyPolicy
 from workers.runtime import PartySpec, Worker
 
 log = logging.getLogger("fedboost.worker")
@@ -28,7 +29,15 @@ def party_spec(config: WorkerConfig) -> PartySpec:
     return PartySpec(name=config.party, role=config.role, data=str(config.data),
                      id_column=config.id, label=config.label,
                      model_dir=str(config.models / "{job}" / config.party),
-                     columns=config.columns, processes=config.processes)
+                     columns=config.columns, processes=config.processes,
+                     state_dir=str(config.state) if config.state else "",
+                     policy=policy_of(config.policy))
+
+
+def policy_of(config: PolicyConfig) -> PartyPolicy:
+    """A party's policy as its worker holds it."""
+    return PartyPolicy(min_key_bits=config.min_key_bits, protocols=tuple(config.protocols),
+                       obfuscator=config.obfuscator)
 
 
 def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = None) -> None:

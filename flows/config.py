@@ -23,6 +23,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class PolicyConfig(_Strict):
+    """A party's own policy (``workers.policy.PartyPolicy``): what its worker accepts."""
+
+    min_key_bits: int = Field(2048, ge=1024, le=8192)
+    """Smallest Paillier modulus the party generates or accepts."""
+    protocols: list[Literal["vertical_secureboost"]] = ["vertical_secureboost"]
+    """Protocols the party takes part in."""
+    obfuscator: Literal["short", "full"] = "short"
+    """Key holder's Paillier obfuscators: short exponent (fast) or full-length r^n."""
+
+
 class PartyConfig(_Strict):
     """One party: its role and (in the embedded default) its data file."""
 
@@ -34,6 +45,9 @@ class PartyConfig(_Strict):
     label: str | None = None
     columns: list[str] | None = None
     """Feature columns this party contributes (default: all but id and label)."""
+    policy: PolicyConfig = PolicyConfig()
+    """The party's policy where this file starts its worker (embedded default,
+    ``fedboost worker --config job.yaml``)."""
     processes: int | None = Field(None, ge=1, le=64)
     """Worker processes the embedded default starts for this party (default: one per core for
     a passive party, whose histogram shards they share; one for the active party)."""
@@ -214,6 +228,11 @@ class WorkerConfig(_Strict):
     columns: list[str] | None = None
     models: Path = Path("models")
     """This party's model part of job J goes to ``models/J/<party>/``."""
+    policy: PolicyConfig = PolicyConfig()
+    """What this party accepts, whatever a job asks (minimum key size, protocols)."""
+    state: Path | None = None
+    """The party's private folder (checkpoint key, answered messages); default
+    ``models/.fedboost/<party>``."""
     processes: int = Field(1, ge=1, le=64)
     """Processes this command starts (one coordinates, the others take histogram shards)."""
     transport: TransportConfig = TransportConfig(kind="rabbitmq")
@@ -241,7 +260,7 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
                               f"{', '.join(job.parties)})")
         entry = job.parties[party]
         raw = {"party": party, "role": entry.role, "data": entry.data, "id": entry.id,
-               "label": entry.label, "columns": entry.columns,
+               "label": entry.label, "columns": entry.columns, "policy": entry.policy,
                "models": base / "models", "transport": job.transport.model_dump(),
                "signing": job.signing.model_dump() if job.signing else None}
         if entry.data is None:
@@ -257,6 +276,7 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
         raise ConfigError(f"config file {path} is for party {config.party!r}, not {party!r}")
     return config.model_copy(update={"data": _resolve(base, config.data),
                                      "models": _resolve(base, config.models),
+                                     "state": _resolve(base, config.state),
                                      "signing": SigningConfig(
                                          key_dir=_resolve(base, config.signing.key_dir))})
 

@@ -1,0 +1,31 @@
+"""A party's own policy: what its worker will do, whatever a job asks.
+
+The policy comes from the party's worker file (or, in the embedded default, from its entry in
+the job file, which one operator writes for every party). A job that asks for less security
+than the policy allows is refused; it never lowers the policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MIN_KEY_BITS = 2048
+"""Default smallest Paillier modulus a party accepts: NIST SP 800-57 puts a 2048-bit RSA-type
+modulus at 112-bit security; a 512-bit modulus is factored in hours, which would let a passive
+party read every gradient and so every label."""
+
+Obfuscator = Literal["short", "full"]
+
+
+@dataclass(frozen=True, slots=True)
+class PartyPolicy:
+    """What a party's worker accepts (see the module docstring)."""
+
+    min_key_bits: int = MIN_KEY_BITS
+    """Smallest Paillier modulus this party generates (active) or accepts (passive)."""
+    protocols: tuple[str, ...] = ("vertical_secureboost",)
+    """Protocols this party takes part in."""
+    obfuscator: Obfuscator = "short"
+    """How the key holder draws Paillier obfuscators: ``short`` (a short exponent on a fixed
+    base, fast) or ``full`` (a full-length random r^n)."""
