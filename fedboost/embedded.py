@@ -13,11 +13,17 @@ from flows.config import JobConfig, PartyConfig
 from messages.signing import FLOW_IDENTITY, federation_sealers
 from messages.transport import MemoryHub
 from fedboost.worker import policy_of
+from workers.policy import PartyPolicy
 from workers.embedded import start_workers, stop_workers
 from workers.runtime import PartySpec
 
 T = TypeVar("T")
 FLOW_ENDPOINT = "flow"
+EMBEDDED_POLICY = PartyPolicy(min_key_bits=1024)
+"""Every party of the embedded default runs on the operator's own machine, so no other
+organisation sees its ciphertexts; 1024-bit keys are allowed there (tests, quick trials) unless
+the job file gives a party a stricter ``policy:``. Workers of a real federation default to
+``workers.policy.MIN_KEY_BITS``."""
 
 
 def party_specs(config: JobConfig, out_dir: Path,
@@ -29,7 +35,8 @@ def party_specs(config: JobConfig, out_dir: Path,
         specs.append(PartySpec(name=name, role=party.role, data=str(path), id_column=party.id,
                                label=party.label, model_dir=str(out_dir / name),
                                columns=party.columns, processes=processes_of(party),
-                               policy=policy_of(party.policy)))
+                               policy=(policy_of(party.policy) if party.policy
+                                       else EMBEDDED_POLICY)))
     return specs
 
 

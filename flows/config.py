@@ -45,9 +45,10 @@ class PartyConfig(_Strict):
     label: str | None = None
     columns: list[str] | None = None
     """Feature columns this party contributes (default: all but id and label)."""
-    policy: PolicyConfig = PolicyConfig()
-    """The party's policy where this file starts its worker (embedded default,
-    ``fedboost worker --config job.yaml``)."""
+    policy: PolicyConfig | None = None
+    """The party's policy where this file starts its worker (``fedboost worker --config
+    job.yaml``: default ``PolicyConfig()``; the embedded default, where one operator runs every
+    party on one machine: ``fedboost.embedded.EMBEDDED_POLICY`` unless given)."""
     processes: int | None = Field(None, ge=1, le=64)
     """Worker processes the embedded default starts for this party (default: one per core for
     a passive party, whose histogram shards they share; one for the active party)."""
@@ -260,7 +261,8 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
                               f"{', '.join(job.parties)})")
         entry = job.parties[party]
         raw = {"party": party, "role": entry.role, "data": entry.data, "id": entry.id,
-               "label": entry.label, "columns": entry.columns, "policy": entry.policy,
+               "label": entry.label, "columns": entry.columns,
+               "policy": entry.policy or PolicyConfig(),
                "models": base / "models", "transport": job.transport.model_dump(),
                "signing": job.signing.model_dump() if job.signing else None}
         if entry.data is None:
