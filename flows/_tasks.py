@@ -134,7 +134,8 @@ def connected(config: JobConfig) -> Iterator[Coordinator]:
     if config.signing is None:
         raise ConfigError(f"job {job!r}: signing.key_dir is required over RabbitMQ")
     try:
-        sealer = Sealer.from_folder(config.signing.key_dir, FLOW_IDENTITY)
+        sealer = Sealer.from_folder(config.signing.key_dir, FLOW_IDENTITY,
+                                    end_to_end=config.signing.end_to_end)
     except MessageError as exc:
         raise ConfigError(f"job {job!r}: {exc}") from None
     endpoint = RabbitTransport(f"flow.{job}.{uuid.uuid4().hex[:8]}", transport.amqp_url(),

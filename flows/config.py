@@ -127,6 +127,10 @@ class SigningConfig(_Strict):
     machine), ``<name>.pub`` the public key of every party and of ``flow``."""
 
     key_dir: Path
+    end_to_end: bool = False
+    """Encrypt every message body for its recipient (X25519 + ChaCha20-Poly1305 from the same
+    keys, ``messages.e2e``) and refuse bodies that are not: for federations that do not trust
+    the broker's operator. Every party and the flow of a job must set it alike."""
 
 
 class JobConfig(_Strict):
@@ -210,7 +214,8 @@ def parse_config(raw: Any, *, base: Path, source: str) -> JobConfig:
         raise ConfigError(f"config file {source}: {describe(exc)}") from None
     parties = {name: p.model_copy(update={"data": _resolve(base, p.data)})
                for name, p in config.parties.items()}
-    signing = config.signing and SigningConfig(key_dir=_resolve(base, config.signing.key_dir))
+    signing = config.signing and config.signing.model_copy(
+        update={"key_dir": _resolve(base, config.signing.key_dir)})
     return config.model_copy(update={"parties": parties, "signing": signing})
 
 
@@ -279,8 +284,8 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
     return config.model_copy(update={"data": _resolve(base, config.data),
                                      "models": _resolve(base, config.models),
                                      "state": _resolve(base, config.state),
-                                     "signing": SigningConfig(
-                                         key_dir=_resolve(base, config.signing.key_dir))})
+                                     "signing": config.signing.model_copy(update={
+                                         "key_dir": _resolve(base, config.signing.key_dir)})})
 
 
 def describe(exc: ValidationError) -> str:
