@@ -42,8 +42,8 @@ _CONTEXT = b"fedboost chunk manifest\x00"
 DEFAULT_PARTIAL_SECONDS = 120.0
 """A partial message without a new chunk for this long is dropped (its sender died, or never
 meant to finish); chunks of one message follow each other within seconds."""
-DEFAULT_MAX_PARTIALS = 4
-"""Messages one signer may have in progress at once (its processes send concurrently)."""
+DEFAULT_MAX_PARTIALS = 8
+"""Messages one signer may have in progress at once (a party's processes send concurrently)."""
 ORDINARY_ROOM = 8
 """Prefetch room for whole messages beyond every signer's reservation and the one in hand."""
 _REFUSED_IDS = 10_000

@@ -4,11 +4,12 @@ pika's log lines never carry message bodies."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pika
 import pytest
@@ -60,6 +61,16 @@ class _Broker:
         headers = signer.headers(Manifest(message_id, digest, count, count * CHUNK, recipient,
                                           sender, time.time()))
         return self.frame(queue, 0, count, b"x" * CHUNK, digest, headers, message_id)
+
+    def signed_chunks(self, queue: str, signer: FrameSigner, sender: str, recipient: str,
+                      payload: bytes) -> list[Callable[[], str]]:
+        """Publishers of each chunk of ``payload``, correctly signed, to call when wanted."""
+        message_id, digest = uuid.uuid4().hex, hashlib.sha256(payload).hexdigest()
+        count = -(-len(payload) // CHUNK)
+        headers = signer.headers(Manifest(message_id, digest, count, len(payload), recipient,
+                                          sender, time.time()))
+        return [functools.partial(self.frame, queue, k, count, payload[k * CHUNK:(k + 1) * CHUNK],
+                                  digest, headers, message_id) for k in range(count)]
 
     def waiting(self, queue: str) -> int:
         """Messages in ``queue`` (unacknowledged ones count once their consumer is gone)."""
@@ -141,6 +152,32 @@ def test_a_partial_without_new_chunks_expires(rabbit_url: str, names: tuple[str,
         # Assert: the partial's frame was acknowledged and dropped, with a warning
         assert broker.waiting(queue_of(host)) == 0
         assert f"1 of 2 chunks of {message_id} from {guest!r}: no new chunk" in caplog.text
+    finally:
+        party.close()
+        broker.close()
+
+
+def test_time_spent_handling_a_message_does_not_age_partials(rabbit_url: str,
+                                                             names: tuple[str, str, str]) -> None:
+    # Prepare: the first chunk of a signed message arrives with an ordinary message
+    host, guest, _ = names
+    sealers = federation_sealers([host, guest])
+    party = _party(host, rabbit_url, sealers[host], partial_seconds=1.0)
+    broker = _Broker(rabbit_url)
+    payload = bytes(range(256)) * 8  # 2 chunks
+    first, second = broker.signed_chunks(queue_of(host), FrameSigner(sealers[guest]), guest,
+                                         host, payload)
+    try:
+        first()
+        broker.channel.basic_publish("", queue_of(host), b"ordinary")
+        assert _take(party, ack=False) == b"ordinary"
+        # Execute: handling it takes longer than the expiry; the second chunk comes after
+        time.sleep(2.0)
+        party.acknowledge()
+        assert party.receive(0.3) is None
+        second()
+        # Assert: the message was not expired meanwhile
+        assert _take(party) == payload
     finally:
         party.close()
         broker.close()
