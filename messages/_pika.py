@@ -20,8 +20,9 @@ class _NoReturnedBodies(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, str) and record.msg.startswith("Published message was returned"):
-            method = record.args[2] if isinstance(record.args, tuple) and len(record.args) > 2 else None
-            record.msg, record.args = "Published message was returned: method=%r", (method,)
+            args = record.args if isinstance(record.args, tuple) else ()
+            record.msg = "Published message was returned: method=%r"
+            record.args = (args[2] if len(args) > 2 else None,)
         return True
 
 

@@ -210,7 +210,8 @@ class Reassembly:
     def file(self, tag: Tag, headers: dict[str, Any], message_id: str,
              body: bytes) -> tuple[bytes, list[Tag]] | None:
         """Hold a chunk frame; the whole payload and its frames once the last one arrived."""
-        count, index, digest = headers.get("fb-count"), headers.get("fb-index"), headers.get("fb-sha256")
+        count, index = headers.get("fb-count"), headers.get("fb-index")
+        digest = headers.get("fb-sha256")
         if (type(count) is not int or type(index) is not int or not 0 <= index < count
                 or count > self.max_frames or not isinstance(digest, str | bytes)
                 or not message_id):
@@ -275,7 +276,8 @@ class Reassembly:
 
     def _add(self, message_id: str, partial: _Partial, index: int, tag: Tag,
              body: bytes) -> tuple[bytes, list[Tag]] | None:
-        partial.chunks[index], partial.held, partial.last = body, partial.held + len(body), time.monotonic()
+        partial.chunks[index], partial.last = body, time.monotonic()
+        partial.held += len(body)
         partial.tags.append(tag)
         held = sum(p.held for p in self._partials.values() if p.signer == partial.signer)
         if partial.held > (partial.size or self.max_bytes) or held > self.max_bytes:
@@ -298,7 +300,8 @@ class Reassembly:
         """Drop partials that got no new chunk for ``partial_seconds``."""
         now = time.monotonic()
         for message_id, partial in list(self._partials.items()):
-            if now - partial.last > self.partial_seconds:
+            # (an acknowledgement that lost the connection clears every partial)
+            if message_id in self._partials and now - partial.last > self.partial_seconds:
                 log.warning("%s: dropped %d of %d chunks of %s from %s: no new chunk for %.0f s",
                             self.owner, len(partial.chunks), partial.count, message_id,
                             repr(partial.signer) if partial.signer else "an unsigned sender",

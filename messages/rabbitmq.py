@@ -22,8 +22,8 @@ before that redelivers it, and the ids of recently completed messages drop the d
 Payloads above ``chunk_bytes`` travel as numbered chunks with a SHA-256 of the whole, and are
 reassembled and checked before they are handed over; with a ``FrameSigner`` every chunk carries
 the sender's signed manifest, and partial messages are capped per sender and expire (see
-``messages.chunks``: no broker user can fill the prefetch window). Lost connections are re-established with
-exponential backoff for up to ``reconnect_seconds``.
+``messages.chunks``: no broker user can fill the prefetch window). Lost connections are
+re-established with exponential backoff for up to ``reconnect_seconds``.
 """
 
 from __future__ import annotations
@@ -165,7 +165,8 @@ class RabbitTransport:
         senders = frames.signers if frames is not None else 1
         most_chunks = (MAX_PREFETCH - ORDINARY_ROOM) // (senders + 1)
         self.max_message_bytes = min(max_message_bytes, chunk_bytes * (most_chunks - 1))
-        self._chunks = Reassembly(name, frames, max_frames=self.max_message_bytes // chunk_bytes + 1,
+        self._chunks = Reassembly(name, frames,
+                                  max_frames=self.max_message_bytes // chunk_bytes + 1,
                                   max_bytes=self.max_message_bytes,
                                   partial_seconds=partial_seconds, max_partials=max_partials,
                                   drop=self._ack)
