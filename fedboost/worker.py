@@ -15,6 +15,7 @@ import signal
 from multiprocessing.process import BaseProcess
 
 from flows.config import PolicyConfig, WorkerConfig
+from messages.chunks import FrameSigner
 from messages.rabbitmq import RabbitTransport, redact
 from messages.signing import Sealer
 from workers.roles import arrivals_for, handlers_for
@@ -44,11 +45,13 @@ def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = 
     """Process entry point: connect, then serve jobs until SIGTERM/SIGINT."""
     _configure_logging(config.party, log_level)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    transport = RabbitTransport(config.party, config.transport.amqp_url(), party=True,
-                                chunk_bytes=config.transport.chunk_bytes)
-    log.info("%s: connected to %s", config.party, redact(config.transport.amqp_url()))
     sealer = Sealer.from_folder(config.signing.key_dir, config.party,
                                 end_to_end=config.signing.end_to_end)
+    transport = RabbitTransport(config.party, config.transport.amqp_url(), party=True,
+                                chunk_bytes=config.transport.chunk_bytes,
+                                frames=FrameSigner(sealer),
+                                partial_seconds=config.transport.partial_seconds)
+    log.info("%s: connected to %s", config.party, redact(config.transport.amqp_url()))
     worker = Worker(party_spec(config), transport, handlers_for(config.role), sealer,
                     arrivals=arrivals_for(config.role), health_file=health_file)
     signal.signal(signal.SIGINT, worker.stop)

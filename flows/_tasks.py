@@ -22,6 +22,7 @@ from messages import MessageError, TransportError
 from messages.bodies import Aligned, ErrorReply, Step
 from flows.config import ConfigError, JobConfig
 from messages.envelope import Envelope, MsgType
+from messages.chunks import FrameSigner
 from messages.rabbitmq import RabbitTransport
 from messages.signing import FLOW_IDENTITY, Sealer
 from messages.transport import Transport
@@ -139,7 +140,9 @@ def connected(config: JobConfig) -> Iterator[Coordinator]:
     except MessageError as exc:
         raise ConfigError(f"job {job!r}: {exc}") from None
     endpoint = RabbitTransport(f"flow.{job}.{uuid.uuid4().hex[:8]}", transport.amqp_url(),
-                               party=False, chunk_bytes=transport.chunk_bytes)
+                               party=False, chunk_bytes=transport.chunk_bytes,
+                               frames=FrameSigner(sealer),
+                               partial_seconds=transport.partial_seconds)
     coordinator = Coordinator(job=job, transport=endpoint, sealer=sealer,
                               timeout=transport.step_timeout)
     attach(coordinator)

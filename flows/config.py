@@ -106,6 +106,9 @@ class TransportConfig(_Strict):
     """``amqp://user:password@host:port/vhost`` (default: the local broker as guest)."""
     chunk_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024, le=128 * 1024 * 1024)
     """Messages above this size travel in chunks (RabbitMQ 4 refuses messages above 16 MiB)."""
+    partial_seconds: float = Field(120.0, ge=1.0, le=24 * 3600.0)
+    """A partly received chunked message without a new chunk for this long (while the receiver
+    waits for mail) is dropped and its chunks acknowledged."""
     step_timeout: float = Field(3600.0, ge=1.0, le=7 * 24 * 3600.0)
     """Seconds the flow waits for a party to answer one step before it fails the job, naming
     the party and the step (a party that never comes back)."""

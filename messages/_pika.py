@@ -14,6 +14,22 @@ CONNECTION_ERRORS = (px.AMQPConnectionError, px.ConnectionClosed, px.StreamLostE
 """A lost or closed connection or channel: reconnect and try again."""
 
 
+class _NoReturnedBodies(logging.Filter):
+    """pika logs a returned (unroutable) message with the first 255 bytes of its body, which
+    may be a party's data: keep the line, without properties or body."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith("Published message was returned"):
+            args = record.args if isinstance(record.args, tuple) else ()
+            record.msg = "Published message was returned: method=%r"
+            record.args = (args[2] if len(args) > 2 else None,)
+        return True
+
+
+for _adapter in ("pika.adapters.blocking_connection", "pika.adapters.twisted_connection"):
+    logging.getLogger(_adapter).addFilter(_NoReturnedBodies())
+
+
 def close_quietly(connection: Any, owner: str) -> None:
     """Close a connection that may already be broken; nothing in it is left to save."""
     if connection is not None and connection.is_open:
