@@ -15,6 +15,7 @@ import signal
 from multiprocessing.process import BaseProcess
 
 from flows.config import PolicyConfig, WorkerConfig
+from messages import TransportError
 from messages.rabbitmq import RabbitTransport, redact
 from messages.signing import Sealer
 from workers.roles import arrivals_for, handlers_for
@@ -44,8 +45,13 @@ def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = 
     """Process entry point: connect, then serve jobs until SIGTERM/SIGINT."""
     _configure_logging(config.party, log_level)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    transport = RabbitTransport(config.party, config.transport.amqp_url(), party=True,
-                                chunk_bytes=config.transport.chunk_bytes)
+    try:
+        transport = RabbitTransport(config.party, config.transport.amqp_url(), party=True,
+                                    chunk_bytes=config.transport.chunk_bytes,
+                                    tls=config.transport.tls_options())
+    except TransportError as exc:  # unreachable broker, refused login or certificate
+        log.error("%s", exc)
+        raise SystemExit(1) from None
     log.info("%s: connected to %s", config.party, redact(config.transport.amqp_url()))
     sealer = Sealer.from_folder(config.signing.key_dir, config.party)
     worker = Worker(party_spec(config), transport, handlers_for(config.role), sealer,

@@ -138,7 +138,8 @@ def connected(config: JobConfig) -> Iterator[Coordinator]:
     except MessageError as exc:
         raise ConfigError(f"job {job!r}: {exc}") from None
     endpoint = RabbitTransport(f"flow.{job}.{uuid.uuid4().hex[:8]}", transport.amqp_url(),
-                               party=False, chunk_bytes=transport.chunk_bytes)
+                               party=False, chunk_bytes=transport.chunk_bytes,
+                               tls=transport.tls_options())
     coordinator = Coordinator(job=job, transport=endpoint, sealer=sealer,
                               timeout=transport.step_timeout)
     attach(coordinator)

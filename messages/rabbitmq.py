@@ -43,6 +43,7 @@ from messages import TransportError
 from messages._pika import CONNECTION_ERRORS as _CONNECTION_ERRORS
 from messages._pika import close_quietly
 from messages._work_publisher import Publication, WorkPublisher
+from messages.tls import TlsOptions, certificate_problem, ssl_options_for
 
 log = logging.getLogger("fedboost.transport")
 
@@ -68,9 +69,11 @@ def work_queue_of(party: str) -> str:
     return QUEUE_PREFIX + party + ".work"
 
 
-def delete_party_queues(url: str, parties: list[str]) -> None:
+def delete_party_queues(url: str, parties: list[str], tls: TlsOptions | None = None) -> None:
     """Remove parties' inbox and work queues (tests and benchmarks that made their own)."""
-    connection = pika.BlockingConnection(pika.URLParameters(url))
+    params = pika.URLParameters(url)
+    params.ssl_options = ssl_options_for("cleanup", url, tls)
+    connection = pika.BlockingConnection(params)
     try:
         channel = connection.channel()
         for party in parties:
@@ -135,16 +138,20 @@ class RabbitTransport:
     """A participant's connection to the broker.
 
     ``party=True`` for a party's worker process (inbox with single active consumer, plus its
-    work queue); ``False`` for a flow run (one private reply queue).
+    work queue); ``False`` for a flow run (one private reply queue). Every connection it opens
+    (its own, its work publisher's) uses TLS for an ``amqps://`` URL, with ``tls``'s CA, client
+    certificate and expected broker name (``messages.tls``).
     """
 
     def __init__(self, name: str, url: str, *, party: bool, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, inbox_prefetch: int = 0,
-                 reconnect_seconds: float = 300.0, heartbeat: int = 120) -> None:
+                 reconnect_seconds: float = 300.0, heartbeat: int = 120,
+                 tls: TlsOptions | None = None) -> None:
         if chunk_bytes < 1024:
             raise ValueError("chunk_bytes must be at least 1024")
         self.name = name
         self.url = url
+        self._ssl_options = ssl_options_for(name, url, tls)
         self.party = party
         self.chunk_bytes = chunk_bytes
         # every chunk of the largest message must fit the prefetch window (at most 65,535
@@ -188,6 +195,10 @@ class RabbitTransport:
                 raise TransportError(f"{self.name}: broker refused queue setup "
                                      f"({exc.reply_code} {exc.reply_text})") from None
             except _CONNECTION_ERRORS as exc:
+                problem = certificate_problem(exc)
+                if problem is not None:  # waiting will not change a certificate
+                    raise TransportError(f"{self.name}: broker {redact(self.url)}: "
+                                         f"{problem}") from None
                 if time.monotonic() + delay > deadline:
                     raise TransportError(f"{self.name}: cannot reach broker {redact(self.url)} "
                                          f"after {self.reconnect_seconds:.0f} s: {exc!r}") from None
@@ -198,6 +209,7 @@ class RabbitTransport:
 
     def _parameters(self, purpose: str = "") -> pika.URLParameters:
         params = pika.URLParameters(self.url)
+        params.ssl_options = self._ssl_options
         params.heartbeat = self.heartbeat
         params.blocked_connection_timeout = 300
         params.client_properties = {"connection_name": f"fedboost {self.name}{purpose}"}
