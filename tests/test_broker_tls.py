@@ -193,13 +193,38 @@ def test_a_client_refuses_a_broker_it_cannot_verify(tls_node: TlsNode) -> None:
 
 def test_a_worker_refuses_a_broker_with_another_name(tls_node: TlsNode, tmp_path: Path) -> None:
     keys = tmp_path / "keys"
-    write_key_pair(keys, "host")
-    worker_file = _worker_file(tmp_path, tls_node, "host", keys, server_hostname="broker.example")
-    done = subprocess.run([*FEDBOOST, "worker", "--party", "host", "--config", str(worker_file)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert done.returncode == 1, done.stderr
-    assert "Hostname mismatch, certificate is not valid for 'broker.example'" in done.stderr
+    write_key_pair(keys, "guest")
+    worker_file = _worker_file(tmp_path, tls_node, "guest", keys, server_hostname="broker.example")
+    proc = _start_worker("guest", worker_file, tmp_path, tmp_path / "guest.log")
+    try:
+        code = proc.wait(timeout=120)
+    finally:
+        _stop(proc)
+    log = (tmp_path / "guest.log").read_text()
+    assert code == 1, log
+    assert "Hostname mismatch, certificate is not valid for 'broker.example'" in log
+
+
+def _start_worker(party: str, config: Path, cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+    """``fedboost worker`` in a session of its own, so that ``_stop`` reaches its processes."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("PREFECT_API_URL", None)
+    return subprocess.Popen([*FEDBOOST, "worker", "--party", party, "--config", str(config)],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                            start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, as a service manager would; SIGKILL for the whole session if that fails."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=60)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 # ---- training over amqps --------------------------------------------------------------------
@@ -256,11 +281,7 @@ def test_training_over_amqps_equals_the_embedded_run(tls_node: TlsNode, tmp_path
         # relative certificate paths resolve against the worker file's folder
         tls = load_worker_config(parties[party], party).transport.tls
         assert tls is not None and tls.cert_file == folder / "certs" / f"{party}.pem"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("PREFECT_API_URL", None)
-    procs = [subprocess.Popen([*FEDBOOST, "worker", "--party", party, "--config", str(path)],
-                              stdout=(tmp_path / f"{party}.log").open("w"),
-                              stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    procs = [_start_worker(party, path, tmp_path, tmp_path / f"{party}.log")
              for party, path in parties.items()]
     try:
         result = vertical_secureboost(config)
@@ -270,9 +291,7 @@ def test_training_over_amqps_equals_the_embedded_run(tls_node: TlsNode, tmp_path
         assert seen and all(c["ssl"] is True for c in seen), seen
         assert {"CN=guest", "CN=host"} <= {c["peer_cert_subject"] for c in seen}, seen
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        codes = [proc.wait(timeout=60) for proc in procs]
+        codes = [_stop(proc) for proc in procs]
     assert codes == [0, 0], codes
     memory = config.model_copy(update={"transport": config.transport.model_copy(
         update={"kind": "memory", "tls": None})})
@@ -299,5 +318,5 @@ def test_tls_with_a_plain_url_is_a_config_error_naming_the_key(tmp_path: Path) -
     with pytest.raises(ConfigError, match=r"cert_file and key_file: give both"):
         parse_config(raw, base=tmp_path, source="job.yaml")
     raw["transport"]["tls"] = {"ca_file": "tls/ca.pem"}
-    config = parse_config(raw, base=tmp_path, source="job.yaml")
-    assert config.transport.tls is not None and config.transport.tls.ca_file == tmp_path / "tls/ca.pem"
+    tls = parse_config(raw, base=tmp_path, source="job.yaml").transport.tls
+    assert tls is not None and tls.ca_file == tmp_path / "tls" / "ca.pem"
