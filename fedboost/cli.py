@@ -217,6 +217,7 @@ def _worker(args: argparse.Namespace) -> int:
     from flows.config import load_worker_config
     from messages import MessageError
     from messages.signing import Sealer
+    from messages.tls import ssl_options_for
 
     config = load_worker_config(args.config, args.party)
     update: dict[str, Any] = {}
@@ -234,6 +235,7 @@ def _worker(args: argparse.Namespace) -> int:
         return EXIT_USER_ERROR
     try:  # fail here, not in each process: the party's key must load
         Sealer.from_folder(config.signing.key_dir, config.party)
+        ssl_options_for(config.party, config.transport.amqp_url(), config.transport.tls_options())
     except MessageError as exc:
         print(f"fedboost: error: party {config.party}: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

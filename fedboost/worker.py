@@ -15,6 +15,7 @@ import signal
 from multiprocessing.process import BaseProcess
 
 from flows.config import PolicyConfig, WorkerConfig
+from messages import TransportError
 from messages.chunks import FrameSigner
 from messages.rabbitmq import RabbitTransport, redact
 from messages.signing import Sealer
@@ -47,10 +48,15 @@ def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sealer = Sealer.from_folder(config.signing.key_dir, config.party,
                                 end_to_end=config.signing.end_to_end)
-    transport = RabbitTransport(config.party, config.transport.amqp_url(), party=True,
-                                chunk_bytes=config.transport.chunk_bytes,
-                                frames=FrameSigner(sealer),
-                                partial_seconds=config.transport.partial_seconds)
+    try:
+        transport = RabbitTransport(config.party, config.transport.amqp_url(), party=True,
+                                    chunk_bytes=config.transport.chunk_bytes,
+                                    frames=FrameSigner(sealer),
+                                    partial_seconds=config.transport.partial_seconds,
+                                    tls=config.transport.tls_options())
+    except TransportError as exc:  # unreachable broker, refused login or certificate
+        log.error("%s", exc)
+        raise SystemExit(1) from None
     log.info("%s: connected to %s", config.party, redact(config.transport.amqp_url()))
     worker = Worker(party_spec(config), transport, handlers_for(config.role), sealer,
                     arrivals=arrivals_for(config.role), health_file=health_file)

@@ -142,7 +142,8 @@ def connected(config: JobConfig) -> Iterator[Coordinator]:
     endpoint = RabbitTransport(f"flow.{job}.{uuid.uuid4().hex[:8]}", transport.amqp_url(),
                                party=False, chunk_bytes=transport.chunk_bytes,
                                frames=FrameSigner(sealer),
-                               partial_seconds=transport.partial_seconds)
+                               partial_seconds=transport.partial_seconds,
+                               tls=transport.tls_options())
     coordinator = Coordinator(job=job, transport=endpoint, sealer=sealer,
                               timeout=transport.step_timeout)
     attach(coordinator)

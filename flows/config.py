@@ -13,6 +13,9 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationInfo
+
+from messages.tls import TlsOptions
 
 
 class ConfigError(ValueError):
@@ -97,6 +100,39 @@ AMQP_URL_ENV = "FEDBOOST_AMQP_URL"
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 
+class TlsConfig(_Strict):
+    """TLS to the broker (``transport.tls``; needs an ``amqps://`` URL). The broker's
+    certificate and name are always verified; there is no switch to turn that off."""
+
+    ca_file: Path | None = None
+    """CA certificate(s) the broker's certificate must chain to (default: the system's)."""
+    cert_file: Path | None = None
+    """This participant's client certificate (PEM), for a broker that requires one."""
+    key_file: Path | None = None
+    """The client certificate's private key (PEM)."""
+    server_hostname: str | None = Field(None, min_length=1, max_length=253)
+    """The name the broker's certificate must carry (default: the URL's host)."""
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file: give both (client certificate and its key) "
+                             "or neither")
+        return self
+
+    def resolved(self, base: Path) -> TlsConfig:
+        """Relative paths made absolute against ``base`` (the config file's folder)."""
+        return self.model_copy(update={key: _resolve(base, getattr(self, key))
+                                       for key in ("ca_file", "cert_file", "key_file")})
+
+    def options(self) -> TlsOptions:
+        """The settings as ``messages.rabbitmq.RabbitTransport`` takes them."""
+        def text(path: Path | None) -> str | None:
+            return None if path is None else str(path)
+        return TlsOptions(ca_file=text(self.ca_file), cert_file=text(self.cert_file),
+                          key_file=text(self.key_file), server_hostname=self.server_hostname)
+
+
 class TransportConfig(_Strict):
     """How parties talk: ``memory`` is the embedded default (one machine, no services);
     ``rabbitmq`` reaches long-running party workers through a broker."""
@@ -112,6 +148,9 @@ class TransportConfig(_Strict):
     step_timeout: float = Field(3600.0, ge=1.0, le=7 * 24 * 3600.0)
     """Seconds the flow waits for a party to answer one step before it fails the job, naming
     the party and the step (a party that never comes back)."""
+    tls: TlsConfig | None = None
+    """TLS settings (CA, client certificate); an ``amqps://`` URL without them still uses TLS,
+    verified against the system's CA store."""
 
     @field_validator("url")
     @classmethod
@@ -119,6 +158,19 @@ class TransportConfig(_Strict):
         if v is not None and not v.startswith(("amqp://", "amqps://")):
             raise ValueError("must be an amqp:// or amqps:// URL")
         return v
+
+    @field_validator("tls")
+    @classmethod
+    def _tls_needs_amqps(cls, v: TlsConfig | None, info: ValidationInfo) -> TlsConfig | None:
+        url = info.data.get("url")
+        if v is not None and url is not None and not url.startswith("amqps://"):
+            raise ValueError(f"needs an amqps:// url, not {url.split('://')[0]}:// (TLS is "
+                             f"never added to a plain amqp:// URL)")
+        return v
+
+    def tls_options(self) -> TlsOptions | None:
+        """The TLS settings for ``messages.rabbitmq.RabbitTransport`` (None: none given)."""
+        return None if self.tls is None else self.tls.options()
 
     def amqp_url(self) -> str:
         """The broker URL: the environment's ``FEDBOOST_AMQP_URL``, else ``url``, else local."""
@@ -219,11 +271,18 @@ def parse_config(raw: Any, *, base: Path, source: str) -> JobConfig:
                for name, p in config.parties.items()}
     signing = config.signing and config.signing.model_copy(
         update={"key_dir": _resolve(base, config.signing.key_dir)})
-    return config.model_copy(update={"parties": parties, "signing": signing})
+    return config.model_copy(update={"parties": parties, "signing": signing,
+                                     "transport": _resolve_tls(base, config.transport)})
 
 
 def _resolve(base: Path, path: Path | None) -> Path | None:
     return path if path is None or path.is_absolute() else base / path
+
+
+def _resolve_tls(base: Path, transport: TransportConfig) -> TransportConfig:
+    if transport.tls is None:
+        return transport
+    return transport.model_copy(update={"tls": transport.tls.resolved(base)})
 
 
 class WorkerConfig(_Strict):
@@ -287,6 +346,7 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
     return config.model_copy(update={"data": _resolve(base, config.data),
                                      "models": _resolve(base, config.models),
                                      "state": _resolve(base, config.state),
+                                     "transport": _resolve_tls(base, config.transport),
                                      "signing": config.signing.model_copy(update={
                                          "key_dir": _resolve(base, config.signing.key_dir)})})
 

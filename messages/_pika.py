@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 from typing import Any
 
 import pika.exceptions as px
@@ -10,8 +11,10 @@ import pika.exceptions as px
 log = logging.getLogger("fedboost.transport")
 
 CONNECTION_ERRORS = (px.AMQPConnectionError, px.ConnectionClosed, px.StreamLostError,
-                     px.ChannelWrongStateError, px.ChannelClosed, ConnectionError)
-"""A lost or closed connection or channel: reconnect and try again."""
+                     px.ChannelWrongStateError, px.ChannelClosed, ConnectionError, ssl.SSLError)
+"""A lost or closed connection or channel: reconnect and try again (pika raises a failed TLS
+handshake as a bare ``ssl.SSLError``; ``messages.tls.certificate_problem`` tells the ones not
+worth retrying)."""
 
 
 class _NoReturnedBodies(logging.Filter):

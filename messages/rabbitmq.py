@@ -47,6 +47,7 @@ from messages._pika import close_quietly
 from messages._work_publisher import Publication, WorkPublisher
 from messages.chunks import (DEFAULT_MAX_PARTIALS, DEFAULT_PARTIAL_SECONDS, ORDINARY_ROOM,
                              FrameSigner, Manifest, Reassembly)
+from messages.tls import TlsOptions, certificate_problem, ssl_options_for
 
 log = logging.getLogger("fedboost.transport")
 
@@ -74,9 +75,11 @@ def work_queue_of(party: str) -> str:
     return QUEUE_PREFIX + party + ".work"
 
 
-def delete_party_queues(url: str, parties: list[str]) -> None:
+def delete_party_queues(url: str, parties: list[str], tls: TlsOptions | None = None) -> None:
     """Remove parties' inbox and work queues (tests and benchmarks that made their own)."""
-    connection = pika.BlockingConnection(pika.URLParameters(url))
+    params = pika.URLParameters(url)
+    params.ssl_options = ssl_options_for("cleanup", url, tls)
+    connection = pika.BlockingConnection(params)
     try:
         channel = connection.channel()
         for party in parties:
@@ -143,7 +146,9 @@ class RabbitTransport:
     ``party=True`` for a party's worker process (inbox with single active consumer, plus its
     work queue); ``False`` for a flow run (one private reply queue). ``frames`` (made from the
     endpoint's envelope ``Sealer``) signs the chunks it sends and drops received chunks that
-    no trusted identity signed for it; without it chunks are unauthenticated (tests).
+    no trusted identity signed for it; without it chunks are unauthenticated (tests). Every
+    connection it opens (its own, its work publisher's) uses TLS for an ``amqps://`` URL, with
+    ``tls``'s CA, client certificate and expected broker name (``messages.tls``).
     """
 
     def __init__(self, name: str, url: str, *, party: bool, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -151,11 +156,13 @@ class RabbitTransport:
                  reconnect_seconds: float = 300.0, heartbeat: int = 120,
                  frames: FrameSigner | None = None,
                  partial_seconds: float = DEFAULT_PARTIAL_SECONDS,
-                 max_partials: int = DEFAULT_MAX_PARTIALS) -> None:
+                 max_partials: int = DEFAULT_MAX_PARTIALS,
+                 tls: TlsOptions | None = None) -> None:
         if chunk_bytes < 1024:
             raise ValueError("chunk_bytes must be at least 1024")
         self.name = name
         self.url = url
+        self._ssl_options = ssl_options_for(name, url, tls)
         self.party = party
         self.chunk_bytes = chunk_bytes
         self.frames = frames
@@ -207,6 +214,10 @@ class RabbitTransport:
                 raise TransportError(f"{self.name}: broker refused queue setup "
                                      f"({exc.reply_code} {exc.reply_text})") from None
             except _CONNECTION_ERRORS as exc:
+                problem = certificate_problem(exc)
+                if problem is not None:  # waiting will not change a certificate
+                    raise TransportError(f"{self.name}: broker {redact(self.url)}: "
+                                         f"{problem}") from None
                 if time.monotonic() + delay > deadline:
                     raise TransportError(f"{self.name}: cannot reach broker {redact(self.url)} "
                                          f"after {self.reconnect_seconds:.0f} s: {exc!r}") from None
@@ -217,6 +228,7 @@ class RabbitTransport:
 
     def _parameters(self, purpose: str = "") -> pika.URLParameters:
         params = pika.URLParameters(self.url)
+        params.ssl_options = self._ssl_options
         params.heartbeat = self.heartbeat
         params.blocked_connection_timeout = 300
         params.client_properties = {"connection_name": f"fedboost {self.name}{purpose}"}
