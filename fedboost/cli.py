@@ -203,7 +203,7 @@ def _predict(args: argparse.Namespace) -> int:
                               f"{', '.join(config.parties)}")
         data[party] = Path(path)
     out = (args.out or args.model_dir / "scores.csv").resolve()
-    job = f"{config.job}-predict-{int(time.time())}"
+    job = f"{config.job[:45]}-predict-{int(time.time())}"  # still a job name: 64 chars at most
     specs = party_specs(config, args.model_dir, data)
     _quiet_task_logs()
     result = run_embedded(job, specs, lambda: federated_predict(
