@@ -150,7 +150,10 @@ def _train(args: argparse.Namespace) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     from flows.config import ConfigError, JobConfig
+    from messages.names import JOB_NAME_RULE, is_job_name
 
+    if not is_job_name(args.job):  # it names a folder under runs/
+        raise ConfigError(f"job {args.job!r} is not a job name ({JOB_NAME_RULE})")
     out = args.out or Path("runs") / args.job
     job_file = out / "job.json"
     try:
