@@ -150,7 +150,10 @@ def _train(args: argparse.Namespace) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     from flows.config import ConfigError, JobConfig
+    from messages.names import JOB_NAME_RULE, is_job_name
 
+    if not is_job_name(args.job):  # it names a folder under runs/
+        raise ConfigError(f"job {args.job!r} is not a job name ({JOB_NAME_RULE})")
     out = args.out or Path("runs") / args.job
     job_file = out / "job.json"
     try:
@@ -203,7 +206,7 @@ def _predict(args: argparse.Namespace) -> int:
                               f"{', '.join(config.parties)}")
         data[party] = Path(path)
     out = (args.out or args.model_dir / "scores.csv").resolve()
-    job = f"{config.job}-predict-{int(time.time())}"
+    job = f"{config.job[:45]}-predict-{int(time.time())}"  # still a job name: 64 chars at most
     specs = party_specs(config, args.model_dir, data)
     _quiet_task_logs()
     result = run_embedded(job, specs, lambda: federated_predict(

@@ -17,6 +17,8 @@ from pydantic import ValidationInfo
 
 from messages.tls import TlsOptions
 
+from messages.names import JOB_NAME_RULE, is_job_name
+
 
 class ConfigError(ValueError):
     """A job file is missing, unreadable or invalid."""
@@ -204,8 +206,8 @@ class JobConfig(_Strict):
     @field_validator("job")
     @classmethod
     def _job_name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", v):
-            raise ValueError("job must be 1-64 letters, digits, '_', '.', '-'")
+        if not is_job_name(v):
+            raise ValueError(f"job must be {JOB_NAME_RULE}")
         return v
 
     @model_validator(mode="after")

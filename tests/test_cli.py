@@ -122,6 +122,15 @@ def test_bad_config_value(tmp_path: Path) -> None:
     _assert_one_error_line(done, "key 'params.n_trees'", "greater than or equal to 1")
 
 
+def test_resume_refuses_a_job_name_that_leaves_runs(tmp_path: Path) -> None:
+    planted = tmp_path / "elsewhere"
+    planted.mkdir()
+    (planted / "job.json").write_text("{}")
+    (tmp_path / "runs").mkdir()
+    done = _run("resume", "../elsewhere", cwd=tmp_path)
+    _assert_one_error_line(done, "job '../elsewhere' is not a job name")
+
+
 def test_killed_training_continues_when_run_again(tmp_path: Path) -> None:
     """The embedded default: kill the whole process group mid-run (workers included), run the
     same 'fedboost train' again: it continues after the last tree and ends with the model of an

@@ -120,19 +120,21 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     state.role_state = ActiveTraining(params=params, public=public, private=private)
     ctx.state = state
     return MsgType.OPENED, Opened(rows=len(data.ids),
-                                  checkpoints=checkpoint.available(ctx.model_dir, state.digest))
+                                  checkpoints=checkpoint.available(
+                                      ctx.model_dir, state.digest, checkpoint.key_of(ctx.party)))
 
 
 def _checkpoint(ctx: StepContext, state: JobState, trees_done: int) -> None:
     """Keep the job after ``trees_done`` trees: no processes, no tree in progress."""
     run: ActiveTraining = state.role_state
-    checkpoint.save_job(ctx.model_dir, trees_done, state, run.public.n, pool=None, grower=None,
-                        level_splits={})
+    checkpoint.save_job(ctx.model_dir, trees_done, state, run.public.n,
+                        key=checkpoint.key_of(ctx.party), pool=None, grower=None, level_splits={})
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     """Go back to the state of a checkpoint every party holds."""
-    state = checkpoint.restore(ctx.model_dir, body.checkpoint, ctx.state)
+    state = checkpoint.restore(ctx.model_dir, body.checkpoint, ctx.state,
+                               checkpoint.key_of(ctx.party))
     run: ActiveTraining = state.role_state
     done = body.checkpoint.trees_done
     if len(run.trees) != done:

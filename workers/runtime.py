@@ -162,8 +162,15 @@ class StepContext:
 
     @property
     def model_dir(self) -> Path:
-        """Where this job's model part lives (``{job}`` in the configured path is the job id)."""
-        return Path(self.party.model_dir.replace("{job}", self.job))
+        """Where this job's model part lives (``{job}`` in the configured path is the job id);
+        always inside the folder before ``{job}``, whatever the job is named."""
+        path = Path(self.party.model_dir.replace("{job}", self.job))
+        if "{job}" in self.party.model_dir:
+            root = Path(self.party.model_dir.split("{job}", 1)[0]).resolve()
+            if root not in path.resolve().parents:
+                raise ProtocolError(f"{self.party.name}: job {self.job!r} would put its model "
+                                    f"folder outside {root}: refused")
+        return path
 
 
 Handler = Callable[[StepContext, Any], tuple[MsgType, Any] | None]
