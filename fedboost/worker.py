@@ -48,6 +48,7 @@ def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = 
                                 chunk_bytes=config.transport.chunk_bytes)
     log.info("%s: connected to %s", config.party, redact(config.transport.amqp_url()))
     sealer = Sealer.from_folder(config.signing.key_dir, config.party)
+    sealer.max_age = config.max_message_age
     worker = Worker(party_spec(config), transport, handlers_for(config.role), sealer,
                     arrivals=arrivals_for(config.role), health_file=health_file)
     signal.signal(signal.SIGINT, worker.stop)

@@ -30,9 +30,10 @@ from crypto import CryptoError
 from messages import DecodeError, MessageError
 from messages.bodies import ErrorReply
 from messages.envelope import COMMANDS, WORK, Envelope, MsgType
-from messages.signing import Sealer, is_flow
+from messages.signing import CLOCK_SKEW_SECONDS, Sealer, is_flow
 from messages.transport import Transport
 from workers import DataError, NotReady, ProtocolError
+from workers.answered import AnsweredRecord
 from workers.policy import PartyPolicy
 
 log = logging.getLogger("fedboost.worker")
@@ -256,6 +257,7 @@ class Worker:
         """Signs what this worker sends; verifies and de-duplicates what it receives."""
         self.exit_on_close = exit_on_close
         self.jobs: dict[str, _Job] = {}
+        self._answered: AnsweredRecord | None = None
         self._stopping = False
         self._last_retry = time.monotonic()
 
@@ -267,7 +269,8 @@ class Worker:
         """Serve until stopped (SIGTERM/SIGINT) or, in single-job mode, until CLOSE_JOB."""
         signal.signal(signal.SIGTERM, self.stop)
         sys.setswitchinterval(SWITCH_INTERVAL)
-        log.info("worker %s (%s) serving", self.party.name, self.party.role)
+        log.info("worker %s (%s) serving; %d answered commands on record", self.party.name,
+                 self.party.role, len(self.answered))
         while not self._stopping:
             data = self.transport.receive(timeout=0.5)
             if data is not None:
@@ -278,6 +281,31 @@ class Worker:
             self._drop_idle_jobs()
             self._beat()
         self.transport.close()
+
+    @property
+    def answered(self) -> AnsweredRecord:
+        """The party's persisted record of answered commands (``workers.answered``), read when
+        the worker starts serving (a folder it cannot use fails the start, not a job)."""
+        if self._answered is None:
+            self._answered = AnsweredRecord(self.party.private_dir(),
+                                            self.sealer.max_age + CLOCK_SKEW_SECONDS)
+        return self._answered
+
+    def _replayed(self, env: Envelope) -> bool:
+        """A command this party answered before, also before a restart: refused, logged."""
+        if (env.job, env.task) not in self.answered:
+            return False
+        log.warning("%s: rejected replayed %s %s of job %r (answered before)", self.party.name,
+                    env.kind.name, env.task, env.job)
+        return True
+
+    def _record(self, env: Envelope) -> None:
+        """Put an answered command on record, durably, before its reply acknowledges it."""
+        try:
+            self.answered.add(env.job, env.task)
+        except OSError as exc:  # the party's folder is full or gone: say so, keep serving
+            log.error("%s: could not record %s %s of job %r as answered: %s", self.party.name,
+                      env.kind.name, env.task, env.job, exc)
 
     def _beat(self) -> None:
         """Touch the health file (a container health check reads its age)."""
@@ -337,6 +365,8 @@ class Worker:
             log.warning("%s: rejected %s from %r: commands come from flows", self.party.name,
                         env.kind.name, env.sender)
             return
+        if env.kind in COMMANDS and self._replayed(env):
+            return  # before anything: a replayed opener must not even replace the open job
         session = session_of(env.task)
         if env.kind in OPENERS and (env.job not in self.jobs
                                     or self.jobs[env.job].session != session):
@@ -440,6 +470,8 @@ class Worker:
         if ctx.state is not None:
             job.state = ctx.state
         job.done.add(env.task)
+        if env.kind in COMMANDS:
+            self._record(env)
         waited = f" (first tried {time.monotonic() - since:.3f}s ago)" if since else ""
         log.info("%s job=%s step=%s task=%s %.3fs%s", self.party.name, env.job, env.kind.name,
                  env.task, time.perf_counter() - start, waited)

@@ -145,3 +145,39 @@ def test_an_idle_job_is_dropped_and_a_later_step_reports_the_lost_state(tmp_path
     worker.handle_bytes(_command(MsgType.PSI_BLIND, Step(), "s1/psi"))
     reply = _reply(hub).body
     assert isinstance(reply, ErrorReply) and reply.state_lost and "not open here" in reply.message
+
+
+def test_replayed_open_and_close_after_a_restart_are_refused_and_delete_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 12 item 4: a finished session's OPEN_JOB and CLOSE_JOB, replayed verbatim after
+    the worker restarted, would reopen the job and delete the newer session's checkpoints."""
+    worker, hub = _worker(tmp_path, DATA / "breast_hetero_host.csv")
+    captured = [_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA)), "s1/open"),
+                _command(MsgType.CLOSE_JOB, Step(), "s1/close")]
+    for data in captured:
+        worker.handle_bytes(data)
+        assert not isinstance(_reply(hub).body, ErrorReply)
+    worker.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA)), "s2/open"))
+    assert _reply(hub).kind == MsgType.OPENED
+    planted = tmp_path / "checkpoints" / "trees-000001.ckpt"  # session s2's progress
+    planted.parent.mkdir()
+    planted.write_bytes(b"state")
+    # a CLOSE_JOB of another session, or for a job not open here, closes nothing
+    worker.handle_bytes(_command(MsgType.CLOSE_JOB, Step(), "s9/close"))
+    assert "superseded" in _reply(hub).body.message
+    other = SEALERS["flow"].seal(Envelope("other", "s2/close", "flow", "host", MsgType.CLOSE_JOB,
+                                          Step()))
+    worker.handle_bytes(other)
+    assert _reply(hub).body.state_lost and planted.exists() and "job" in worker.jobs
+
+    host = SEALERS["host"]  # the restarted worker: same keys and folder, no nonces in memory
+    restarted = Worker(worker.party, hub.endpoint("host"), handlers_for("passive"),
+                       Sealer(host.identity, host.private, dict(host.trusted)))
+    for data in captured:
+        caplog.clear()
+        restarted.handle_bytes(data)
+        assert "rejected replayed" in caplog.text and "answered before" in caplog.text
+    assert hub.endpoint("flow").receive(timeout=0.2) is None
+    assert planted.exists() and not restarted.jobs
+    restarted.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA)), "s3/open"))
+    assert _reply(hub).kind == MsgType.OPENED  # a fresh session is served
