@@ -17,6 +17,7 @@ from multiprocessing.process import BaseProcess
 from flows.config import PolicyConfig, WorkerConfig
 from messages.rabbitmq import RabbitTransport, redact
 from messages.signing import Sealer
+from workers.lifeline import die_with_parent
 from workers.roles import arrivals_for, handlers_for
 from workers.policy import PartyPolicy
 from workers.runtime import PartySpec, Worker
@@ -41,7 +42,9 @@ def policy_of(config: PolicyConfig) -> PartyPolicy:
 
 
 def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = None) -> None:
-    """Process entry point: connect, then serve jobs until SIGTERM/SIGINT."""
+    """Process entry point: connect, then serve jobs until SIGTERM/SIGINT (or until the
+    process that started it dies)."""
+    die_with_parent()
     _configure_logging(config.party, log_level)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     transport = RabbitTransport(config.party, config.transport.amqp_url(), party=True,
