@@ -34,6 +34,7 @@ from messages.signing import CLOCK_SKEW_SECONDS, Sealer, is_flow
 from messages.transport import Transport
 from workers import DataError, NotReady, ProtocolError
 from workers.answered import AnsweredRecord
+from workers.mailbox import MailKey, Mailbox
 from workers.policy import PartyPolicy
 
 log = logging.getLogger("fedboost.worker")
@@ -80,46 +81,6 @@ class PartySpec:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         path.chmod(0o700)
         return path
-
-
-MailKey = tuple[MsgType, str, int, int]
-
-
-@dataclass(slots=True)
-class Mailbox:
-    """Peer messages of one job, filed by (kind, sender, tree, depth)."""
-
-    items: dict[MailKey, list[Any]] = field(default_factory=dict)
-
-    def put(self, key: MailKey, body: Any) -> None:
-        self.items.setdefault(key, []).append(body)
-
-    def take(self, kind: MsgType, sender: str, tree: int = -1, depth: int = -1) -> Any:
-        """Remove and return one message, or raise ``NotReady``."""
-        bodies = self.items.get((kind, sender, tree, depth))
-        if not bodies:
-            raise NotReady(f"{kind.name} from {sender}")
-        body = bodies.pop(0)
-        if not bodies:
-            del self.items[(kind, sender, tree, depth)]
-        return body
-
-    def require(self, *keys: MailKey, counts: list[int] | None = None) -> None:
-        """Raise ``NotReady`` unless every key has (at least ``counts[i]``) messages.
-
-        Handlers call this before taking anything, so a retried command finds its inputs intact.
-        """
-        for i, key in enumerate(keys):
-            need = 1 if counts is None else counts[i]
-            if len(self.items.get(key, [])) < need:
-                raise NotReady(f"{key[0].name} from {key[1]}")
-
-    def take_all(self, kind: MsgType, sender: str, tree: int = -1, depth: int = -1) -> list[Any]:
-        return self.items.pop((kind, sender, tree, depth), [])
-
-    def drop_tree(self, tree: int) -> None:
-        """Forget everything of a finished tree."""
-        self.items = {k: v for k, v in self.items.items() if k[2] != tree}
 
 
 @dataclass(slots=True)
@@ -409,7 +370,11 @@ class Worker:
             log.warning("%s: rejected %s from %r: not a party of job %r", self.party.name,
                         env.kind.name, env.sender, env.job)
         else:
-            job.mailbox.put(_mail_key(env), env.body)
+            full = job.mailbox.put(_mail_key(env), env.body, len(data))
+            if full:
+                log.warning("%s: dropped %s from %r of job %r: mailbox full, %s",
+                            self.party.name, env.kind.name, env.sender, env.job, full)
+                return
             self._arrived(job, env)
             self._retry_pending(job)
 

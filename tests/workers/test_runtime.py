@@ -11,10 +11,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from messages import MessageError
-from messages.bodies import Ack, ErrorReply, JobSpec, OpenJob, PartyInfo, Step
+from messages.bodies import Ack, ErrorReply, JobSpec, OpenJob, PartyInfo, PsiPoints, Step
 from messages.envelope import Envelope, MsgType, encode_envelope
 from messages.signing import Sealer, _signed_bytes, federation_sealers
 from messages.transport import MemoryHub
+from workers.mailbox import SENDER_MAIL
 from workers.roles import handlers_for
 from workers.runtime import PartySpec, Worker
 from tests.scenarios import DATA
@@ -181,3 +182,32 @@ def test_replayed_open_and_close_after_a_restart_are_refused_and_delete_nothing(
     assert planted.exists() and not restarted.jobs
     restarted.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA)), "s3/open"))
     assert _reply(hub).kind == MsgType.OPENED  # a fresh session is served
+
+
+def test_a_flooding_peer_is_capped_per_sender_and_job(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 12 item 11: peer mailboxes are bounded in messages and bytes; what is over the
+    limit is dropped with a warning naming the sender and the job, and nothing else suffers."""
+    worker, hub = _worker(tmp_path, DATA / "breast_hetero_host.csv")
+    worker.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA)), "s1/open"))
+    assert _reply(hub).kind == MsgType.OPENED
+    mailbox = worker.jobs["job"].mailbox
+    limit = SENDER_MAIL[0]
+
+    def positions(tree: int, sender: str = "guest", pad: int = 0) -> bytes:
+        return SEALERS[sender].seal(Envelope("job", "s1/x", sender, "host", MsgType.PSI_POINTS,
+                                             PsiPoints(tree, b"\0" * pad)))
+
+    for k in range(limit + 3):  # every one a validly signed message of the job's active party
+        worker.handle_bytes(positions(k))
+    assert sum(len(v) for v in mailbox.items.values()) == limit
+    assert caplog.text.count("dropped PSI_POINTS from 'guest' of job 'job': mailbox full") == 3
+    mailbox.take_all(MsgType.PSI_POINTS, "guest", -1, 0)  # taken by a step: room again
+    worker.handle_bytes(positions(limit + 5))
+    assert mailbox.held["guest"][0] == limit  # limit - 1 left, one more filed
+    mailbox.sender_limit, mailbox.job_limit = (10, 1 << 30), (100, 40_000)
+    mailbox.drop_tree(-1)
+    caplog.clear()
+    worker.handle_bytes(positions(1, pad=30_000))
+    worker.handle_bytes(positions(2, pad=30_000))  # over the job's bytes
+    assert "of the job wait" in caplog.text and mailbox.held["guest"][0] == 1
