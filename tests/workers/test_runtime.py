@@ -64,7 +64,8 @@ def test_bad_data_and_wrong_steps_get_error_replies(tmp_path: Path) -> None:
     worker.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(bad))))
     reply = _reply(hub)
     assert isinstance(reply.body, ErrorReply) and reply.body.user_error
-    assert "duplicate id '1' at rows 2 and 3" in reply.body.message and str(bad) in reply.body.message
+    assert "duplicate id at rows 2 and 3" in reply.body.message and str(bad) in reply.body.message
+    assert "'1'" not in reply.body.message  # the id itself stays at the party
     worker.handle_bytes(_command(MsgType.FIND_BEST_SPLITS, Step(0, 0), "t2"))
     reply = _reply(hub)
     assert isinstance(reply.body, ErrorReply) and "no step FIND_BEST_SPLITS" in reply.body.message
