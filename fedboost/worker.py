@@ -19,6 +19,7 @@ from messages import TransportError
 from messages.chunks import FrameSigner
 from messages.rabbitmq import RabbitTransport, redact
 from messages.signing import Sealer
+from workers.lifeline import die_with_parent
 from workers.roles import arrivals_for, handlers_for
 from workers.policy import PartyPolicy
 from workers.runtime import PartySpec, Worker
@@ -43,11 +44,14 @@ def policy_of(config: PolicyConfig) -> PartyPolicy:
 
 
 def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = None) -> None:
-    """Process entry point: connect, then serve jobs until SIGTERM/SIGINT."""
+    """Process entry point: connect, then serve jobs until SIGTERM/SIGINT (or until the
+    process that started it dies)."""
+    die_with_parent()
     _configure_logging(config.party, log_level)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sealer = Sealer.from_folder(config.signing.key_dir, config.party,
                                 end_to_end=config.signing.end_to_end)
+    sealer.max_age = config.max_message_age
     try:
         transport = RabbitTransport(config.party, config.transport.amqp_url(), party=True,
                                     chunk_bytes=config.transport.chunk_bytes,

@@ -305,6 +305,10 @@ class WorkerConfig(_Strict):
     ``models/.fedboost/<party>``."""
     processes: int = Field(1, ge=1, le=64)
     """Processes this command starts (one coordinates, the others take histogram shards)."""
+    max_message_age: float = Field(2 * 3600.0, ge=60.0, le=7 * 24 * 3600.0)
+    """Seconds after it was signed that a message is still accepted (default: twice the flows'
+    default ``transport.step_timeout``); keep it above the step_timeout of the jobs served.
+    The party's record of answered commands keeps each at least this long."""
     transport: TransportConfig = TransportConfig(kind="rabbitmq")
     signing: SigningConfig
     """This party's signing key (``<party>.key``) and the federation's public keys."""

@@ -5,7 +5,8 @@ signature taken over the other fields (the envelope by its SHA-256). On receipt 
 (every flow endpoint signs as ``flow``; a party's helper processes sign as the party) and the
 signature checked before the envelope is even parsed; then the envelope must name a sender the
 signer speaks for. A nonce seen before is a replay, and so is a message older than
-``MAX_AGE_SECONDS`` (a receiver that restarted has forgotten its nonces, not the clock).
+``Sealer.max_age`` (a receiver that restarted has forgotten its nonces, not the clock; a worker
+also keeps the commands it answered on disk, see ``workers.answered``).
 Keys live in one folder: ``<name>.key`` (PKCS#8, 0600, only on the owner's machine) and
 ``<name>.pub`` (SubjectPublicKeyInfo) for every identity of the federation.
 """
@@ -38,8 +39,10 @@ SIGNATURE_BYTES = 64
 FLOW_IDENTITY = "flow"
 SEEN_NONCES = 100_000
 """Nonces remembered per receiver (a replay older than this is still caught by task ids)."""
-MAX_AGE_SECONDS = 24 * 3600.0
-"""Older messages are refused: no step waits that long (flows give up after their step timeout)."""
+MAX_AGE_SECONDS = 2 * 3600.0
+"""Default age above which a message is refused: twice the flows' default step timeout (a flow
+gives up on a step after ``transport.step_timeout``, so an older command is of no use to
+anyone but a replayer). A worker sets its own (``max_message_age`` in its worker file)."""
 CLOCK_SKEW_SECONDS = 300.0
 """How far ahead of the receiver's clock a sender's may be."""
 
@@ -128,6 +131,8 @@ class Sealer:
     end_to_end: bool = False
     """Encrypt every envelope for its recipient (``messages.e2e``), and refuse envelopes that
     were not: for federations that do not trust the broker's operator."""
+    max_age: float = MAX_AGE_SECONDS
+    """Seconds after its signed send time that a message is still accepted."""
     _seen: OrderedDict[bytes, None] = field(default_factory=OrderedDict, repr=False)
     _pair_keys: dict[str, bytes] = field(default_factory=dict, repr=False)
 
@@ -216,7 +221,7 @@ class Sealer:
         if signer_of(env.sender) != signer:
             raise ForgedMessage(f"{env.kind.name} from {env.sender!r} signed by {signer!r}")
         age = time.time() - sent_at
-        if not -CLOCK_SKEW_SECONDS <= age <= MAX_AGE_SECONDS:
+        if not -CLOCK_SKEW_SECONDS <= age <= self.max_age:
             raise ForgedMessage(f"{env.kind.name} from {env.sender!r}: sent {age:.0f} s ago "
                                 f"(replayed, or clocks apart)")
         if nonce in self._seen:

@@ -36,6 +36,7 @@ from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.alignment import send_public_key
 from workers.data import load_party_csv
+from workers.lifeline import die_with_parent
 from workers.runtime import StepContext
 from workers.state import JobState
 
@@ -69,7 +70,7 @@ class ActiveTraining:
 
     def crypto_pool(self) -> KeyHolderPool:
         if self.pool is None:
-            self.pool = KeyHolderPool(self.private)
+            self.pool = KeyHolderPool(self.private, on_start=die_with_parent)
         return self.pool
 
     def close(self) -> None:
