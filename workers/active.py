@@ -36,9 +36,12 @@ from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.alignment import send_public_key
 from workers.data import load_party_csv
+from workers.policy import check_job
 from workers.runtime import StepContext
 from workers.state import JobState
 
+PROTOCOL = "vertical_secureboost"
+"""The protocol whose steps this module and workers.passive answer (checked against policies)."""
 GRADIENT_CHUNK = 4096
 """Ciphertexts per message: 2 MiB at 2048-bit keys, well below broker message caps."""
 
@@ -108,10 +111,11 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     actives = [p.name for p in spec.parties if p.role == "active"]
     if actives != [ctx.party.name]:
         raise ProtocolError(f"job names {actives} as active party, this worker is {ctx.party.name}")
+    check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
     data = load_party_csv(ctx.party.name, ctx.party.data, ctx.party.id_column, ctx.party.label,
                           require_label=True, columns=ctx.party.columns)
     params = params_of(body)
-    public, private = generate_keypair(spec.key_bits)
+    public, private = generate_keypair(spec.key_bits, obfuscator=ctx.party.policy.obfuscator)
     state = JobState(kind="train", party=ctx.party.name, active=ctx.party.name,
                      passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
                      valid_fraction=spec.valid_fraction, valid_seed=spec.valid_seed,

@@ -31,9 +31,10 @@ from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradient
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, NotReady, ProtocolError, StageError, checkpoint
-from workers.active import params_of
+from workers.active import PROTOCOL, params_of
 from workers.alignment import receive_alignment
 from workers.data import load_party_csv
+from workers.policy import check_job, check_key_bits
 from workers.runtime import StepContext
 from workers.shards import (LevelData, LevelWork, hold_tree_chunk, shard_data, shard_result,
                             sum_claimed)
@@ -89,6 +90,7 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
         raise ProtocolError(f"job needs exactly one active party, names {actives}")
     if ctx.party.name not in [p.name for p in spec.parties if p.role == "passive"]:
         raise ProtocolError(f"job does not list {ctx.party.name} as a passive party")
+    check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
     data = load_party_csv(ctx.party.name, ctx.party.data, ctx.party.id_column, None,
                           require_label=False, columns=ctx.party.columns)
     if spec.label and spec.label in data.names and ctx.party.columns is None:
@@ -126,9 +128,13 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     run: PassiveTraining = state.role_state
     ctx.mailbox.require((MsgType.ALIGNED_ROWS, state.active, -1, -1),
                         (MsgType.PUBLIC_KEY, state.active, -1, -1))
-    receive_alignment(ctx)
     key: PublicKeyMsg = ctx.mailbox.take(MsgType.PUBLIC_KEY, state.active)
-    run.public = public_key_from_n(int.from_bytes(key.n, "big"), expected_bits=state.key_bits)
+    n = int.from_bytes(key.n, "big")
+    # the key itself, not only the spec, must meet the policy: the active party made it
+    check_key_bits(ctx.party.policy, ctx.party.name, n.bit_length(),
+                   f"the public key {state.active} sent")
+    run.public = public_key_from_n(n, expected_bits=state.key_bits)
+    receive_alignment(ctx)
     x = state.data.x[state.train_rows]
     state.cuts = fit_cuts(x, run.params.max_bin)
     state.bins = apply_cuts(x, state.cuts, run.params.max_bin)
