@@ -77,6 +77,13 @@ class PassiveTraining:
     packing: BinSumPacking | None = None
     """How the tree's bin sums are packed for the trip back (from the gradients' layout)."""
     depth: int = -1
+    level_nodes: set[int] = field(default_factory=set)
+    """The nodes of the current level (the root, then the previous level's children): the only
+    nodes a split may be asked for, one each."""
+    split_here: set[int] = field(default_factory=set)
+    """Nodes of the current level this party has split already."""
+    node_ids: set[int] = field(default_factory=set)
+    """Every node id of the tree so far (new children must have new ids)."""
     records: dict[int, LookupRecord] = field(default_factory=dict)
     level: LevelWork | None = None
     """The level whose histograms are being built (shards handed out, results arriving)."""
@@ -216,6 +223,7 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     run.enc_index = np.cumsum(in_tree) - 1
     run.node_of_row = np.zeros(n_train, dtype=np.int64)
     run.depth = 0
+    run.level_nodes, run.split_here, run.node_ids = {0}, set(), {0}
     run.level = None
 
 
@@ -230,6 +238,7 @@ def _apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
     """Route rows by the previous level's splits; return the nodes to build (smaller children)."""
     ctx.mailbox.require((MsgType.NODE_POSITIONS, state.active, tree, depth - 1))
     msg: NodePositions = ctx.mailbox.take(MsgType.NODE_POSITIONS, state.active, tree, depth - 1)
+    _check_positions(ctx.party.name, run, msg)
     built = []
     for split in msg.splits:
         rows = np.flatnonzero(run.node_of_row == split.node)
@@ -240,7 +249,45 @@ def _apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
         n_right = int(run.in_tree[rows[~mask]].sum())
         built.append(smaller_child(n_left, n_right, split.left_id, split.right_id))
     run.depth = depth
+    run.level_nodes = {i for split in msg.splits for i in (split.left_id, split.right_id)}
+    run.split_here = set()
+    run.node_ids |= run.level_nodes
     return built
+
+
+def _check_positions(party: str, run: PassiveTraining, msg: NodePositions) -> None:
+    """Each node of the level is split at most once, into two children with new ids."""
+    nodes = [split.node for split in msg.splits]
+    children = [i for split in msg.splits for i in (split.left_id, split.right_id)]
+    if len(set(nodes)) != len(nodes) or not set(nodes) <= run.level_nodes:
+        raise ProtocolError(f"{party}: t{msg.tree} d{msg.depth}: positions split nodes "
+                            f"{nodes}; the level's nodes are {sorted(run.level_nodes)}, one split "
+                            f"each")
+    if len(set(children)) != len(children) or set(children) & run.node_ids:
+        raise ProtocolError(f"{party}: t{msg.tree} d{msg.depth}: positions give children "
+                            f"{children}, not all new and distinct")
+
+
+def _check_choices(party: str, run: PassiveTraining, msg: SplitChoices, n_features: int) -> None:
+    """At most one split per node of the current level that this party has not split yet, in
+    range: anything else would make this party reveal more instance spaces than the tree has
+    nodes (one SplitChoices listing every (feature, bin) of node 0 rebuilds the binned matrix)."""
+    nodes = [choice.node for choice in msg.splits]
+    if len(set(nodes)) != len(nodes):
+        raise ProtocolError(f"{party}: t{msg.tree} d{msg.depth}: refused {len(nodes)} splits "
+                            f"for nodes {sorted(set(nodes))}: at most one split per node")
+    closed = sorted(set(nodes) - (run.level_nodes - run.split_here))
+    if closed:
+        raise ProtocolError(f"{party}: t{msg.tree} d{msg.depth}: refused splits of nodes "
+                            f"{closed}: not open at this level (open: "
+                            f"{sorted(run.level_nodes - run.split_here)})")
+    if run.depth >= run.params.max_depth:
+        raise ProtocolError(f"{party}: t{msg.tree} d{msg.depth}: refused splits below the "
+                            f"maximum depth {run.params.max_depth}")
+    for choice in msg.splits:
+        if not (0 <= choice.feature < n_features and 0 <= choice.bin < run.params.max_bin):
+            raise ProtocolError(f"{party}: split on feature {choice.feature} bin {choice.bin} "
+                                f"is out of range")
 
 
 def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
@@ -386,10 +433,10 @@ def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     if run.tree != body.tree or run.depth != body.depth:
         raise StageError(f"apply_splits t{body.tree} d{body.depth}: party is at t{run.tree} d{run.depth}")
     bins = state.require_bins()
+    _check_choices(ctx.party.name, run, msg, bins.shape[1])  # before any mask or record
+    run.split_here |= {choice.node for choice in msg.splits}
     out = []
     for choice in msg.splits:
-        if not (0 <= choice.feature < bins.shape[1] and 0 <= choice.bin < run.params.max_bin):
-            raise ProtocolError(f"split on feature {choice.feature} bin {choice.bin} is out of range")
         rows = np.flatnonzero(run.node_of_row == choice.node)
         mask = goes_left(bins[rows, choice.feature], choice.bin, choice.missing_left,
                          run.params.max_bin)

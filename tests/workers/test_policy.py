@@ -80,6 +80,10 @@ def test_the_default_policy_needs_2048_bits_and_refuses_other_protocols(tmp_path
     assert _reply(hub).body.message == ("party guest refuses protocol 'vertical_secureboost': its "
                                         "policy allows simfl")
     assert worker.jobs["job"].state is None  # nothing was loaded or generated
+    worker.party = replace(guest, policy=PartyPolicy(min_key_bits=1024, obfuscator="full"))
+    worker.handle_bytes(_command("guest", MsgType.OPEN_JOB, OpenJob(SPEC), "open-full"))
+    assert _reply(hub).kind == MsgType.OPENED
+    assert worker.jobs["job"].state.role_state.private.obfuscator == "full"  # the policy's
 
 
 def test_a_passive_party_refuses_a_public_key_below_its_policy_whatever_the_spec_claims(
