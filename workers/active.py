@@ -171,8 +171,8 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
 
 
 def _participants(state: JobState, run: ActiveTraining, tree: int) -> list[str]:
-    """Passive parties taking part in a tree (none in Completely SecureBoost's first tree)."""
-    blocks = allowed_blocks(run.params, tree, 1 + len(state.passives))
+    """Passive parties taking part in a tree (none in Completely SecureBoost's first round)."""
+    blocks = allowed_blocks(run.params, tree, 1 + len(state.passives), run.outputs)
     return [state.passives[b - 1] for b in blocks if b > 0]
 
 
@@ -273,7 +273,7 @@ def find_best_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         block = 1 + state.passives.index(passive)
         grower.add_histograms(block, built, _decrypt_histograms(run, msg, built, passive))
     grower.begin_level()
-    blocks = allowed_blocks(run.params, body.tree, 1 + len(state.passives))
+    blocks = allowed_blocks(run.params, body.tree, 1 + len(state.passives), run.outputs)
     run.level_splits = grower.find_splits(blocks)
     owned: dict[str, list[SplitChoice]] = {}
     for node, split in run.level_splits.items():
