@@ -67,6 +67,8 @@ class ActiveTraining:
     history: list[TreeFinished] = field(default_factory=list)
     """Training metrics after each tree (a resumed flow reports them again)."""
     score_margin: np.ndarray | None = None
+    passive_features: dict[str, int] = field(default_factory=dict)
+    """Each passive party's feature count, as its root histograms declared and bounded it."""
     pool: KeyHolderPool | None = None
     """Encryption/decryption processes (both cores), started with the first encrypted tree."""
 
@@ -229,6 +231,7 @@ def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: li
             or sum(msg.shard_features) != msg.n_features:
         raise ProtocolError(f"{sender} sent shards of {msg.shard_features} features for "
                             f"{msg.n_features}")
+    _check_feature_count(run, msg, sender)  # before anything is sized by it
     packing = BinSumPacking(run.packer.cell_bits, msg.per_ciphertext)
     nodes, width = len(built), run.public.ciphertext_bytes
     filled = decode_mask(msg.filled, nodes * msg.n_features * msg.n_bins)
@@ -251,6 +254,27 @@ def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: li
         blocks.append(sums.reshape(nodes, features, msg.n_bins, 3))
         start += count
     return np.concatenate(blocks, axis=1)
+
+
+def _check_feature_count(run: ActiveTraining, msg: EncryptedHistograms, sender: str) -> None:
+    """Bound a passive party's declared feature count by what this party can check before it
+    allocates node x feature x bin sums: every feature of the root has a filled bin, so at
+    depth 0 there are no more features than bin sums the ciphertexts carry; later levels of the
+    tree must declare the same count."""
+    width = run.public.ciphertext_bytes
+    if len(msg.ciphertexts) % width:
+        raise ProtocolError(f"{sender} sent {len(msg.ciphertexts)} bytes of histograms, not a "
+                            f"multiple of {width}")
+    known = run.passive_features.get(sender)
+    if msg.depth == 0:
+        carried = msg.per_ciphertext * (len(msg.ciphertexts) // width)
+        if msg.n_features > carried or known not in (None, msg.n_features):
+            raise ProtocolError(f"{sender} declared {msg.n_features} features at the root, "
+                                f"with {carried} bin sums (and {known} features before)")
+        run.passive_features[sender] = msg.n_features
+    elif msg.n_features != known:
+        raise ProtocolError(f"{sender} declared {msg.n_features} features at depth "
+                            f"{msg.depth}, {known} at the tree's root")
 
 
 def find_best_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:

@@ -198,18 +198,21 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     node positions. Checks everything before taking."""
     ctx.mailbox.require((MsgType.TREE_START, state.active, tree, -1))
     start: TreeStart = ctx.mailbox.items[(MsgType.TREE_START, state.active, tree, -1)][0]
+    public = _require_key(run)
+    n_train = state.require_bins().shape[0]
+    # sizes the active party declares are bounded by this party's rows and the key
+    if not 1 <= start.value_bits < public.n.bit_length() or start.max_rows != n_train \
+            or not 1 <= start.n_chunks <= n_train:
+        raise ProtocolError(f"tree {tree}: gradients of {start.value_bits} bits for "
+                            f"{start.max_rows} rows in {start.n_chunks} chunks; this party has "
+                            f"{n_train} rows and a {public.n.bit_length()}-bit key")
     key = (MsgType.ENCRYPTED_GRADIENTS, state.active, tree, -1)
     ctx.mailbox.require(key, counts=[start.n_chunks])
     chunks: list[EncryptedGradients] = ctx.mailbox.items[key]
     if sorted(c.chunk for c in chunks) != list(range(start.n_chunks)):
         raise ProtocolError(f"tree {tree}: gradient chunks {sorted(c.chunk for c in chunks)}")
-    public = _require_key(run)
-    if start.value_bits < 1 or start.max_rows < 1:
-        raise ProtocolError(f"tree {tree}: gradients of {start.value_bits} bits, "
-                            f"{start.max_rows} rows")
     packing = BinSumPacking.for_key(GradientPacker(start.value_bits, start.max_rows).cell_bits,
                                     public.n.bit_length())
-    n_train = state.require_bins().shape[0]
     in_tree = decode_mask(start.in_tree, n_train)
     blob = b"".join(c.ciphertexts for c in sorted(chunks, key=lambda c: c.chunk))
     count, rest = divmod(len(blob), public.ciphertext_bytes)

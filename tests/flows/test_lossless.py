@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,9 @@ def _check_lossless(config: JobConfig, out: Path, *, predict: bool = True) -> di
         if config.params.objective == "multiclass":
             fed = fed[:, 1:]  # the first column is the predicted label
         np.testing.assert_allclose(fed, cen, rtol=0, atol=1e-6)
+        assert stat.S_IMODE(scores.stat().st_mode) == 0o600
+    for part in ("guest/model.json", "guest/party.json", "host/lookup.json", "host/party.json"):
+        assert stat.S_IMODE((out / part).stat().st_mode) == 0o600, part
     return result
 
 
