@@ -36,7 +36,8 @@ def _check_lossless(config: JobConfig, out: Path, *, predict: bool = True) -> di
             fed = fed[:, 1:]  # the first column is the predicted label
         np.testing.assert_allclose(fed, cen, rtol=0, atol=1e-6)
         assert stat.S_IMODE(scores.stat().st_mode) == 0o600
-    for part in ("guest/model.json", "guest/party.json", "host/lookup.json", "host/party.json"):
+    parts = [f"{config.active}/model.json", *(f"{p}/lookup.json" for p in config.passives)]
+    for part in [*parts, *(f"{p}/party.json" for p in config.parties)]:
         assert stat.S_IMODE((out / part).stat().st_mode) == 0o600, part
     return result
 
