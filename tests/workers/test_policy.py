@@ -110,3 +110,14 @@ def test_a_passive_party_refuses_a_public_key_below_its_policy_whatever_the_spec
     assert worker.jobs["job"].state.role_state.public is None
     worker.handle_bytes(_command("host", MsgType.CLOSE_JOB, Step(), "close"))
     assert _reply(hub).kind == MsgType.ACK  # still serving
+
+
+def test_job_files_cannot_ask_for_less_than_1024_bits() -> None:
+    import pytest
+
+    from flows.config import ConfigError
+    from tests.scenarios import config_with
+
+    with pytest.raises(ConfigError, match="key 'crypto.key_bits': Input should be greater than "
+                                          "or equal to 1024"):
+        config_with("breast.yaml", crypto={"key_bits": 512})

@@ -66,13 +66,15 @@ def _started(tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKe
 
 
 def test_every_feature_and_bin_of_node_0_is_refused_and_the_worker_goes_on(
-        tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
+        tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey],
+        caplog: pytest.LogCaptureFixture) -> None:
     worker, hub, run = _started(tmp_path, keypair)
     everything = [SplitChoice(node=0, feature=f, bin=b, missing_left=False)
                   for f in range(3) for b in range(32)]
     refused = _apply(worker, hub, everything, "apply-all")
     assert isinstance(refused.body, ErrorReply)
     assert "refused 96 splits for nodes [0]: at most one split per node" in refused.body.message
+    assert "APPLY_SPLITS failed: host: t0 d0: refused 96 splits" in caplog.text  # logged
     assert not _masks_sent(hub) and not run.records  # no instance space, no lookup record
 
     for bad, why in (([SplitChoice(7, 0, 3, False)], "nodes [7]: not open"),
