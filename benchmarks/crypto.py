@@ -130,9 +130,10 @@ def main() -> None:
         one, packed = r["bin sums, one decryption each (sums/s)"], r["bin sums packed (sums/s)"]
         shifts = r["  of which packing them (sums/s)"]
         holder = r["  of which decrypting them (sums/s)"]
-        print(f"{b} bits: obfuscator short/full = "
-              f"{r['encrypt ours (key holder, CRT)'] / r['encrypt ours (key holder, CRT, full r^n)']:.1f}x "
-              f"(key holder encryptions per second)")
+        short, full = (r["encrypt ours (key holder, CRT)"],
+                       r["encrypt ours (key holder, CRT, full r^n)"])
+        print(f"{b} bits: obfuscator short/full = {short / full:.1f}x (key holder encryptions "
+              f"per second)")
         print(f"{b} bits: encrypt ours/phe = {r['encrypt ours (key holder, CRT)'] / r['encrypt phe']:.0f}x; "
               f"histogram accumulation / raw multiply = "
               f"{r['histogram accumulation (mults/s)'] / r['add raw gmpy2 c1*c2 % n2 (floor)']:.2f}; "

@@ -147,7 +147,8 @@ class PaillierPrivateKey:
     p: mpz
     q: mpz
     obfuscator: str = "short"
-    """``short`` (a short exponent on a fixed base) or ``full`` (a uniform r^n): module docstring."""
+    """``short`` (a short exponent on a fixed base) or ``full`` (a uniform r^n): see the module
+    docstring."""
     psquare: mpz = field(init=False)
     qsquare: mpz = field(init=False)
     hp: mpz = field(init=False)
