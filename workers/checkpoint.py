@@ -29,9 +29,10 @@ from workers import ProtocolError
 from workers.state import JobState
 
 FOLDER = "checkpoints"
-MAGIC = b"fedboost-checkpoint-2\n"
+MAGIC = b"fedboost-checkpoint-3\n"
 """The number changes with the layout of the pickled state (2: a passive party keeps its tree's
-parsed ciphertexts), so an older worker's checkpoint is never unpickled into the wrong fields."""
+parsed ciphertexts; 3: the key holder's obfuscator, the level's open nodes, passive parties'
+feature counts), so an older worker's checkpoint is never unpickled into the wrong fields."""
 KEEP = 2
 _NAME = re.compile(r"trees-(\d{6})\.ckpt")
 
