@@ -19,7 +19,7 @@ import numpy as np
 from boosting.binning import goes_left_raw
 from boosting.losses import transform
 from boosting.metrics import evaluate
-from boosting.tree import Model, TreeNode, load_model
+from boosting.tree import Model, TreeNode, load_model, open_private
 from messages.bodies import Ack, Decisions, Metric, OpenPrediction, Step, TreeFinished
 from messages.envelope import MsgType
 from workers import DataError, ProtocolError, StageError
@@ -190,7 +190,7 @@ def write_scores(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     path = Path(run.scores_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", newline="") as handle:
+    with open_private(tmp) as handle:
         writer = csv.writer(handle)
         writer.writerow(header)
         for ident, row in zip(ids, values):
