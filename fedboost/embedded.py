@@ -36,7 +36,9 @@ def party_specs(config: JobConfig, out_dir: Path,
                                label=party.label, model_dir=str(out_dir / name),
                                columns=party.columns, processes=processes_of(party),
                                policy=(policy_of(party.policy) if party.policy
-                                       else EMBEDDED_POLICY)))
+                                       else EMBEDDED_POLICY),
+                               # beside the model parts, never inside one (a part may be shared)
+                               state_dir=str(out_dir / ".fedboost" / name)))
     return specs
 
 
