@@ -20,13 +20,18 @@ def _check_lossless(config: JobConfig, out: Path, *, predict: bool = True) -> di
     result = train_embedded(config, out)
     model, joined = train_centralized(config)
     assert_same_trees(federated_view(out, config), centralized_view(model))
-    if predict:  # federated 2-round prediction on every aligned row equals the centralized one
-        scores = out / "scores.csv"
-        job = f"{config.job}-predict"
-        run_embedded(job, party_specs(config, out),
-                     lambda: federated_predict(job, config.active, config.passives, str(scores),
-                                               batch_size=200))
-        ids, fed = read_scores(scores)
+    if predict:  # federated prediction of every aligned row equals the centralized one,
+        # with the same bytes in both modes (path: one round per level; batched: two per batch)
+        scores = {}
+        for mode in ("path", "batched"):
+            job = f"{config.job}-predict-{mode}"
+            scored = run_embedded(job, party_specs(config, out), lambda: federated_predict(
+                job, config.active, config.passives, f"{mode}.csv", config.job,
+                batch_size=200, mode=mode))
+            assert scored["mode"] == mode
+            scores[mode] = (out / config.active / f"{mode}.csv").read_bytes()
+        assert scores["path"] == scores["batched"]
+        ids, fed = read_scores(out / config.active / "path.csv")
         assert ids == joined.ids
         cen = centralized_predictions(model, joined)
         if config.params.objective == "multiclass":
