@@ -12,6 +12,7 @@ import logging
 import re
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -206,7 +207,7 @@ def _predict(args: argparse.Namespace) -> int:
             raise ConfigError(f"--data {item!r}: expected PARTY=CSV with PARTY one of "
                               f"{', '.join(config.parties)}")
         data[party] = Path(path)
-    job = f"{config.job}-predict-{int(time.time())}"
+    job = f"{config.job[:47]}-predict-{uuid.uuid4().hex[:8]}"  # the job-name rule: <= 64
     scores_file = f"scores-{job}.csv"  # a plain name: the active worker writes in its model folder
 
     def run() -> dict[str, Any]:
