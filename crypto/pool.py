@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from crypto._gmp import mpz
 from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_from_bytes,
@@ -18,8 +18,10 @@ from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_
 _KEY: PaillierPrivateKey | None = None
 
 
-def _init(n: int, p: int, q: int) -> None:
+def _init(n: int, p: int, q: int, on_start: Callable[[], None] | None) -> None:
     global _KEY
+    if on_start is not None:
+        on_start()
     _KEY = PaillierPrivateKey(PaillierPublicKey(mpz(n)), mpz(p), mpz(q))
     _KEY.encrypt_batch([0])  # build the obfuscator tables now, not in the first batch
 
@@ -40,14 +42,17 @@ def default_processes() -> int:
 
 
 class KeyHolderPool:
-    """Encrypt and decrypt for the key holder on ``processes`` processes."""
+    """Encrypt and decrypt for the key holder on ``processes`` processes; each runs
+    ``on_start`` first (a worker passes ``workers.lifeline.die_with_parent``: the processes
+    hold the private key and must not outlive it)."""
 
-    def __init__(self, private: PaillierPrivateKey, processes: int | None = None) -> None:
+    def __init__(self, private: PaillierPrivateKey, processes: int | None = None,
+                 on_start: Callable[[], None] | None = None) -> None:
         self.private = private
         self.processes = processes or default_processes()
         self._pool = mp.get_context("spawn").Pool(
             self.processes, initializer=_init,
-            initargs=(int(private.public_key.n), int(private.p), int(private.q)))
+            initargs=(int(private.public_key.n), int(private.p), int(private.q), on_start))
 
     def _slices(self, count: int) -> list[slice]:
         step = -(-count // self.processes) if count else 1

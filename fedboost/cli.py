@@ -155,7 +155,10 @@ def _train(args: argparse.Namespace) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     from flows.config import ConfigError, JobConfig
+    from messages.names import JOB_NAME_RULE, is_job_name
 
+    if not is_job_name(args.job):  # it names a folder under runs/
+        raise ConfigError(f"job {args.job!r} is not a job name ({JOB_NAME_RULE})")
     out = args.out or Path("runs") / args.job
     job_file = out / "job.json"
     try:
@@ -250,6 +253,7 @@ def _worker(args: argparse.Namespace) -> int:
     from flows.config import load_worker_config
     from messages import MessageError
     from messages.signing import Sealer
+    from messages.tls import ssl_options_for
 
     config = load_worker_config(args.config, args.party)
     update: dict[str, Any] = {}
@@ -267,6 +271,7 @@ def _worker(args: argparse.Namespace) -> int:
         return EXIT_USER_ERROR
     try:  # fail here, not in each process: the party's key must load
         Sealer.from_folder(config.signing.key_dir, config.party)
+        ssl_options_for(config.party, config.transport.amqp_url(), config.transport.tls_options())
     except MessageError as exc:
         print(f"fedboost: error: party {config.party}: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

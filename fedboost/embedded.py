@@ -50,11 +50,12 @@ def processes_of(party: PartyConfig) -> int:
 
 def run_embedded(job: str, specs: list[PartySpec], run_flow: Callable[[], T], *,
                  hub: MemoryHub | None = None, log_level: int = logging.WARNING,
-                 step_timeout: float = DEFAULT_STEP_TIMEOUT) -> T:
+                 step_timeout: float = DEFAULT_STEP_TIMEOUT, end_to_end: bool = False) -> T:
     """Start the parties' workers, run the flow against them, and stop them whatever happens."""
     hub = hub or MemoryHub([s.name for s in specs] + [FLOW_ENDPOINT],
                            helpers={s.name: s.processes - 1 for s in specs if s.processes > 1})
-    sealers = federation_sealers([s.name for s in specs])  # fresh keys: one machine, one run
+    # fresh keys: one machine, one run
+    sealers = federation_sealers([s.name for s in specs], end_to_end=end_to_end)
     procs, helpers = start_workers(hub, specs, sealers, log_level)
     attach(Coordinator(job=job, transport=hub.endpoint(FLOW_ENDPOINT),
                        sealer=sealers[FLOW_IDENTITY], timeout=step_timeout))
@@ -77,4 +78,5 @@ def train_embedded(config: JobConfig, out_dir: Path, *, hub: MemoryHub | None = 
 
     specs = party_specs(config, out_dir)
     return run_embedded(config.job, specs, lambda: vertical_secureboost(config), hub=hub,
-                        step_timeout=config.transport.step_timeout)
+                        step_timeout=config.transport.step_timeout,
+                        end_to_end=bool(config.signing and config.signing.end_to_end))

@@ -15,8 +15,11 @@ import signal
 from multiprocessing.process import BaseProcess
 
 from flows.config import PolicyConfig, WorkerConfig
+from messages import TransportError
+from messages.chunks import FrameSigner
 from messages.rabbitmq import RabbitTransport, redact
 from messages.signing import Sealer
+from workers.lifeline import die_with_parent
 from workers.roles import arrivals_for, handlers_for
 from workers.policy import PartyPolicy
 from workers.runtime import PartySpec, Worker
@@ -41,13 +44,24 @@ def policy_of(config: PolicyConfig) -> PartyPolicy:
 
 
 def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = None) -> None:
-    """Process entry point: connect, then serve jobs until SIGTERM/SIGINT."""
+    """Process entry point: connect, then serve jobs until SIGTERM/SIGINT (or until the
+    process that started it dies)."""
+    die_with_parent()
     _configure_logging(config.party, log_level)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    transport = RabbitTransport(config.party, config.transport.amqp_url(), party=True,
-                                chunk_bytes=config.transport.chunk_bytes)
+    sealer = Sealer.from_folder(config.signing.key_dir, config.party,
+                                end_to_end=config.signing.end_to_end)
+    sealer.max_age = config.max_message_age
+    try:
+        transport = RabbitTransport(config.party, config.transport.amqp_url(), party=True,
+                                    chunk_bytes=config.transport.chunk_bytes,
+                                    frames=FrameSigner(sealer),
+                                    partial_seconds=config.transport.partial_seconds,
+                                    tls=config.transport.tls_options())
+    except TransportError as exc:  # unreachable broker, refused login or certificate
+        log.error("%s", exc)
+        raise SystemExit(1) from None
     log.info("%s: connected to %s", config.party, redact(config.transport.amqp_url()))
-    sealer = Sealer.from_folder(config.signing.key_dir, config.party)
     worker = Worker(party_spec(config), transport, handlers_for(config.role), sealer,
                     arrivals=arrivals_for(config.role), health_file=health_file)
     signal.signal(signal.SIGINT, worker.stop)

@@ -22,6 +22,7 @@ from messages import MessageError, TransportError
 from messages.bodies import Aligned, ErrorReply, Step
 from flows.config import ConfigError, JobConfig
 from messages.envelope import Envelope, MsgType
+from messages.chunks import FrameSigner
 from messages.rabbitmq import RabbitTransport
 from messages.signing import FLOW_IDENTITY, Sealer
 from messages.transport import Transport
@@ -134,11 +135,15 @@ def connected(config: JobConfig) -> Iterator[Coordinator]:
     if config.signing is None:
         raise ConfigError(f"job {job!r}: signing.key_dir is required over RabbitMQ")
     try:
-        sealer = Sealer.from_folder(config.signing.key_dir, FLOW_IDENTITY)
+        sealer = Sealer.from_folder(config.signing.key_dir, FLOW_IDENTITY,
+                                    end_to_end=config.signing.end_to_end)
     except MessageError as exc:
         raise ConfigError(f"job {job!r}: {exc}") from None
     endpoint = RabbitTransport(f"flow.{job}.{uuid.uuid4().hex[:8]}", transport.amqp_url(),
-                               party=False, chunk_bytes=transport.chunk_bytes)
+                               party=False, chunk_bytes=transport.chunk_bytes,
+                               frames=FrameSigner(sealer),
+                               partial_seconds=transport.partial_seconds,
+                               tls=transport.tls_options())
     coordinator = Coordinator(job=job, transport=endpoint, sealer=sealer,
                               timeout=transport.step_timeout)
     attach(coordinator)

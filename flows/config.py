@@ -13,6 +13,11 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationInfo
+
+from messages.tls import TlsOptions
+
+from messages.names import JOB_NAME_RULE, is_job_name
 
 
 class ConfigError(ValueError):
@@ -97,6 +102,39 @@ AMQP_URL_ENV = "FEDBOOST_AMQP_URL"
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 
+class TlsConfig(_Strict):
+    """TLS to the broker (``transport.tls``; needs an ``amqps://`` URL). The broker's
+    certificate and name are always verified; there is no switch to turn that off."""
+
+    ca_file: Path | None = None
+    """CA certificate(s) the broker's certificate must chain to (default: the system's)."""
+    cert_file: Path | None = None
+    """This participant's client certificate (PEM), for a broker that requires one."""
+    key_file: Path | None = None
+    """The client certificate's private key (PEM)."""
+    server_hostname: str | None = Field(None, min_length=1, max_length=253)
+    """The name the broker's certificate must carry (default: the URL's host)."""
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file: give both (client certificate and its key) "
+                             "or neither")
+        return self
+
+    def resolved(self, base: Path) -> TlsConfig:
+        """Relative paths made absolute against ``base`` (the config file's folder)."""
+        return self.model_copy(update={key: _resolve(base, getattr(self, key))
+                                       for key in ("ca_file", "cert_file", "key_file")})
+
+    def options(self) -> TlsOptions:
+        """The settings as ``messages.rabbitmq.RabbitTransport`` takes them."""
+        def text(path: Path | None) -> str | None:
+            return None if path is None else str(path)
+        return TlsOptions(ca_file=text(self.ca_file), cert_file=text(self.cert_file),
+                          key_file=text(self.key_file), server_hostname=self.server_hostname)
+
+
 class TransportConfig(_Strict):
     """How parties talk: ``memory`` is the embedded default (one machine, no services);
     ``rabbitmq`` reaches long-running party workers through a broker."""
@@ -106,9 +144,15 @@ class TransportConfig(_Strict):
     """``amqp://user:password@host:port/vhost`` (default: the local broker as guest)."""
     chunk_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024, le=128 * 1024 * 1024)
     """Messages above this size travel in chunks (RabbitMQ 4 refuses messages above 16 MiB)."""
+    partial_seconds: float = Field(120.0, ge=1.0, le=24 * 3600.0)
+    """A partly received chunked message without a new chunk for this long (while the receiver
+    waits for mail) is dropped and its chunks acknowledged."""
     step_timeout: float = Field(3600.0, ge=1.0, le=7 * 24 * 3600.0)
     """Seconds the flow waits for a party to answer one step before it fails the job, naming
     the party and the step (a party that never comes back)."""
+    tls: TlsConfig | None = None
+    """TLS settings (CA, client certificate); an ``amqps://`` URL without them still uses TLS,
+    verified against the system's CA store."""
 
     @field_validator("url")
     @classmethod
@@ -116,6 +160,19 @@ class TransportConfig(_Strict):
         if v is not None and not v.startswith(("amqp://", "amqps://")):
             raise ValueError("must be an amqp:// or amqps:// URL")
         return v
+
+    @field_validator("tls")
+    @classmethod
+    def _tls_needs_amqps(cls, v: TlsConfig | None, info: ValidationInfo) -> TlsConfig | None:
+        url = info.data.get("url")
+        if v is not None and url is not None and not url.startswith("amqps://"):
+            raise ValueError(f"needs an amqps:// url, not {url.split('://')[0]}:// (TLS is "
+                             f"never added to a plain amqp:// URL)")
+        return v
+
+    def tls_options(self) -> TlsOptions | None:
+        """The TLS settings for ``messages.rabbitmq.RabbitTransport`` (None: none given)."""
+        return None if self.tls is None else self.tls.options()
 
     def amqp_url(self) -> str:
         """The broker URL: the environment's ``FEDBOOST_AMQP_URL``, else ``url``, else local."""
@@ -127,6 +184,10 @@ class SigningConfig(_Strict):
     machine), ``<name>.pub`` the public key of every party and of ``flow``."""
 
     key_dir: Path
+    end_to_end: bool = False
+    """Encrypt every message body for its recipient (X25519 + ChaCha20-Poly1305 from the same
+    keys, ``messages.e2e``) and refuse bodies that are not: for federations that do not trust
+    the broker's operator. Every party and the flow of a job must set it alike."""
 
 
 class JobConfig(_Strict):
@@ -145,8 +206,8 @@ class JobConfig(_Strict):
     @field_validator("job")
     @classmethod
     def _job_name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", v):
-            raise ValueError("job must be 1-64 letters, digits, '_', '.', '-'")
+        if not is_job_name(v):
+            raise ValueError(f"job must be {JOB_NAME_RULE}")
         return v
 
     @model_validator(mode="after")
@@ -210,12 +271,20 @@ def parse_config(raw: Any, *, base: Path, source: str) -> JobConfig:
         raise ConfigError(f"config file {source}: {describe(exc)}") from None
     parties = {name: p.model_copy(update={"data": _resolve(base, p.data)})
                for name, p in config.parties.items()}
-    signing = config.signing and SigningConfig(key_dir=_resolve(base, config.signing.key_dir))
-    return config.model_copy(update={"parties": parties, "signing": signing})
+    signing = config.signing and config.signing.model_copy(
+        update={"key_dir": _resolve(base, config.signing.key_dir)})
+    return config.model_copy(update={"parties": parties, "signing": signing,
+                                     "transport": _resolve_tls(base, config.transport)})
 
 
 def _resolve(base: Path, path: Path | None) -> Path | None:
     return path if path is None or path.is_absolute() else base / path
+
+
+def _resolve_tls(base: Path, transport: TransportConfig) -> TransportConfig:
+    if transport.tls is None:
+        return transport
+    return transport.model_copy(update={"tls": transport.tls.resolved(base)})
 
 
 class WorkerConfig(_Strict):
@@ -236,6 +305,10 @@ class WorkerConfig(_Strict):
     ``models/.fedboost/<party>``."""
     processes: int = Field(1, ge=1, le=64)
     """Processes this command starts (one coordinates, the others take histogram shards)."""
+    max_message_age: float = Field(2 * 3600.0, ge=60.0, le=7 * 24 * 3600.0)
+    """Seconds after it was signed that a message is still accepted (default: twice the flows'
+    default ``transport.step_timeout``); keep it above the step_timeout of the jobs served.
+    The party's record of answered commands keeps each at least this long."""
     transport: TransportConfig = TransportConfig(kind="rabbitmq")
     signing: SigningConfig
     """This party's signing key (``<party>.key``) and the federation's public keys."""
@@ -279,8 +352,9 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
     return config.model_copy(update={"data": _resolve(base, config.data),
                                      "models": _resolve(base, config.models),
                                      "state": _resolve(base, config.state),
-                                     "signing": SigningConfig(
-                                         key_dir=_resolve(base, config.signing.key_dir))})
+                                     "transport": _resolve_tls(base, config.transport),
+                                     "signing": config.signing.model_copy(update={
+                                         "key_dir": _resolve(base, config.signing.key_dir)})})
 
 
 def describe(exc: ValidationError) -> str:

@@ -23,6 +23,7 @@ import pika
 import pika.exceptions as px
 
 from messages._pika import CONNECTION_ERRORS, close_quietly
+from messages.tls import certificate_problem
 
 log = logging.getLogger("fedboost.transport")
 
@@ -114,6 +115,10 @@ class WorkPublisher:
                 return
             except (px.UnroutableError, px.NackError, *CONNECTION_ERRORS) as exc:
                 self._disconnect()
+                problem = certificate_problem(exc)
+                if problem is not None:
+                    log.error("%s: cannot hand out work: %s", self.name, problem)
+                    return
                 if time.monotonic() + delay > deadline:
                     log.error("%s: gave up handing out work after %.0f s: %r", self.name,
                               self._reconnect_seconds, exc)

@@ -11,6 +11,7 @@ import msgpack
 from messages import DecodeError, UnknownMessageType
 from messages import bodies as b
 from messages.codec import from_wire, to_wire
+from messages.names import JOB_NAME_RULE, is_job_name
 
 WIRE_VERSION = 1
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -152,6 +153,8 @@ def decode_envelope(data: bytes) -> Envelope:
     for key in ("job", "task", "sender", "recipient"):
         if not isinstance(raw[key], str) or len(raw[key]) > 256:
             raise DecodeError(f"envelope {key} must be a short string")
+    if not is_job_name(raw["job"]):  # it becomes a folder name at every party
+        raise DecodeError(f"envelope job {raw['job']!r} is not a job name ({JOB_NAME_RULE})")
     try:
         kind = MsgType(raw["kind"])
     except (ValueError, TypeError) as exc:

@@ -20,8 +20,10 @@ Delivery: messages are persistent and published with confirms, to a queue that m
 acknowledged only when the caller says its outcome is done (``acknowledge``); a connection lost
 before that redelivers it, and the ids of recently completed messages drop the duplicate.
 Payloads above ``chunk_bytes`` travel as numbered chunks with a SHA-256 of the whole, and are
-reassembled and checked before they are handed over. Lost connections are re-established with
-exponential backoff for up to ``reconnect_seconds``.
+reassembled and checked before they are handed over; with a ``FrameSigner`` every chunk carries
+the sender's signed manifest, and partial messages are capped per sender and expire (see
+``messages.chunks``: no broker user can fill the prefetch window). Lost connections are
+re-established with exponential backoff for up to ``reconnect_seconds``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ from messages import TransportError
 from messages._pika import CONNECTION_ERRORS as _CONNECTION_ERRORS
 from messages._pika import close_quietly
 from messages._work_publisher import Publication, WorkPublisher
+from messages.chunks import (DEFAULT_MAX_PARTIALS, DEFAULT_PARTIAL_SECONDS, ORDINARY_ROOM,
+                             FrameSigner, Manifest, Reassembly)
+from messages.tls import TlsOptions, certificate_problem, ssl_options_for
 
 log = logging.getLogger("fedboost.transport")
 
@@ -50,6 +55,8 @@ QUEUE_PREFIX = "fedboost."
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
 """Below RabbitMQ 4's default 16 MiB ``max_message_size``."""
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+MAX_PREFETCH = 65_535
+"""RabbitMQ's limit on unacknowledged deliveries per consumer."""
 INBOX_ARGUMENTS = {"x-single-active-consumer": True}
 WORK_CHUNK_BYTES = 2 * 1024 * 1024
 """Chunks of a shard's data: small, so a helper pulls one while the next is published."""
@@ -68,9 +75,11 @@ def work_queue_of(party: str) -> str:
     return QUEUE_PREFIX + party + ".work"
 
 
-def delete_party_queues(url: str, parties: list[str]) -> None:
+def delete_party_queues(url: str, parties: list[str], tls: TlsOptions | None = None) -> None:
     """Remove parties' inbox and work queues (tests and benchmarks that made their own)."""
-    connection = pika.BlockingConnection(pika.URLParameters(url))
+    params = pika.URLParameters(url)
+    params.ssl_options = ssl_options_for("cleanup", url, tls)
+    connection = pika.BlockingConnection(params)
     try:
         channel = connection.channel()
         for party in parties:
@@ -135,22 +144,40 @@ class RabbitTransport:
     """A participant's connection to the broker.
 
     ``party=True`` for a party's worker process (inbox with single active consumer, plus its
-    work queue); ``False`` for a flow run (one private reply queue).
+    work queue); ``False`` for a flow run (one private reply queue). ``frames`` (made from the
+    endpoint's envelope ``Sealer``) signs the chunks it sends and drops received chunks that
+    no trusted identity signed for it; without it chunks are unauthenticated (tests). Every
+    connection it opens (its own, its work publisher's) uses TLS for an ``amqps://`` URL, with
+    ``tls``'s CA, client certificate and expected broker name (``messages.tls``).
     """
 
     def __init__(self, name: str, url: str, *, party: bool, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, inbox_prefetch: int = 0,
-                 reconnect_seconds: float = 300.0, heartbeat: int = 120) -> None:
+                 reconnect_seconds: float = 300.0, heartbeat: int = 120,
+                 frames: FrameSigner | None = None,
+                 partial_seconds: float = DEFAULT_PARTIAL_SECONDS,
+                 max_partials: int = DEFAULT_MAX_PARTIALS,
+                 tls: TlsOptions | None = None) -> None:
         if chunk_bytes < 1024:
             raise ValueError("chunk_bytes must be at least 1024")
         self.name = name
         self.url = url
+        self._ssl_options = ssl_options_for(name, url, tls)
         self.party = party
         self.chunk_bytes = chunk_bytes
-        # every chunk of the largest message must fit the prefetch window (at most 65,535
-        # unacknowledged deliveries), or it could never complete
-        self.max_message_bytes = min(max_message_bytes, chunk_bytes * 32_000)
-        self.inbox_prefetch = inbox_prefetch or 2 * math.ceil(self.max_message_bytes / chunk_bytes) + 8
+        self.frames = frames
+        # every signer's reservation (the chunks of one largest message), one whole message in
+        # hand and a few ordinary ones must fit the prefetch window, or a message could never
+        # complete
+        senders = frames.signers if frames is not None else 1
+        most_chunks = (MAX_PREFETCH - ORDINARY_ROOM) // (senders + 1)
+        self.max_message_bytes = min(max_message_bytes, chunk_bytes * (most_chunks - 1))
+        self._chunks = Reassembly(name, frames,
+                                  max_frames=self.max_message_bytes // chunk_bytes + 1,
+                                  max_bytes=self.max_message_bytes,
+                                  partial_seconds=partial_seconds, max_partials=max_partials,
+                                  drop=self._ack)
+        self.inbox_prefetch = inbox_prefetch or self._chunks.window()
         self.reconnect_seconds = reconnect_seconds
         self.heartbeat = heartbeat
         self.inbox = queue_of(name)
@@ -158,7 +185,6 @@ class RabbitTransport:
         self._taking_work = party
         self._generation = 0  # bumps on every reconnect: older delivery tags are void
         self._ready: deque[_Delivery] = deque()
-        self._partials: dict[str, _Partial] = {}
         self._completed: OrderedDict[str, None] = OrderedDict()
         self._unacked: list[tuple[int, int]] = []
         self._last_id: str | None = None
@@ -188,6 +214,10 @@ class RabbitTransport:
                 raise TransportError(f"{self.name}: broker refused queue setup "
                                      f"({exc.reply_code} {exc.reply_text})") from None
             except _CONNECTION_ERRORS as exc:
+                problem = certificate_problem(exc)
+                if problem is not None:  # waiting will not change a certificate
+                    raise TransportError(f"{self.name}: broker {redact(self.url)}: "
+                                         f"{problem}") from None
                 if time.monotonic() + delay > deadline:
                     raise TransportError(f"{self.name}: cannot reach broker {redact(self.url)} "
                                          f"after {self.reconnect_seconds:.0f} s: {exc!r}") from None
@@ -198,6 +228,7 @@ class RabbitTransport:
 
     def _parameters(self, purpose: str = "") -> pika.URLParameters:
         params = pika.URLParameters(self.url)
+        params.ssl_options = self._ssl_options
         params.heartbeat = self.heartbeat
         params.blocked_connection_timeout = 300
         params.client_properties = {"connection_name": f"fedboost {self.name}{purpose}"}
@@ -212,7 +243,7 @@ class RabbitTransport:
         self._generation += 1
         # undelivered chunks and unacknowledged messages come back from the broker
         self._ready.clear()
-        self._partials.clear()
+        self._chunks.clear()
         self._unacked = []
         arguments = INBOX_ARGUMENTS if self.party else FLOW_QUEUE_ARGUMENTS
         channel.queue_declare(self.inbox, durable=True, arguments=arguments)
@@ -269,41 +300,24 @@ class RabbitTransport:
                             data_queue)
                 self._ack([tag])
             return
-        count = headers.get("fb-count")
-        if count is None:
+        if headers.get("fb-count") is None:
             self._ready.append(_Delivery(queue, body, [tag], message_id))
             return
-        index, digest = headers.get("fb-index"), headers.get("fb-sha256")
-        if (not isinstance(count, int) or not isinstance(index, int) or not 0 <= index < count
-                or count * self.chunk_bytes > self.max_message_bytes + self.chunk_bytes
-                or not isinstance(digest, str | bytes) or not message_id):
-            log.warning("%s: dropped a malformed chunk on %s", self.name, queue)
-            self._ack([tag])
-            return
-        digest = digest.decode() if isinstance(digest, bytes) else digest
-        partial = self._partials.setdefault(message_id, _Partial(count, digest))
-        if partial.count != count or partial.digest != digest or index in partial.chunks:
-            log.warning("%s: dropped a duplicate or inconsistent chunk of %s", self.name, message_id)
-            self._ack([tag])
-            return
-        partial.chunks[index] = body
-        partial.tags.append(tag)
-        if len(partial.chunks) < count:
-            return
-        del self._partials[message_id]
-        data = b"".join(partial.chunks[i] for i in range(count))
-        if hashlib.sha256(data).hexdigest() != digest:
-            log.warning("%s: dropped %s: reassembled payload fails its SHA-256", self.name,
-                        message_id)
-            self._ack(partial.tags)
-            return
-        self._ready.append(_Delivery(queue, data, partial.tags, message_id))
+        whole = self._chunks.file(tag, headers, message_id, body)
+        if whole is not None:
+            self._ready.append(_Delivery(queue, whole[0], whole[1], message_id))
 
     def receive(self, timeout: float) -> bytes | None:
         """The next whole message, or None after ``timeout`` s; acknowledge it when done."""
         if self._unacked:
             raise TransportError(f"{self.name}: acknowledge the previous message first")
-        deadline = time.monotonic() + timeout
+        self._chunks.resume()
+        try:
+            return self._receive(time.monotonic() + timeout)
+        finally:
+            self._chunks.pause()  # time spent handling a message does not age partials
+
+    def _receive(self, deadline: float) -> bytes | None:
         while not self._ready:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -313,6 +327,7 @@ class RabbitTransport:
             except _CONNECTION_ERRORS as exc:
                 log.warning("%s: connection lost while receiving (%r)", self.name, exc)
                 self._connect()
+            self._chunks.expire()
         item = self._ready.popleft()
         if item.queue == self.inbox and self._work_tag is not None:
             self._become_coordinator()
@@ -323,7 +338,7 @@ class RabbitTransport:
         data = self._fetch_work_data(item.data_queue, item.data_count, item.data_digest)
         if data is None:  # nothing usable: the ticket is done with
             self.acknowledge()
-            return self.receive(max(0.0, deadline - time.monotonic()))
+            return self._receive(deadline)
         return data
 
     def _fetch_work_data(self, data_queue: str, count: int, digest: str) -> bytes | None:
@@ -469,7 +484,15 @@ class RabbitTransport:
         if len(data) > self.max_message_bytes:
             raise TransportError(f"{self.name}: message of {len(data)} bytes to {recipient} "
                                  f"exceeds the {self.max_message_bytes}-byte limit")
-        for _, chunk, props in chunk_messages(queue, data, self.chunk_bytes):
+        chunks = chunk_messages(queue, data, self.chunk_bytes)
+        if len(chunks) > 1 and self.frames is not None:
+            first = chunks[0][2]
+            signed = self.frames.headers(Manifest(first.message_id, first.headers["fb-sha256"],
+                                                  len(chunks), len(data), recipient, self.name,
+                                                  time.time()))
+            for _, _, props in chunks:
+                props.headers.update(signed)
+        for _, chunk, props in chunks:
             if not self._publish_one(queue, recipient, chunk, props, wait_for_queue):
                 return
 

@@ -98,7 +98,8 @@ def test_non_numeric_feature(tmp_path: Path) -> None:
 
     host = _edited(tmp_path, "breast_hetero_host.csv", spoil)
     done = _run("train", str(_config(tmp_path, DATA / "breast_hetero_guest.csv", host)), cwd=tmp_path)
-    _assert_one_error_line(done, "party host", str(host), "row 11", "'x2'", "'abc' is not a number")
+    _assert_one_error_line(done, "party host", str(host), "row 11", "'x2'", "not a number")
+    assert "abc" not in done.stdout + done.stderr  # the cell's value stays at the party
 
 
 def test_empty_intersection(tmp_path: Path) -> None:
@@ -120,6 +121,15 @@ def test_bad_config_value(tmp_path: Path) -> None:
                      params={"n_trees": 0})
     done = _run("train", str(config), cwd=tmp_path)
     _assert_one_error_line(done, "key 'params.n_trees'", "greater than or equal to 1")
+
+
+def test_resume_refuses_a_job_name_that_leaves_runs(tmp_path: Path) -> None:
+    planted = tmp_path / "elsewhere"
+    planted.mkdir()
+    (planted / "job.json").write_text("{}")
+    (tmp_path / "runs").mkdir()
+    done = _run("resume", "../elsewhere", cwd=tmp_path)
+    _assert_one_error_line(done, "job '../elsewhere' is not a job name")
 
 
 def test_killed_training_continues_when_run_again(tmp_path: Path) -> None:

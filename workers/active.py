@@ -36,6 +36,7 @@ from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.alignment import send_public_key
 from workers.data import load_party_csv
+from workers.lifeline import die_with_parent
 from workers.runtime import StepContext
 from workers.state import JobState
 
@@ -69,7 +70,7 @@ class ActiveTraining:
 
     def crypto_pool(self) -> KeyHolderPool:
         if self.pool is None:
-            self.pool = KeyHolderPool(self.private)
+            self.pool = KeyHolderPool(self.private, on_start=die_with_parent)
         return self.pool
 
     def close(self) -> None:
@@ -120,19 +121,21 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     state.role_state = ActiveTraining(params=params, public=public, private=private)
     ctx.state = state
     return MsgType.OPENED, Opened(rows=len(data.ids),
-                                  checkpoints=checkpoint.available(ctx.model_dir, state.digest))
+                                  checkpoints=checkpoint.available(
+                                      ctx.model_dir, state.digest, checkpoint.key_of(ctx.party)))
 
 
 def _checkpoint(ctx: StepContext, state: JobState, trees_done: int) -> None:
     """Keep the job after ``trees_done`` trees: no processes, no tree in progress."""
     run: ActiveTraining = state.role_state
-    checkpoint.save_job(ctx.model_dir, trees_done, state, run.public.n, pool=None, grower=None,
-                        level_splits={})
+    checkpoint.save_job(ctx.model_dir, trees_done, state, run.public.n,
+                        key=checkpoint.key_of(ctx.party), pool=None, grower=None, level_splits={})
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     """Go back to the state of a checkpoint every party holds."""
-    state = checkpoint.restore(ctx.model_dir, body.checkpoint, ctx.state)
+    state = checkpoint.restore(ctx.model_dir, body.checkpoint, ctx.state,
+                               checkpoint.key_of(ctx.party))
     run: ActiveTraining = state.role_state
     done = body.checkpoint.trees_done
     if len(run.trees) != done:

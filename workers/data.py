@@ -1,8 +1,14 @@
-"""Loading a party's CSV file with errors that name the party, file, row and column."""
+"""Loading a party's CSV file with errors that name the party, file, row and column.
+
+The errors go back to the flow (and so to Prefect, where others may read them): they name rows,
+columns and files, never an id or a cell's value; those are logged here, at DEBUG, for the
+party's own operator.
+"""
 
 from __future__ import annotations
 
 import csv
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +16,8 @@ import numpy as np
 
 from boosting._typing import FloatArray
 from workers import DataError
+
+log = logging.getLogger("fedboost.worker")
 
 _MISSING = {"", "na", "nan", "null", "none", "?"}
 
@@ -37,7 +45,11 @@ def load_party_csv(party: str, path: Path | str, id_column: str, label: str | No
             rows = list(csv.reader(handle))
     except FileNotFoundError:
         raise DataError(f"{where}: not found") from None
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+    except UnicodeDecodeError as exc:  # its text quotes the undecodable bytes
+        raise DataError(f"{where}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise DataError(f"{where}: cannot read ({exc.strerror or type(exc).__name__})") from None
+    except csv.Error as exc:
         raise DataError(f"{where}: cannot read ({exc})") from None
     if not rows:
         raise DataError(f"{where}: empty file")
@@ -82,7 +94,8 @@ def _check_ids(where: str, ids: list[str]) -> None:
         if not ident:
             raise DataError(f"{where}: row {k + 2} has an empty id")
         if ident in first:
-            raise DataError(f"{where}: duplicate id {ident!r} at rows {first[ident] + 2} and {k + 2}")
+            log.debug("%s: duplicate id %r", where, ident)
+            raise DataError(f"{where}: duplicate id at rows {first[ident] + 2} and {k + 2}")
         first[ident] = k
 
 
@@ -95,7 +108,8 @@ def _numeric_column(where: str, name: str, cells: list[str]) -> FloatArray:
             try:
                 float(c)
             except ValueError:
-                raise DataError(f"{where}: row {k + 2}, column {name!r}: {c!r} is not a number") from None
+                log.debug("%s: row %d, column %r: %r", where, k + 2, name, c)
+                raise DataError(f"{where}: row {k + 2}, column {name!r}: not a number") from None
         raise
     if np.isinf(values).any():
         row = int(np.flatnonzero(np.isinf(values))[0]) + 2

@@ -8,13 +8,16 @@ from multiprocessing.process import BaseProcess
 
 from messages.signing import Sealer
 from messages.transport import MemoryHub, MemoryTransport
+from workers.lifeline import die_with_parent
 from workers.roles import arrivals_for, handlers_for
 from workers.runtime import PartySpec, Worker
 
 
 def run_worker(party: PartySpec, transport: MemoryTransport, sealer: Sealer, log_level: int,
                helper: bool = False) -> None:
-    """Process entry point: serve one job, then exit (helpers serve until terminated)."""
+    """Process entry point: serve one job, then exit (helpers serve until terminated); stop
+    if the process that started it dies."""
+    die_with_parent()
     label = f"{party.name}/helper" if helper else party.name
     logging.basicConfig(level=log_level, format=f"%(asctime)s [{label}] %(message)s")
     os.environ.setdefault("OMP_NUM_THREADS", "1")

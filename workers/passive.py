@@ -103,20 +103,22 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     state.role_state = PassiveTraining(params=params_of(body))
     ctx.state = state
     return MsgType.OPENED, Opened(rows=len(data.ids),
-                                  checkpoints=checkpoint.available(ctx.model_dir, state.digest))
+                                  checkpoints=checkpoint.available(
+                                      ctx.model_dir, state.digest, checkpoint.key_of(ctx.party)))
 
 
 def _checkpoint(ctx: StepContext, state: JobState, trees_done: int) -> None:
     """Keep the job after ``trees_done`` trees: lookup records and bins, no tree in progress."""
     run: PassiveTraining = state.role_state
-    checkpoint.save_job(ctx.model_dir, trees_done, state, _require_key(run).n, ciphertexts=b"",
-                        tree_ciphertexts=[], tree_digest=b"", level=None, tree=-1,
-                        depth=-1)
+    checkpoint.save_job(ctx.model_dir, trees_done, state, _require_key(run).n,
+                        key=checkpoint.key_of(ctx.party), ciphertexts=b"", tree_ciphertexts=[],
+                        tree_digest=b"", level=None, tree=-1, depth=-1)
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     """Go back to the state of a checkpoint every party holds."""
-    ctx.state = checkpoint.restore(ctx.model_dir, body.checkpoint, ctx.state)
+    ctx.state = checkpoint.restore(ctx.model_dir, body.checkpoint, ctx.state,
+                                   checkpoint.key_of(ctx.party))
     return MsgType.RESUMED, checkpoint.resumed(ctx.state, body.checkpoint.trees_done)
 
 

@@ -30,9 +30,11 @@ from crypto import CryptoError
 from messages import DecodeError, MessageError
 from messages.bodies import ErrorReply
 from messages.envelope import COMMANDS, WORK, Envelope, MsgType
-from messages.signing import Sealer, is_flow
+from messages.signing import CLOCK_SKEW_SECONDS, Sealer, is_flow
 from messages.transport import Transport
 from workers import DataError, NotReady, ProtocolError
+from workers.answered import AnsweredRecord
+from workers.mailbox import MailKey, Mailbox
 from workers.policy import PartyPolicy
 
 log = logging.getLogger("fedboost.worker")
@@ -81,46 +83,6 @@ class PartySpec:
         return path
 
 
-MailKey = tuple[MsgType, str, int, int]
-
-
-@dataclass(slots=True)
-class Mailbox:
-    """Peer messages of one job, filed by (kind, sender, tree, depth)."""
-
-    items: dict[MailKey, list[Any]] = field(default_factory=dict)
-
-    def put(self, key: MailKey, body: Any) -> None:
-        self.items.setdefault(key, []).append(body)
-
-    def take(self, kind: MsgType, sender: str, tree: int = -1, depth: int = -1) -> Any:
-        """Remove and return one message, or raise ``NotReady``."""
-        bodies = self.items.get((kind, sender, tree, depth))
-        if not bodies:
-            raise NotReady(f"{kind.name} from {sender}")
-        body = bodies.pop(0)
-        if not bodies:
-            del self.items[(kind, sender, tree, depth)]
-        return body
-
-    def require(self, *keys: MailKey, counts: list[int] | None = None) -> None:
-        """Raise ``NotReady`` unless every key has (at least ``counts[i]``) messages.
-
-        Handlers call this before taking anything, so a retried command finds its inputs intact.
-        """
-        for i, key in enumerate(keys):
-            need = 1 if counts is None else counts[i]
-            if len(self.items.get(key, [])) < need:
-                raise NotReady(f"{key[0].name} from {key[1]}")
-
-    def take_all(self, kind: MsgType, sender: str, tree: int = -1, depth: int = -1) -> list[Any]:
-        return self.items.pop((kind, sender, tree, depth), [])
-
-    def drop_tree(self, tree: int) -> None:
-        """Forget everything of a finished tree."""
-        self.items = {k: v for k, v in self.items.items() if k[2] != tree}
-
-
 @dataclass(slots=True)
 class StepContext:
     """What a handler may use: its party, its job's state and mailbox, and a way to send."""
@@ -162,8 +124,15 @@ class StepContext:
 
     @property
     def model_dir(self) -> Path:
-        """Where this job's model part lives (``{job}`` in the configured path is the job id)."""
-        return Path(self.party.model_dir.replace("{job}", self.job))
+        """Where this job's model part lives (``{job}`` in the configured path is the job id);
+        always inside the folder before ``{job}``, whatever the job is named."""
+        path = Path(self.party.model_dir.replace("{job}", self.job))
+        if "{job}" in self.party.model_dir:
+            root = Path(self.party.model_dir.split("{job}", 1)[0]).resolve()
+            if root not in path.resolve().parents:
+                raise ProtocolError(f"{self.party.name}: job {self.job!r} would put its model "
+                                    f"folder outside {root}: refused")
+        return path
 
 
 Handler = Callable[[StepContext, Any], tuple[MsgType, Any] | None]
@@ -256,6 +225,7 @@ class Worker:
         """Signs what this worker sends; verifies and de-duplicates what it receives."""
         self.exit_on_close = exit_on_close
         self.jobs: dict[str, _Job] = {}
+        self._answered: AnsweredRecord | None = None
         self._stopping = False
         self._last_retry = time.monotonic()
 
@@ -267,7 +237,8 @@ class Worker:
         """Serve until stopped (SIGTERM/SIGINT) or, in single-job mode, until CLOSE_JOB."""
         signal.signal(signal.SIGTERM, self.stop)
         sys.setswitchinterval(SWITCH_INTERVAL)
-        log.info("worker %s (%s) serving", self.party.name, self.party.role)
+        log.info("worker %s (%s) serving; %d answered commands on record", self.party.name,
+                 self.party.role, len(self.answered))
         while not self._stopping:
             data = self.transport.receive(timeout=0.5)
             if data is not None:
@@ -278,6 +249,31 @@ class Worker:
             self._drop_idle_jobs()
             self._beat()
         self.transport.close()
+
+    @property
+    def answered(self) -> AnsweredRecord:
+        """The party's persisted record of answered commands (``workers.answered``), read when
+        the worker starts serving (a folder it cannot use fails the start, not a job)."""
+        if self._answered is None:
+            self._answered = AnsweredRecord(self.party.private_dir(),
+                                            self.sealer.max_age + CLOCK_SKEW_SECONDS)
+        return self._answered
+
+    def _replayed(self, env: Envelope) -> bool:
+        """A command this party answered before, also before a restart: refused, logged."""
+        if (env.job, env.task) not in self.answered:
+            return False
+        log.warning("%s: rejected replayed %s %s of job %r (answered before)", self.party.name,
+                    env.kind.name, env.task, env.job)
+        return True
+
+    def _record(self, env: Envelope) -> None:
+        """Put an answered command on record, durably, before its reply acknowledges it."""
+        try:
+            self.answered.add(env.job, env.task)
+        except OSError as exc:  # the party's folder is full or gone: say so, keep serving
+            log.error("%s: could not record %s %s of job %r as answered: %s", self.party.name,
+                      env.kind.name, env.task, env.job, exc)
 
     def _beat(self) -> None:
         """Touch the health file (a container health check reads its age)."""
@@ -337,6 +333,8 @@ class Worker:
             log.warning("%s: rejected %s from %r: commands come from flows", self.party.name,
                         env.kind.name, env.sender)
             return
+        if env.kind in COMMANDS and self._replayed(env):
+            return  # before anything: a replayed opener must not even replace the open job
         session = session_of(env.task)
         if env.kind in OPENERS and (env.job not in self.jobs
                                     or self.jobs[env.job].session != session):
@@ -379,7 +377,11 @@ class Worker:
             log.warning("%s: rejected %s from %r: not a party of job %r", self.party.name,
                         env.kind.name, env.sender, env.job)
         else:
-            job.mailbox.put(_mail_key(env), env.body)
+            full = job.mailbox.put(_mail_key(env), env.body, len(data))
+            if full:
+                log.warning("%s: dropped %s from %r of job %r: mailbox full, %s",
+                            self.party.name, env.kind.name, env.sender, env.job, full)
+                return
             self._arrived(job, env)
             self._retry_pending(job)
 
@@ -440,6 +442,8 @@ class Worker:
         if ctx.state is not None:
             job.state = ctx.state
         job.done.add(env.task)
+        if env.kind in COMMANDS:
+            self._record(env)
         waited = f" (first tried {time.monotonic() - since:.3f}s ago)" if since else ""
         log.info("%s job=%s step=%s task=%s %.3fs%s", self.party.name, env.job, env.kind.name,
                  env.task, time.perf_counter() - start, waited)

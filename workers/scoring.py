@@ -29,6 +29,7 @@ from boosting.metrics import evaluate
 from boosting.tree import Model, TreeNode, load_model
 from messages.bodies import Ack, Decisions, Metric, OpenPrediction, Step, TreeFinished
 from messages.envelope import MsgType
+from messages.names import JOB_NAME_RULE, is_job_name
 from workers import DataError, ProtocolError, StageError
 from workers.active import ActiveTraining
 from workers.alignment import receive_alignment
@@ -38,8 +39,6 @@ from workers.runtime import StepContext
 from workers.state import JobState
 
 
-JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-"""The job-file rule for job names (``flows.config.JobConfig.job``): one path component."""
 SCORES_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 """A scores file is a plain name in the active party's model folder: no separators, no ``..``
 as a component, nothing absolute."""
@@ -57,9 +56,8 @@ class ActiveScoring:
 
 def model_folder(ctx: StepContext, model_job: str) -> Path:
     """This party's model folder of a trained job (``{job}`` in its configured path)."""
-    if not JOB_NAME.fullmatch(model_job):
-        raise ProtocolError(f"model job {model_job[:80]!r} is not a job name (1-64 letters, "
-                            f"digits, '_', '.', '-')")
+    if not is_job_name(model_job):
+        raise ProtocolError(f"model job {model_job[:80]!r} is not a job name ({JOB_NAME_RULE})")
     return Path(ctx.party.model_dir.replace("{job}", model_job))
 
 

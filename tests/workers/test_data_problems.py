@@ -93,3 +93,25 @@ def test_ids_spelled_differently_are_pointed_out(tmp_path: Path) -> None:
     with pytest.raises(PartyError, match="spelled the same way") as failure:
         train_embedded(config, tmp_path / "out")
     assert failure.value.user_error and "empty intersection" in str(failure.value)
+
+
+def test_errors_name_rows_and_columns_but_never_ids_or_cells(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 12 item 11: the text goes to the flow and Prefect; the values stay at the party
+    (its own log, at DEBUG)."""
+    path = tmp_path / "host.csv"
+    path.write_text("id,x0\ncustomer-17,1\ncustomer-18,secret-cell\n")
+    caplog.set_level("DEBUG", logger="fedboost.worker")
+    with pytest.raises(DataError) as failure:
+        load_party_csv("host", path, "id", None, require_label=False)
+    assert "row 3, column 'x0': not a number" in str(failure.value)
+    assert "secret-cell" not in str(failure.value) and "secret-cell" in caplog.text
+    path.write_text("id,x0\ncustomer-17,1\ncustomer-17,2\n")
+    with pytest.raises(DataError) as failure:
+        load_party_csv("host", path, "id", None, require_label=False)
+    assert "duplicate id at rows 2 and 3" in str(failure.value)
+    assert "customer-17" not in str(failure.value)
+    path.write_bytes(b"id,x0\n\xff\xfe,1\n")
+    with pytest.raises(DataError, match=r"not UTF-8 text \(byte 6\)") as failure:
+        load_party_csv("host", path, "id", None, require_label=False)
+    assert "xff" not in str(failure.value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import typing
+import uuid
 from typing import Any
 
 import pytest
@@ -110,7 +111,9 @@ _SPEC = b.JobSpec([b.PartyInfo("guest", "active"), b.PartyInfo("host", "passive"
 
 
 def _open(worker: Worker) -> None:
-    worker.handle_bytes(SEALERS["flow"].seal(Envelope("fuzz", "open", "flow", "host",
+    """Open the job in a new session, as a flow does (an answered task id is never rerun)."""
+    task = f"{uuid.uuid4().hex[:12]}/open"
+    worker.handle_bytes(SEALERS["flow"].seal(Envelope("fuzz", task, "flow", "host",
                                                       MsgType.OPEN_JOB, b.OpenJob(_SPEC))))
     assert worker.jobs["fuzz"].state is not None
 

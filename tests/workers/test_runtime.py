@@ -11,10 +11,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from messages import MessageError
-from messages.bodies import Ack, ErrorReply, JobSpec, OpenJob, PartyInfo, Step
+from messages.bodies import Ack, ErrorReply, JobSpec, OpenJob, PartyInfo, PsiPoints, Step
 from messages.envelope import Envelope, MsgType, encode_envelope
 from messages.signing import Sealer, _signed_bytes, federation_sealers
 from messages.transport import MemoryHub
+from workers.mailbox import SENDER_MAIL
 from workers.roles import handlers_for
 from workers.runtime import PartySpec, Worker
 from tests.scenarios import DATA
@@ -63,7 +64,8 @@ def test_bad_data_and_wrong_steps_get_error_replies(tmp_path: Path) -> None:
     worker.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(bad))))
     reply = _reply(hub)
     assert isinstance(reply.body, ErrorReply) and reply.body.user_error
-    assert "duplicate id '1' at rows 2 and 3" in reply.body.message and str(bad) in reply.body.message
+    assert "duplicate id at rows 2 and 3" in reply.body.message and str(bad) in reply.body.message
+    assert "'1'" not in reply.body.message  # the id itself stays at the party
     worker.handle_bytes(_command(MsgType.FIND_BEST_SPLITS, Step(0, 0), "t2"))
     reply = _reply(hub)
     assert isinstance(reply.body, ErrorReply) and "no step FIND_BEST_SPLITS" in reply.body.message
@@ -145,3 +147,68 @@ def test_an_idle_job_is_dropped_and_a_later_step_reports_the_lost_state(tmp_path
     worker.handle_bytes(_command(MsgType.PSI_BLIND, Step(), "s1/psi"))
     reply = _reply(hub).body
     assert isinstance(reply, ErrorReply) and reply.state_lost and "not open here" in reply.message
+
+
+def test_replayed_open_and_close_after_a_restart_are_refused_and_delete_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 12 item 4: a finished session's OPEN_JOB and CLOSE_JOB, replayed verbatim after
+    the worker restarted, would reopen the job and delete the newer session's checkpoints."""
+    worker, hub = _worker(tmp_path, DATA / "breast_hetero_host.csv")
+    captured = [_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA)), "s1/open"),
+                _command(MsgType.CLOSE_JOB, Step(), "s1/close")]
+    for data in captured:
+        worker.handle_bytes(data)
+        assert not isinstance(_reply(hub).body, ErrorReply)
+    worker.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA)), "s2/open"))
+    assert _reply(hub).kind == MsgType.OPENED
+    planted = tmp_path / "checkpoints" / "trees-000001.ckpt"  # session s2's progress
+    planted.parent.mkdir()
+    planted.write_bytes(b"state")
+    # a CLOSE_JOB of another session, or for a job not open here, closes nothing
+    worker.handle_bytes(_command(MsgType.CLOSE_JOB, Step(), "s9/close"))
+    assert "superseded" in _reply(hub).body.message
+    other = SEALERS["flow"].seal(Envelope("other", "s2/close", "flow", "host", MsgType.CLOSE_JOB,
+                                          Step()))
+    worker.handle_bytes(other)
+    assert _reply(hub).body.state_lost and planted.exists() and "job" in worker.jobs
+
+    host = SEALERS["host"]  # the restarted worker: same keys and folder, no nonces in memory
+    restarted = Worker(worker.party, hub.endpoint("host"), handlers_for("passive"),
+                       Sealer(host.identity, host.private, dict(host.trusted)))
+    for data in captured:
+        caplog.clear()
+        restarted.handle_bytes(data)
+        assert "rejected replayed" in caplog.text and "answered before" in caplog.text
+    assert hub.endpoint("flow").receive(timeout=0.2) is None
+    assert planted.exists() and not restarted.jobs
+    restarted.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA)), "s3/open"))
+    assert _reply(hub).kind == MsgType.OPENED  # a fresh session is served
+
+
+def test_a_flooding_peer_is_capped_per_sender_and_job(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 12 item 11: peer mailboxes are bounded in messages and bytes; what is over the
+    limit is dropped with a warning naming the sender and the job, and nothing else suffers."""
+    worker, hub = _worker(tmp_path, DATA / "breast_hetero_host.csv")
+    worker.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA)), "s1/open"))
+    assert _reply(hub).kind == MsgType.OPENED
+    mailbox = worker.jobs["job"].mailbox
+    limit = SENDER_MAIL[0]
+
+    def positions(tree: int, sender: str = "guest", pad: int = 0) -> bytes:
+        return SEALERS[sender].seal(Envelope("job", "s1/x", sender, "host", MsgType.PSI_POINTS,
+                                             PsiPoints(tree, b"\0" * pad)))
+
+    for k in range(limit + 3):  # every one a validly signed message of the job's active party
+        worker.handle_bytes(positions(k))
+    assert sum(len(v) for v in mailbox.items.values()) == limit
+    assert caplog.text.count("dropped PSI_POINTS from 'guest' of job 'job': mailbox full") == 3
+    mailbox.take_all(MsgType.PSI_POINTS, "guest", -1, 0)  # taken by a step: room again
+    worker.handle_bytes(positions(limit + 5))
+    assert mailbox.held["guest"][0] == limit  # limit - 1 left, one more filed
+    mailbox.sender_limit, mailbox.job_limit = (10, 1 << 30), (100, 40_000)
+    mailbox.drop_tree(-1)
+    caplog.clear()
+    worker.handle_bytes(positions(1, pad=30_000))
+    worker.handle_bytes(positions(2, pad=30_000))  # over the job's bytes
+    assert "of the job wait" in caplog.text and mailbox.held["guest"][0] == 1
