@@ -129,6 +129,9 @@ def lookup_records(state: JobState) -> dict[int, LookupRecord]:
 
 def evaluate_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     """Round 1 (passive): decisions of all own records for one batch, bit-packed."""
+    if "batched" not in ctx.party.policy.predict_modes:
+        raise ProtocolError(f"party {ctx.party.name}: its policy answers path-mode prediction "
+                            f"only (policy.predict_modes), not batched")
     state: JobState = ctx.state
     if state.kind == "predict" and state.aligned is None:
         ctx.mailbox.require((MsgType.ALIGNED_ROWS, state.active, -1, -1))

@@ -31,7 +31,8 @@ def _job_file(root: Path, tag: str, url: str) -> Path:
     parties = {}
     for name, party in raw["parties"].items():
         party["data"] = str((REPO / "configs" / party["data"]).resolve())
-        party["policy"] = {"min_key_bits": 1024}  # each worker's own policy, in its entry
+        # each worker's own policy, in its entry: this host also answers batched prediction
+        party["policy"] = {"min_key_bits": 1024, "predict_modes": ["path", "batched"]}
         parties[f"{name}{tag}"] = party
     raw.update(job=f"breast-{tag}", parties=parties, transport={"kind": "rabbitmq", "url": url},
                signing={"key_dir": str(root / "keys")})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from messages.signing import federation_sealers
 from messages.transport import MemoryHub
 from tests.scenarios import DATA
 from workers.passive import LookupRecord, lookup_to_dict
+from workers.policy import PartyPolicy
 from workers.roles import handlers_for
 from workers.runtime import PartySpec, Worker
 
@@ -48,19 +50,21 @@ def _plant_model(models: Path, job: str) -> None:
 class Federation:
     """A real guest and host worker on in-memory queues; the test is the flow."""
 
-    def __init__(self, models: Path) -> None:
+    def __init__(self, models: Path, host_policy: PartyPolicy = PartyPolicy()) -> None:
+        self.session = uuid.uuid4().hex[:12]  # workers remember answered tasks across restarts
         self.hub = MemoryHub(["guest", "host", "flow"])
         self.flow = self.hub.endpoint("flow")
         self.workers = {
             name: Worker(PartySpec(name, role, str(DATA / f"breast_hetero_{name}.csv"), "id",
                                    "y" if role == "active" else None,
-                                   str(models / "{job}" / name)),
+                                   str(models / "{job}" / name),
+                                   policy=host_policy if name == "host" else PartyPolicy()),
                          self.hub.endpoint(name), handlers_for(role), SEALERS[name])
             for name, role in (("guest", "active"), ("host", "passive"))}
 
     def send(self, sender: str, recipient: str, kind: MsgType, body: object, task: str) -> None:
-        self.workers[recipient].handle_bytes(
-            SEALERS[sender].seal(Envelope("job", f"s1/{task}", sender, recipient, kind, body)))
+        env = Envelope("job", f"{self.session}/{task}", sender, recipient, kind, body)
+        self.workers[recipient].handle_bytes(SEALERS[sender].seal(env))
 
     def call(self, parties: list[str], kind: MsgType, body: object, task: str,
              *, pump: tuple[str, ...] = ("guest", "host")) -> dict[str, Envelope]:
@@ -186,3 +190,19 @@ def test_scores_go_only_into_the_model_folder(federation: Federation, name: str,
     assert all(0 < float(line.split(",")[1]) < 1 and not math.isnan(float(line.split(",")[1]))
                for line in lines[1:])
     assert not (tmp_path / "etc").exists()
+
+
+def test_a_passive_party_answers_batched_prediction_only_if_its_policy_says_so(
+        tmp_path: Path) -> None:
+    _plant_model(tmp_path, "trained")
+    strict = Federation(tmp_path)  # a worker's default policy: path mode only
+    strict.open_and_align()
+    refused = strict.call(["host"], MsgType.EVALUATE_NODES, Step(0), "batched")["host"]
+    assert isinstance(refused.body, ErrorReply)
+    assert "answers path-mode prediction only (policy.predict_modes)" in refused.body.message
+    assert strict.workers["guest"].transport.receive(timeout=0.2) is None  # no decisions sent
+    lenient = Federation(tmp_path, PartyPolicy(predict_modes=("path", "batched")))
+    lenient.open_and_align()
+    answered = lenient.call(["host"], MsgType.EVALUATE_NODES, Step(0), "batched",
+                            pump=("host",))["host"]
+    assert answered.kind == MsgType.ACK and answered.body.count == 100
