@@ -13,10 +13,14 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedboost import _prefect_env
+
+if TYPE_CHECKING:  # flows are imported late: Prefect's settings come first
+    from flows.config import JobConfig
 
 EXIT_USER_ERROR = 1
 
@@ -57,8 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     predict = sub.add_parser("predict", help="score rows federatedly with a trained model")
     predict.add_argument("model_dir", type=Path, help="folder written by 'fedboost train'")
     predict.add_argument("--data", action="append", default=[], metavar="PARTY=CSV",
-                         help="a party's rows to score (default: its training file)")
-    predict.add_argument("--out", type=Path, help="scores file (default MODEL_DIR/scores.csv)")
+                         help="a party's rows to score (default: its training file; embedded "
+                              "only: a worker over RabbitMQ scores its own file)")
+    predict.add_argument("--out", type=Path, help="scores file (default MODEL_DIR/scores.csv; "
+                         "embedded only: over RabbitMQ the active party's worker keeps them)")
     predict.add_argument("--batch-size", type=int, default=4096)
     predict.add_argument("--mode", choices=["path", "batched"], default="path",
                          help="path (default): each passive party reveals only the decisions on "
@@ -229,8 +235,8 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _predict_on_workers(args: argparse.Namespace, config: Any, job: str, scores_file: str,
-                        run: Any) -> int:
+def _predict_on_workers(args: argparse.Namespace, config: JobConfig, job: str, scores_file: str,
+                        run: Callable[[], dict[str, Any]]) -> int:
     """Score against the parties' running workers: each loads its part of the trained job from
     its own model folder and scores its own data file; the scores stay with the active party."""
     from flows._tasks import connected
