@@ -55,11 +55,18 @@ def bin_block(block: FeatureBlock, max_bin: int) -> BinnedBlock:
     return BinnedBlock(owner=block.owner, cuts=cuts, bins=apply_cuts(block.x, cuts, max_bin))
 
 
-def allowed_blocks(params: BoostParams, tree: int, n_blocks: int) -> list[int]:
-    """Blocks a tree may split on: block 0 (the active party) only for Completely SecureBoost's first tree."""
-    if params.complete_secure and tree == 0:
+def allowed_blocks(params: BoostParams, tree: int, n_blocks: int, outputs: int) -> list[int]:
+    """Blocks a tree may split on: block 0 (the active party) only for Completely SecureBoost's
+    first round, which is ``outputs`` trees (one per class in multiclass); its gradients come
+    from labels alone, so none of its instance spaces or splits may reach a passive party."""
+    if first_round_is_secret(params, tree, outputs):
         return [0]
     return list(range(n_blocks))
+
+
+def first_round_is_secret(params: BoostParams, tree: int, outputs: int) -> bool:
+    """Completely SecureBoost: the trees of the first round grow on the active party alone."""
+    return params.complete_secure and tree < outputs
 
 
 def grow_tree(params: BoostParams, grower: TreeGrower, blocks: list[BinnedBlock], allowed: list[int],
@@ -114,7 +121,7 @@ def train(
         grower = TreeGrower(params, quantize(grads[0][:, output], y.size),
                             quantize(grads[1][:, output], y.size),
                             sample_rows(y.size, params.subsample, params.seed, t), len(binned))
-        tree = grow_tree(params, grower, binned, allowed_blocks(params, t, len(binned)), output)
+        tree = grow_tree(params, grower, binned, allowed_blocks(params, t, len(binned), k), output)
         margin[:, output] += node_values(tree)[grower.node_of_row]
         model = dataclasses.replace(model, trees=model.trees + (tree,))
         if on_tree is not None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -177,8 +178,18 @@ def load_model(path: Path) -> Model:
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write JSON through a temporary file and rename, so readers never see half a file."""
+    """Write JSON through a temporary file and rename, so readers never see half a file; the
+    file is the party's alone (0600, see ``open_private``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, sort_keys=True))
+    with open_private(tmp) as handle:
+        handle.write(json.dumps(payload, indent=1, sort_keys=True))
     tmp.replace(path)
+
+
+def open_private(path: Path) -> TextIO:
+    """Open ``path`` for writing text, readable and writable by its owner only (0600), whatever
+    the umask: model parts, lookup tables and scores are the party's own results."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a file left from before keeps its mode otherwise
+    return os.fdopen(fd, "w", newline="")

@@ -1,13 +1,28 @@
 """Paillier encryption on gmpy2, interoperable with ``phe`` keys.
 
 Names follow the paper and ``phe``: ``n``, ``nsquare``, ``g = n + 1``, ``p``, ``q``.
-Encryption is ``c = (1 + m*n) * r^n mod n^2``. The obfuscator ``r^n`` dominates the cost; we
-draw it as ``hs^a`` with ``hs = (-x^2)^n mod n^2`` for a secret random ``x`` and a short random
-exponent ``a`` (Damgard, Jurik and Nielsen, "A generalization of Paillier's public-key system",
-section 4.1). ``a`` has ``OBFUSCATOR_EXPONENT_BITS`` bits, at least twice the security level of
-keys up to 3072 bits, and a fixed-base window table turns each ``hs^a`` into ~32 products.
-The key holder builds the table modulo ``p^2`` and ``q^2`` (CRT), which is about twice as fast.
-The resulting ciphertexts are ordinary Paillier ciphertexts: ``phe`` decrypts them.
+Encryption is ``c = (1 + m*n) * r^n mod n^2``. The obfuscator ``r^n`` dominates the cost. The
+key holder draws it one of two ways (its policy's ``obfuscator``):
+
+``short`` (default): ``hs^a`` with ``hs = (-x^2)^n mod n^2`` for a secret random ``x`` and a
+short random exponent ``a`` (Damgard, Jurik and Nielsen, "A generalization of Paillier's
+public-key system", section 4.1). This is an ``n``-th residue like ``r^n``, but drawn from the
+subgroup ``hs`` generates with an exponent of ``OBFUSCATOR_EXPONENT_BITS`` bits instead of a
+uniform one. Besides the decisional composite residuosity assumption that Paillier rests on, it
+assumes the *short exponent* assumption: ``hs^a`` for a short random ``a`` cannot be told apart
+from a uniform element of that subgroup, which holds when discrete logarithms with short
+exponents are hard there (Koshiba and Kurosawa, "Short exponent Diffie-Hellman problems",
+PKC 2004). The best known attacks on a short exponent (Pollard's lambda / kangaroo method,
+van Oorschot and Wiener, "On Diffie-Hellman key agreement with short exponents", EUROCRYPT
+1996) take about ``2^(bits/2)`` steps, so ``a`` has twice the key's security level in bits. A
+fixed-base window table turns each ``hs^a`` into ~22 products; the key holder builds it modulo
+``p^2`` and ``q^2`` (CRT), which is about twice as fast.
+
+``full``: a uniform ``r`` in ``[1, n)`` and a full ``r^n``, Paillier's own obfuscator, resting on
+decisional composite residuosity alone; the key holder computes it modulo ``p^2`` and ``q^2``
+with the exponent reduced modulo ``p(p-1)`` and ``q(q-1)`` (CRT). Slower (README, Performance).
+
+Either way the ciphertexts are ordinary Paillier ciphertexts: ``phe`` decrypts them.
 """
 
 from __future__ import annotations
@@ -23,7 +38,12 @@ DEFAULT_KEY_BITS = 2048
 """NIST SP 800-57 puts 2048-bit factoring moduli at 112-bit security, acceptable to 2030."""
 
 OBFUSCATOR_EXPONENT_BITS = 256
-"""2 x 128: at least twice the security level of every key size we accept (<= 3072 bits)."""
+"""2 x 128: at least twice the security level of every key size we accept (NIST SP 800-57:
+112 bits at 2048, 128 at 3072; 4096-bit keys, about 150 bits, keep this 128-bit margin), since
+Pollard's lambda method finds a b-bit exponent in about 2^(b/2) steps."""
+
+OBFUSCATORS = ("short", "full")
+"""How the key holder draws obfuscators (module docstring)."""
 
 WINDOW_BITS = 12
 """Fixed-base windows: 22 multiplications per 256-bit exponent (8-bit windows took 32) for a
@@ -126,6 +146,9 @@ class PaillierPrivateKey:
     public_key: PaillierPublicKey
     p: mpz
     q: mpz
+    obfuscator: str = "short"
+    """``short`` (a short exponent on a fixed base) or ``full`` (a uniform r^n): see the module
+    docstring."""
     psquare: mpz = field(init=False)
     qsquare: mpz = field(init=False)
     hp: mpz = field(init=False)
@@ -135,6 +158,8 @@ class PaillierPrivateKey:
     _tables: tuple[_FixedBaseTable, _FixedBaseTable] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
+        if self.obfuscator not in OBFUSCATORS:
+            raise CryptoError(f"obfuscator {self.obfuscator!r} is not one of {OBFUSCATORS}")
         self.p, self.q = mpz(self.p), mpz(self.q)
         if self.p * self.q != self.public_key.n:
             raise KeyMismatchError("p * q does not equal the public key's n")
@@ -174,22 +199,35 @@ class PaillierPrivateKey:
         tp, tq = self._tables
         return crt_pair(tp.power(a), tq.power(a), self.psquare, self.qsquare, self._psq_inv)
 
+    def _full_obfuscator(self) -> tuple[mpz, mpz]:
+        """A uniform r's r^n modulo p^2 and q^2 (exponents reduced mod p(p-1), q(q-1))."""
+        n = self.public_key.n
+        r = random_below(n)
+        return (powmod(r, n % (self.p * (self.p - 1)), self.psquare),
+                powmod(r, n % (self.q * (self.q - 1)), self.qsquare))
+
     def encrypt_batch(self, plaintexts: Iterable[int]) -> list[mpz]:
         """Encrypt as the key holder: the whole ciphertext ``(1 + mn) r^n`` is computed modulo
         p^2 and q^2 (half-size numbers) and joined once by CRT."""
-        self._obfuscator()  # builds the tables on first use
-        assert self._tables is not None
-        tp, tq = self._tables
+        full = self.obfuscator == "full"
+        if not full:
+            self._obfuscator()  # builds the tables on first use
+            assert self._tables is not None
+            tp, tq = self._tables
         n = self.public_key.n
         psquare, qsquare, inverse = self.psquare, self.qsquare, self._psq_inv
         out = []
         for m in plaintexts:
             if not 0 <= m < n:
                 raise CryptoError("plaintext outside [0, n)")
-            a = secrets.randbits(OBFUSCATOR_EXPONENT_BITS)
+            if full:
+                rp, rq = self._full_obfuscator()
+            else:
+                a = secrets.randbits(OBFUSCATOR_EXPONENT_BITS)
+                rp, rq = tp.power(a), tq.power(a)
             g_m = 1 + mpz(m) * n
-            out.append(crt_pair(g_m % psquare * tp.power(a) % psquare,
-                                g_m % qsquare * tq.power(a) % qsquare, psquare, qsquare, inverse))
+            out.append(crt_pair(g_m % psquare * rp % psquare, g_m % qsquare * rq % qsquare,
+                                psquare, qsquare, inverse))
         return out
 
 
@@ -197,8 +235,10 @@ def _l_function(x: mpz, p: mpz) -> mpz:
     return (x - 1) // p
 
 
-def generate_keypair(n_bits: int = DEFAULT_KEY_BITS) -> tuple[PaillierPublicKey, PaillierPrivateKey]:
-    """A fresh key pair whose modulus has exactly ``n_bits`` bits."""
+def generate_keypair(n_bits: int = DEFAULT_KEY_BITS, obfuscator: str = "short"
+                     ) -> tuple[PaillierPublicKey, PaillierPrivateKey]:
+    """A fresh key pair whose modulus has exactly ``n_bits`` bits; the private key encrypts
+    with ``obfuscator`` (module docstring)."""
     if n_bits < 256 or n_bits % 2:
         raise CryptoError(f"key size {n_bits} must be even and at least 256 bits")
     while True:
@@ -207,7 +247,7 @@ def generate_keypair(n_bits: int = DEFAULT_KEY_BITS) -> tuple[PaillierPublicKey,
         if p != q and (p * q).bit_length() == n_bits:
             break
     public = PaillierPublicKey(p * q)
-    return public, PaillierPrivateKey(public, p, q)
+    return public, PaillierPrivateKey(public, p, q, obfuscator)
 
 
 def ciphertexts_to_bytes(ciphertexts: Sequence[int], public_key: PaillierPublicKey) -> bytes:

@@ -18,11 +18,12 @@ from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_
 _KEY: PaillierPrivateKey | None = None
 
 
-def _init(n: int, p: int, q: int, on_start: Callable[[], None] | None) -> None:
+def _init(n: int, p: int, q: int, obfuscator: str,
+          on_start: Callable[[], None] | None) -> None:
     global _KEY
     if on_start is not None:
         on_start()
-    _KEY = PaillierPrivateKey(PaillierPublicKey(mpz(n)), mpz(p), mpz(q))
+    _KEY = PaillierPrivateKey(PaillierPublicKey(mpz(n)), mpz(p), mpz(q), obfuscator)
     _KEY.encrypt_batch([0])  # build the obfuscator tables now, not in the first batch
 
 
@@ -52,7 +53,8 @@ class KeyHolderPool:
         self.processes = processes or default_processes()
         self._pool = mp.get_context("spawn").Pool(
             self.processes, initializer=_init,
-            initargs=(int(private.public_key.n), int(private.p), int(private.q), on_start))
+            initargs=(int(private.public_key.n), int(private.p), int(private.q),
+                      private.obfuscator, on_start))
 
     def _slices(self, count: int) -> list[slice]:
         step = -(-count // self.processes) if count else 1

@@ -82,7 +82,7 @@ class CryptoConfig(_Strict):
     """Homomorphic encryption settings."""
 
     scheme: Literal["paillier"] = "paillier"
-    key_bits: int = Field(2048, ge=512, le=4096)
+    key_bits: int = Field(2048, ge=1024, le=4096)
 
     @field_validator("key_bits")
     @classmethod

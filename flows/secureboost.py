@@ -189,7 +189,8 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
     tree_seconds: list[float | None] = [None] * done  # trained by an earlier run
     for tree in range(done, n_trees):
         tree_start = time.perf_counter()
-        members = [] if params.complete_secure and tree == 0 else passives
+        # Completely SecureBoost: the first round (one tree per class) stays with the active party
+        members = [] if params.complete_secure and tree < per_round else passives
         encrypt_gradients(job, active, tree)
         for depth in range(params.max_depth):
             if members:

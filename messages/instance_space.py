@@ -46,7 +46,7 @@ def decode_mask(space: InstanceSpace, expected_size: int) -> np.ndarray:
             raise DecodeError("bitmap length does not match its size")
         return np.unpackbits(np.frombuffer(space.data, dtype=np.uint8), count=space.size).astype(bool)
     if space.encoding == GAPS:
-        positions = np.cumsum(_read_varints(space.data)) - 1
+        positions = np.cumsum(_read_varints(space.data, space.size)) - 1
         if positions.size and (positions[-1] >= space.size or (np.diff(positions) <= 0).any()):
             raise DecodeError("run-length gaps point outside the instance space")
         mask = np.zeros(space.size, dtype=bool)
@@ -65,9 +65,13 @@ def _varints(values: np.ndarray) -> bytes:
     return bytes(out)
 
 
-def _read_varints(data: bytes) -> np.ndarray:
+def _read_varints(data: bytes, size: int) -> np.ndarray:
+    """Gaps between members of a ``size``-position space: each at most ``size``, at most
+    ``size`` of them (checked as they are read: the sender declares neither)."""
     values: list[int] = []
     value = shift = 0
+    if len(data) > 10 * size:  # a gap takes at most 10 bytes (64 bits in 7-bit groups)
+        raise DecodeError(f"{len(data)} bytes of run-length gaps for {size} positions")
     for byte in data:
         value |= (byte & 0x7F) << shift
         if byte & 0x80:
@@ -77,6 +81,8 @@ def _read_varints(data: bytes) -> np.ndarray:
         else:
             if value == 0:
                 raise DecodeError("zero gap in run-length instance space")
+            if value > size or len(values) == size:
+                raise DecodeError("run-length gaps point outside the instance space")
             values.append(value)
             value = shift = 0
     if shift:

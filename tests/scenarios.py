@@ -26,8 +26,11 @@ from boosting.train import predict_blocks, train
 from boosting.tree import Model, load_model
 from fedboost.joined import JoinedData, join_parties
 from flows.config import JobConfig, parse_config
+from workers.policy import PartyPolicy
 
 REPO = Path(__file__).resolve().parents[1]
+TEST_POLICY = PartyPolicy(min_key_bits=1024)
+"""Workers driven directly by tests accept the tests' 1024-bit keys (the default needs 2048)."""
 CONFIGS = REPO / "configs"
 DATA = REPO.parent / "shared" / "data"
 

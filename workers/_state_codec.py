@@ -1,6 +1,6 @@
 """A typed codec for a party's job state: msgpack, and nothing in a file that can run code.
 
-msgpack's own values (None, bool, int, float, str, bytes, list, dict) pass through; tuples, big
+msgpack's own values (None, bool, int, float, str, bytes, list, dict) pass through; tuples, sets, big
 integers, GMP integers, numpy arrays and scalars of plain dtypes, and dataclasses of an explicit
 allowlist become extension types. A dataclass is written as its allowlisted name and its
 constructor's fields. Decoding looks the name up in the allowlist (it never imports or calls
@@ -21,7 +21,7 @@ import numpy as np
 
 from crypto._gmp import mpz
 
-_TUPLE, _INT, _MPZ, _ARRAY, _SCALAR, _DATACLASS = range(1, 7)
+_TUPLE, _INT, _MPZ, _ARRAY, _SCALAR, _DATACLASS, _SET = range(1, 8)
 _MPZ_TYPE = type(mpz(0))
 DTYPES: dict[str, np.dtype[Any]] = {
     np.dtype(t).str: np.dtype(t)
@@ -84,6 +84,10 @@ def _ext(obj: Any, names: Mapping[type, str], default: Any) -> msgpack.ExtType:
     kind = type(obj)
     if kind is tuple:
         return nested(_TUPLE, list(obj))
+    if kind is set:  # of ints or strings, sorted: the same state always writes the same bytes
+        if not (all(type(x) is int for x in obj) or all(type(x) is str for x in obj)):
+            raise TypeError("a set of other values than ints or strings may not be stored")
+        return nested(_SET, sorted(obj))
     if kind is int:  # beyond 64 bits (msgpack writes the others itself)
         return msgpack.ExtType(_INT, _int_bytes(obj))
     if kind is _MPZ_TYPE:
@@ -110,6 +114,11 @@ def _int_bytes(value: int) -> bytes:
 def _rebuild(code: int, raw: Any, allowed: Mapping[str, type]) -> Any:
     if code == _TUPLE and isinstance(raw, list):
         return tuple(raw)
+    if code == _SET and isinstance(raw, list):
+        try:
+            return set(raw)
+        except TypeError:
+            raise StateCodecError("a set of unhashable values") from None
     if code == _ARRAY:
         return _array(raw)
     if code == _SCALAR and isinstance(raw, list) and len(raw) == 2:

@@ -37,9 +37,12 @@ from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.alignment import send_public_key
 from workers.data import load_party_csv
 from workers.lifeline import die_with_parent
+from workers.policy import check_job
 from workers.runtime import StepContext
 from workers.state import JobState
 
+PROTOCOL = "vertical_secureboost"
+"""The protocol whose steps this module and workers.passive answer (checked against policies)."""
 GRADIENT_CHUNK = 4096
 """Ciphertexts per message: 2 MiB at 2048-bit keys, well below broker message caps."""
 
@@ -65,6 +68,8 @@ class ActiveTraining:
     history: list[TreeFinished] = field(default_factory=list)
     """Training metrics after each tree (a resumed flow reports them again)."""
     score_margin: np.ndarray | None = None
+    passive_features: dict[str, int] = field(default_factory=dict)
+    """Each passive party's feature count, as its root histograms declared and bounded it."""
     pool: KeyHolderPool | None = None
     """Encryption/decryption processes (both cores), started with the first encrypted tree."""
 
@@ -109,10 +114,11 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     actives = [p.name for p in spec.parties if p.role == "active"]
     if actives != [ctx.party.name]:
         raise ProtocolError(f"job names {actives} as active party, this worker is {ctx.party.name}")
+    check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
     data = load_party_csv(ctx.party.name, ctx.party.data, ctx.party.id_column, ctx.party.label,
                           require_label=True, columns=ctx.party.columns)
     params = params_of(body)
-    public, private = generate_keypair(spec.key_bits)
+    public, private = generate_keypair(spec.key_bits, obfuscator=ctx.party.policy.obfuscator)
     state = JobState(kind="train", party=ctx.party.name, active=ctx.party.name,
                      passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
                      valid_fraction=spec.valid_fraction, valid_seed=spec.valid_seed,
@@ -170,8 +176,8 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
 
 
 def _participants(state: JobState, run: ActiveTraining, tree: int) -> list[str]:
-    """Passive parties taking part in a tree (none in Completely SecureBoost's first tree)."""
-    blocks = allowed_blocks(run.params, tree, 1 + len(state.passives))
+    """Passive parties taking part in a tree (none in Completely SecureBoost's first round)."""
+    blocks = allowed_blocks(run.params, tree, 1 + len(state.passives), run.outputs)
     return [state.passives[b - 1] for b in blocks if b > 0]
 
 
@@ -228,6 +234,7 @@ def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: li
             or sum(msg.shard_features) != msg.n_features:
         raise ProtocolError(f"{sender} sent shards of {msg.shard_features} features for "
                             f"{msg.n_features}")
+    _check_feature_count(run, msg, sender)  # before anything is sized by it
     packing = BinSumPacking(run.packer.cell_bits, msg.per_ciphertext)
     nodes, width = len(built), run.public.ciphertext_bytes
     filled = decode_mask(msg.filled, nodes * msg.n_features * msg.n_bins)
@@ -252,6 +259,27 @@ def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: li
     return np.concatenate(blocks, axis=1)
 
 
+def _check_feature_count(run: ActiveTraining, msg: EncryptedHistograms, sender: str) -> None:
+    """Bound a passive party's declared feature count by what this party can check before it
+    allocates node x feature x bin sums: every feature of the root has a filled bin, so at
+    depth 0 there are no more features than bin sums the ciphertexts carry; later levels of the
+    tree must declare the same count."""
+    width = run.public.ciphertext_bytes
+    if len(msg.ciphertexts) % width:
+        raise ProtocolError(f"{sender} sent {len(msg.ciphertexts)} bytes of histograms, not a "
+                            f"multiple of {width}")
+    known = run.passive_features.get(sender)
+    if msg.depth == 0:
+        carried = msg.per_ciphertext * (len(msg.ciphertexts) // width)
+        if msg.n_features > carried or known not in (None, msg.n_features):
+            raise ProtocolError(f"{sender} declared {msg.n_features} features at the root, "
+                                f"with {carried} bin sums (and {known} features before)")
+        run.passive_features[sender] = msg.n_features
+    elif msg.n_features != known:
+        raise ProtocolError(f"{sender} declared {msg.n_features} features at depth "
+                            f"{msg.depth}, {known} at the tree's root")
+
+
 def find_best_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     """Alg. 2: decrypt passive histograms, add own, pick each node's best split."""
     state: JobState = ctx.state
@@ -272,7 +300,7 @@ def find_best_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         block = 1 + state.passives.index(passive)
         grower.add_histograms(block, built, _decrypt_histograms(run, msg, built, passive))
     grower.begin_level()
-    blocks = allowed_blocks(run.params, body.tree, 1 + len(state.passives))
+    blocks = allowed_blocks(run.params, body.tree, 1 + len(state.passives), run.outputs)
     run.level_splits = grower.find_splits(blocks)
     owned: dict[str, list[SplitChoice]] = {}
     for node, split in run.level_splits.items():

@@ -31,9 +31,10 @@ from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradient
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, NotReady, ProtocolError, StageError, checkpoint
-from workers.active import params_of
+from workers.active import PROTOCOL, params_of
 from workers.alignment import receive_alignment
 from workers.data import load_party_csv
+from workers.policy import check_job, check_key_bits
 from workers.runtime import StepContext
 from workers.shards import (LevelData, LevelWork, hold_tree_chunk, shard_data, shard_result,
                             sum_claimed)
@@ -76,6 +77,13 @@ class PassiveTraining:
     packing: BinSumPacking | None = None
     """How the tree's bin sums are packed for the trip back (from the gradients' layout)."""
     depth: int = -1
+    level_nodes: set[int] = field(default_factory=set)
+    """The nodes of the current level (the root, then the previous level's children): the only
+    nodes a split may be asked for, one each."""
+    split_here: set[int] = field(default_factory=set)
+    """Nodes of the current level this party has split already."""
+    node_ids: set[int] = field(default_factory=set)
+    """Every node id of the tree so far (new children must have new ids)."""
     records: dict[int, LookupRecord] = field(default_factory=dict)
     level: LevelWork | None = None
     """The level whose histograms are being built (shards handed out, results arriving)."""
@@ -89,6 +97,7 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
         raise ProtocolError(f"job needs exactly one active party, names {actives}")
     if ctx.party.name not in [p.name for p in spec.parties if p.role == "passive"]:
         raise ProtocolError(f"job does not list {ctx.party.name} as a passive party")
+    check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
     data = load_party_csv(ctx.party.name, ctx.party.data, ctx.party.id_column, None,
                           require_label=False, columns=ctx.party.columns)
     if spec.label and spec.label in data.names and ctx.party.columns is None:
@@ -128,9 +137,13 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     run: PassiveTraining = state.role_state
     ctx.mailbox.require((MsgType.ALIGNED_ROWS, state.active, -1, -1),
                         (MsgType.PUBLIC_KEY, state.active, -1, -1))
-    receive_alignment(ctx)
     key: PublicKeyMsg = ctx.mailbox.take(MsgType.PUBLIC_KEY, state.active)
-    run.public = public_key_from_n(int.from_bytes(key.n, "big"), expected_bits=state.key_bits)
+    n = int.from_bytes(key.n, "big")
+    # the key itself, not only the spec, must meet the policy: the active party made it
+    check_key_bits(ctx.party.policy, ctx.party.name, n.bit_length(),
+                   f"the public key {state.active} sent")
+    run.public = public_key_from_n(n, expected_bits=state.key_bits)
+    receive_alignment(ctx)
     x = state.data.x[state.train_rows]
     state.cuts = fit_cuts(x, run.params.max_bin)
     state.bins = apply_cuts(x, state.cuts, run.params.max_bin)
@@ -187,18 +200,21 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     node positions. Checks everything before taking."""
     ctx.mailbox.require((MsgType.TREE_START, state.active, tree, -1))
     start: TreeStart = ctx.mailbox.items[(MsgType.TREE_START, state.active, tree, -1)][0]
+    public = _require_key(run)
+    n_train = state.require_bins().shape[0]
+    # sizes the active party declares are bounded by this party's rows and the key
+    if not 1 <= start.value_bits < public.n.bit_length() or start.max_rows != n_train \
+            or not 1 <= start.n_chunks <= n_train:
+        raise ProtocolError(f"tree {tree}: gradients of {start.value_bits} bits for "
+                            f"{start.max_rows} rows in {start.n_chunks} chunks; this party has "
+                            f"{n_train} rows and a {public.n.bit_length()}-bit key")
     key = (MsgType.ENCRYPTED_GRADIENTS, state.active, tree, -1)
     ctx.mailbox.require(key, counts=[start.n_chunks])
     chunks: list[EncryptedGradients] = ctx.mailbox.items[key]
     if sorted(c.chunk for c in chunks) != list(range(start.n_chunks)):
         raise ProtocolError(f"tree {tree}: gradient chunks {sorted(c.chunk for c in chunks)}")
-    public = _require_key(run)
-    if start.value_bits < 1 or start.max_rows < 1:
-        raise ProtocolError(f"tree {tree}: gradients of {start.value_bits} bits, "
-                            f"{start.max_rows} rows")
     packing = BinSumPacking.for_key(GradientPacker(start.value_bits, start.max_rows).cell_bits,
                                     public.n.bit_length())
-    n_train = state.require_bins().shape[0]
     in_tree = decode_mask(start.in_tree, n_train)
     blob = b"".join(c.ciphertexts for c in sorted(chunks, key=lambda c: c.chunk))
     count, rest = divmod(len(blob), public.ciphertext_bytes)
@@ -212,6 +228,7 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     run.enc_index = np.cumsum(in_tree) - 1
     run.node_of_row = np.zeros(n_train, dtype=np.int64)
     run.depth = 0
+    run.level_nodes, run.split_here, run.node_ids = {0}, set(), {0}
     run.level = None
 
 
@@ -226,6 +243,7 @@ def _apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
     """Route rows by the previous level's splits; return the nodes to build (smaller children)."""
     ctx.mailbox.require((MsgType.NODE_POSITIONS, state.active, tree, depth - 1))
     msg: NodePositions = ctx.mailbox.take(MsgType.NODE_POSITIONS, state.active, tree, depth - 1)
+    _check_positions(ctx.party.name, run, msg)
     built = []
     for split in msg.splits:
         rows = np.flatnonzero(run.node_of_row == split.node)
@@ -236,7 +254,45 @@ def _apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
         n_right = int(run.in_tree[rows[~mask]].sum())
         built.append(smaller_child(n_left, n_right, split.left_id, split.right_id))
     run.depth = depth
+    run.level_nodes = {i for split in msg.splits for i in (split.left_id, split.right_id)}
+    run.split_here = set()
+    run.node_ids |= run.level_nodes
     return built
+
+
+def _check_positions(party: str, run: PassiveTraining, msg: NodePositions) -> None:
+    """Each node of the level is split at most once, into two children with new ids."""
+    nodes = [split.node for split in msg.splits]
+    children = [i for split in msg.splits for i in (split.left_id, split.right_id)]
+    if len(set(nodes)) != len(nodes) or not set(nodes) <= run.level_nodes:
+        raise ProtocolError(f"{party}: t{msg.tree} d{msg.depth}: positions split nodes "
+                            f"{nodes}; the level's nodes are {sorted(run.level_nodes)}, one split "
+                            f"each")
+    if len(set(children)) != len(children) or set(children) & run.node_ids:
+        raise ProtocolError(f"{party}: t{msg.tree} d{msg.depth}: positions give children "
+                            f"{children}, not all new and distinct")
+
+
+def _check_choices(party: str, run: PassiveTraining, msg: SplitChoices, n_features: int) -> None:
+    """At most one split per node of the current level that this party has not split yet, in
+    range: anything else would make this party reveal more instance spaces than the tree has
+    nodes (one SplitChoices listing every (feature, bin) of node 0 rebuilds the binned matrix)."""
+    nodes = [choice.node for choice in msg.splits]
+    if len(set(nodes)) != len(nodes):
+        raise ProtocolError(f"{party}: t{msg.tree} d{msg.depth}: refused {len(nodes)} splits "
+                            f"for nodes {sorted(set(nodes))}: at most one split per node")
+    closed = sorted(set(nodes) - (run.level_nodes - run.split_here))
+    if closed:
+        raise ProtocolError(f"{party}: t{msg.tree} d{msg.depth}: refused splits of nodes "
+                            f"{closed}: not open at this level (open: "
+                            f"{sorted(run.level_nodes - run.split_here)})")
+    if run.depth >= run.params.max_depth:
+        raise ProtocolError(f"{party}: t{msg.tree} d{msg.depth}: refused splits below the "
+                            f"maximum depth {run.params.max_depth}")
+    for choice in msg.splits:
+        if not (0 <= choice.feature < n_features and 0 <= choice.bin < run.params.max_bin):
+            raise ProtocolError(f"{party}: split on feature {choice.feature} bin {choice.bin} "
+                                f"is out of range")
 
 
 def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
@@ -382,10 +438,10 @@ def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     if run.tree != body.tree or run.depth != body.depth:
         raise StageError(f"apply_splits t{body.tree} d{body.depth}: party is at t{run.tree} d{run.depth}")
     bins = state.require_bins()
+    _check_choices(ctx.party.name, run, msg, bins.shape[1])  # before any mask or record
+    run.split_here |= {choice.node for choice in msg.splits}
     out = []
     for choice in msg.splits:
-        if not (0 <= choice.feature < bins.shape[1] and 0 <= choice.bin < run.params.max_bin):
-            raise ProtocolError(f"split on feature {choice.feature} bin {choice.bin} is out of range")
         rows = np.flatnonzero(run.node_of_row == choice.node)
         mask = goes_left(bins[rows, choice.feature], choice.bin, choice.missing_left,
                          run.params.max_bin)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from workers import ProtocolError
+
 MIN_KEY_BITS = 2048
 """Default smallest Paillier modulus a party accepts: NIST SP 800-57 puts a 2048-bit RSA-type
 modulus at 112-bit security; a 512-bit modulus is factored in hours, which would let a passive
@@ -32,3 +34,22 @@ class PartyPolicy:
     predict_modes: tuple[str, ...] = ("path",)
     """Prediction modes a passive party answers: ``path`` reveals only the decisions on each
     row's path; ``batched`` reveals all its decisions for every row to the active party."""
+
+
+class PolicyError(ProtocolError):
+    """A job asks for what the party's policy does not allow."""
+
+
+def check_job(policy: PartyPolicy, party: str, protocol: str, key_bits: int) -> None:
+    """Refuse a job below the party's policy, in one line naming the party, asked and allowed."""
+    if protocol not in policy.protocols:
+        raise PolicyError(f"party {party} refuses protocol {protocol!r}: its policy allows "
+                          f"{', '.join(policy.protocols)}")
+    check_key_bits(policy, party, key_bits, "the job asks for")
+
+
+def check_key_bits(policy: PartyPolicy, party: str, key_bits: int, what: str) -> None:
+    """Refuse a Paillier modulus smaller than the policy's minimum."""
+    if key_bits < policy.min_key_bits:
+        raise PolicyError(f"party {party} refuses a {key_bits}-bit Paillier key ({what}): its "
+                          f"policy requires at least {policy.min_key_bits} bits")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 from boosting.binning import goes_left_raw
 from boosting.losses import transform
 from boosting.metrics import evaluate
-from boosting.tree import Model, TreeNode, load_model
+from boosting.tree import Model, TreeNode, load_model, open_private
 from messages.bodies import Ack, Decisions, Metric, OpenPrediction, Step, TreeFinished
 from messages.envelope import MsgType
 from messages.names import JOB_NAME_RULE, is_job_name
@@ -35,6 +34,7 @@ from workers.active import ActiveTraining
 from workers.alignment import receive_alignment
 from workers.data import PartyData, load_party_csv
 from workers.passive import LookupRecord, PassiveTraining, lookup_from_dict
+from workers.policy import PolicyError
 from workers.runtime import StepContext
 from workers.state import JobState
 
@@ -130,8 +130,8 @@ def lookup_records(state: JobState) -> dict[int, LookupRecord]:
 def evaluate_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     """Round 1 (passive): decisions of all own records for one batch, bit-packed."""
     if "batched" not in ctx.party.policy.predict_modes:
-        raise ProtocolError(f"party {ctx.party.name}: its policy answers path-mode prediction "
-                            f"only (policy.predict_modes), not batched")
+        raise PolicyError(f"party {ctx.party.name}: its policy answers path-mode prediction "
+                          f"only (policy.predict_modes), not batched")
     state: JobState = ctx.state
     if state.kind == "predict" and state.aligned is None:
         ctx.mailbox.require((MsgType.ALIGNED_ROWS, state.active, -1, -1))
@@ -230,8 +230,7 @@ def write_scores(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
         values = np.column_stack([np.argmax(pred, axis=1), pred])
     path = run.scores_path  # checked at open_prediction: inside the model folder
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
-              newline="") as handle:
+    with open_private(tmp) as handle:
         writer = csv.writer(handle)
         writer.writerow(header)
         for ident, row in zip(ids, values):

@@ -62,3 +62,17 @@ def test_bad_keys_and_plaintexts_are_rejected(keypair_1024) -> None:  # type: ig
     with pytest.raises(CryptoError, match="bits"):
         public_key_from_n(int(pub.n), expected_bits=2048)
     assert "p=" not in repr(priv) and str(int(priv.p)) not in repr(priv)
+
+
+def test_full_obfuscator_makes_ordinary_ciphertexts_without_the_short_exponent_table(
+        keypair_1024) -> None:  # type: ignore[no-untyped-def]
+    pub, short = keypair_1024
+    full = PaillierPrivateKey(pub, short.p, short.q, "full")
+    cts = full.encrypt_batch([0, 7, 7, int(pub.n) - 1])
+    assert full._tables is None  # a uniform r^n each time, no fixed base
+    assert len(set(cts)) == 4
+    phe_priv = phe.PaillierPrivateKey(phe.PaillierPublicKey(int(pub.n)), int(short.p), int(short.q))
+    assert [phe_priv.raw_decrypt(int(c)) for c in cts] == [0, 7, 7, int(pub.n) - 1]
+    assert [int(m) for m in short.decrypt_batch(cts)] == [0, 7, 7, int(pub.n) - 1]
+    with pytest.raises(CryptoError, match="obfuscator"):
+        PaillierPrivateKey(pub, short.p, short.q, "none")

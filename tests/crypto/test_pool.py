@@ -39,3 +39,16 @@ def test_chunks_come_in_order_and_whole(keypair_1024, count: int) -> None:  # ty
         assert [int(m) for m in priv.decrypt_batch(cts)] == plain
     finally:
         pool.close()
+
+
+def test_pool_with_the_full_obfuscator(keypair_1024) -> None:  # type: ignore[no-untyped-def]
+    from crypto.paillier import PaillierPrivateKey
+
+    pub, short = keypair_1024
+    pool = KeyHolderPool(PaillierPrivateKey(pub, short.p, short.q, "full"), processes=2)
+    try:
+        plain = list(range(40))
+        cts = ciphertexts_from_bytes(pool.encrypt(plain), pub)
+        assert len(set(cts)) == 40 and [int(m) for m in short.decrypt_batch(cts)] == plain
+    finally:
+        pool.close()

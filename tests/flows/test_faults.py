@@ -53,6 +53,7 @@ class Federation:
         guest, host = raw["parties"]["guest"], raw["parties"]["host"]
         for party in (guest, host):
             party["data"] = str((REPO / "configs" / party["data"]).resolve())
+            party["policy"] = {"min_key_bits": 1024}  # the workers' own policy allows test keys
         raw["parties"] = {self.guest: guest, self.host: host}
         raw["job"] = f"faults-{self.tag}-{name}"
         raw["params"]["n_trees"] = N_TREES

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from fedboost.embedded import party_specs, run_embedded, train_embedded
+from fedboost.embedded import FLOW_ENDPOINT, party_specs, run_embedded, train_embedded
 from flows.config import JobConfig
 from flows.predict import federated_predict
+from messages.envelope import MsgType
+from messages.transport import MemoryHub
 from tests.scenarios import (assert_same_trees, centralized_predictions, centralized_view,
                              config_with, federated_view, read_scores, train_centralized)
 
@@ -38,6 +41,10 @@ def _check_lossless(config: JobConfig, out: Path, *, predict: bool = True,
         if config.params.objective == "multiclass":
             fed = fed[:, 1:]  # the first column is the predicted label
         np.testing.assert_allclose(fed, cen, rtol=0, atol=1e-6)
+        assert stat.S_IMODE(scores.stat().st_mode) == 0o600
+    parts = [f"{config.active}/model.json", *(f"{p}/lookup.json" for p in config.passives)]
+    for part in [*parts, *(f"{p}/party.json" for p in config.parties)]:
+        assert stat.S_IMODE((out / part).stat().st_mode) == 0o600, part
     return result
 
 
@@ -73,6 +80,36 @@ def test_three_parties_complete_secure_subsample(tmp_path: Path) -> None:
     assert first_owners == {"guest"}, "Completely SecureBoost's first tree uses guest features only"
     later = {n[3] for tree in model_nodes[1:] for n in tree if n[1] != "leaf"}
     assert {"bureau", "telco"} & later
+
+
+def test_multiclass_complete_secure_keeps_the_whole_first_round_with_the_active_party(
+        tmp_path: Path) -> None:
+    """vehicle, 4 classes: the first round is trees 0..3. Every message of the run is recorded:
+    none of those trees' gradients, split choices or instance spaces reaches the passive party,
+    and the model still equals the centralized one."""
+    from tests.flows.test_psi_and_privacy import _envelope
+
+    config = config_with("vehicle.yaml", crypto={"key_bits": 1024},
+                         params={"n_trees": 2, "complete_secure": True})
+    hub = MemoryHub(["guest", "host", FLOW_ENDPOINT], record=True, helpers={"host": 1})
+    result = train_embedded(config, tmp_path, hub=hub)
+    assert result["n_trees"] == 8
+    model, _ = train_centralized(config)
+    assert_same_trees(federated_view(tmp_path, config), centralized_view(model))
+    owners = [{n[3] for n in tree if n[1] != "leaf"} for tree in federated_view(tmp_path, config)]
+    assert all(o <= {"guest"} for o in owners[:4]) and any("host" in o for o in owners[4:])
+
+    data_kinds = {MsgType.TREE_START, MsgType.ENCRYPTED_GRADIENTS, MsgType.SPLIT_CHOICES,
+                  MsgType.NODE_POSITIONS, MsgType.BUILD_HISTOGRAMS, MsgType.APPLY_SPLITS,
+                  MsgType.ENCRYPTED_HISTOGRAMS, MsgType.APPLIED_SPLITS}
+    trees_seen: dict[MsgType, set[int]] = {}
+    for sender, recipient, data in hub.recorded():
+        env = _envelope(data)
+        if "host" in (sender, recipient) and env.kind in data_kinds:
+            trees_seen.setdefault(env.kind, set()).add(env.body.tree)
+    assert trees_seen[MsgType.ENCRYPTED_GRADIENTS] == {4, 5, 6, 7}
+    assert trees_seen[MsgType.NODE_POSITIONS] == {4, 5, 6, 7}
+    assert all(min(trees) >= 4 for trees in trees_seen.values()), trees_seen
 
 
 def test_missing_values(tmp_path: Path) -> None:

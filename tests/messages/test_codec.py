@@ -14,7 +14,7 @@ from messages import DecodeError
 from messages import bodies as b
 from messages.envelope import Envelope, MsgType, decode_envelope, encode_envelope
 from messages.signing import ForgedMessage, federation_sealers
-from messages.instance_space import BITMAP, GAPS, decode_mask, encode_mask
+from messages.instance_space import BITMAP, GAPS, InstanceSpace, decode_mask, encode_mask
 
 SAMPLES = {
     MsgType.OPEN_JOB: b.OpenJob(b.JobSpec([b.PartyInfo("g", "active")], 3, 3, 0.3, 32, "binary",
@@ -144,3 +144,26 @@ def test_damaged_sealed_messages_raise_only_decode_errors(cut: int, flips: list[
     with pytest.raises(ForgedMessage, match="replayed"):
         _SEALERS["host"].open(damaged)
     _SEALERS["host"]._seen.clear()
+
+
+@settings(max_examples=500, deadline=None)
+@given(size=st.integers(0, 2**64), encoding=st.integers(-1, 3), data=st.binary(max_size=64),
+       expected=st.integers(0, 300))
+def test_hostile_instance_spaces_decode_to_the_receivers_size_or_are_refused(
+        size: int, encoding: int, data: bytes, expected: int) -> None:
+    """Whatever a peer declares, the mask has the size the receiver expects, or DecodeError."""
+    try:
+        mask = decode_mask(InstanceSpace(size, encoding, data), expected)
+    except DecodeError:
+        return
+    assert mask.dtype == bool and mask.size == expected
+
+
+@pytest.mark.parametrize("data", [
+    b"\xff" * 9 + b"\x01",  # a gap of 2^64 - 1: beyond int64, and beyond any instance space
+    b"\x80\x80\x80\x80\x01",  # a gap of 2^28 in a space of 50
+    b"\x01" * 51,  # 51 members of a space of 50
+])
+def test_run_length_gaps_beyond_the_space_are_refused(data: bytes) -> None:
+    with pytest.raises(DecodeError, match="outside"):
+        decode_mask(InstanceSpace(50, GAPS, data), 50)

@@ -18,6 +18,7 @@ from messages.signing import federation_sealers
 from messages.transport import MemoryHub
 from workers import ProtocolError, checkpoint
 from workers.embedded import start_workers, stop_workers
+from tests.scenarios import TEST_POLICY
 from workers.runtime import Mailbox, PartySpec, StepContext
 from tests.scenarios import DATA
 from tests.workers.test_checkpoint import old_pickled_checkpoint
@@ -30,7 +31,8 @@ SPEC = JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")], 2, 
 def test_planted_checkpoints_never_run_code_in_the_worker(tmp_path: Path,
                                                           capfd: pytest.CaptureFixture[str]) -> None:
     models = tmp_path / "site" / "deep" / "models"
-    host = PartySpec("host", "passive", str(HOST_DATA), "id", None, str(models / "{job}" / "host"))
+    host = PartySpec("host", "passive", str(HOST_DATA), "id", None, str(models / "{job}" / "host"),
+                     policy=TEST_POLICY)
     marker = tmp_path / "pwned"
     # where a job named ../../.. would look: models/../../../host/checkpoints
     escaped = tmp_path / "host" / checkpoint.FOLDER

@@ -55,7 +55,7 @@ def test_one_class_labels_are_refused_at_the_active_party(tmp_path: Path) -> Non
         writer = csv.writer(out)
         writer.writerow(rows[0])
         writer.writerows([*r[:label_at], "1", *r[label_at + 1:]] for r in rows[1:])
-    config = config_with("breast.yaml", crypto={"key_bits": 512}, params={"n_trees": 1},
+    config = config_with("breast.yaml", crypto={"key_bits": 1024}, params={"n_trees": 1},
                          parties={"guest": {"role": "active", "data": str(path), "id": "id",
                                             "label": "y"},
                                   "host": {"role": "passive", "id": "id",
@@ -86,7 +86,7 @@ def test_ids_spelled_differently_are_pointed_out(tmp_path: Path) -> None:
         writer = csv.writer(out)
         writer.writerow(rows[0])
         writer.writerows([f"{float(r[0])}", *r[1:]] for r in rows[1:])
-    config = config_with("breast.yaml", crypto={"key_bits": 512}, params={"n_trees": 1},
+    config = config_with("breast.yaml", crypto={"key_bits": 1024}, params={"n_trees": 1},
                          parties={"guest": {"role": "active", "id": "id", "label": "y",
                                             "data": str(DATA / "breast_hetero_guest.csv")},
                                   "host": {"role": "passive", "id": "id", "data": str(path)}})

@@ -19,7 +19,7 @@ from messages import bodies as b
 from messages.envelope import BODY_TYPES, Envelope, MsgType, encode_envelope
 from messages.signing import federation_sealers, signer_of
 from messages.transport import MemoryHub
-from tests.scenarios import DATA
+from tests.scenarios import DATA, TEST_POLICY
 from workers.roles import arrivals_for, handlers_for
 from workers.runtime import MAX_PENDING, PartySpec, Worker
 
@@ -107,7 +107,7 @@ def _build(message: tuple[Any, ...]) -> bytes:
 
 
 _SPEC = b.JobSpec([b.PartyInfo("guest", "active"), b.PartyInfo("host", "passive")], 2, 3, 0.3,
-                  32, "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 512, 0.0, 0, "y")
+                  32, "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0, "y")
 
 
 def _open(worker: Worker) -> None:
@@ -122,7 +122,7 @@ def _open(worker: Worker) -> None:
 def live_worker(tmp_path_factory: pytest.TempPathFactory) -> tuple[Worker, MemoryHub]:
     hub = MemoryHub(["host", "guest", "flow"])
     party = PartySpec("host", "passive", str(DATA / "breast_hetero_host.csv"), "id", None,
-                      str(tmp_path_factory.mktemp("fuzz")))
+                      str(tmp_path_factory.mktemp("fuzz")), policy=TEST_POLICY)
     worker = Worker(party, hub.endpoint("host"), handlers_for("passive"), SEALERS["host"],
                     arrivals=arrivals_for("passive"))
     _open(worker)

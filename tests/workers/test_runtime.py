@@ -18,12 +18,12 @@ from messages.transport import MemoryHub
 from workers.mailbox import SENDER_MAIL
 from workers.roles import handlers_for
 from workers.runtime import PartySpec, Worker
-from tests.scenarios import DATA
+from tests.scenarios import DATA, TEST_POLICY
 
 
 def _spec(data: Path) -> JobSpec:
     return JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")], 2, 3, 0.3, 32,
-                   "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 512, 0.0, 0, "y")
+                   "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0, "y")
 
 
 SEALERS = federation_sealers(["guest", "host"])
@@ -32,7 +32,8 @@ SEALERS = federation_sealers(["guest", "host"])
 
 def _worker(tmp_path: Path, data: Path) -> tuple[Worker, MemoryHub]:
     hub = MemoryHub(["host", "guest", "flow"])
-    party = PartySpec("host", "passive", str(data), "id", None, str(tmp_path))
+    party = PartySpec("host", "passive", str(data), "id", None, str(tmp_path),
+                      policy=TEST_POLICY)
     return Worker(party, hub.endpoint("host"), handlers_for("passive"), SEALERS["host"]), hub
 
 

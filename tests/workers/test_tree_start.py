@@ -18,7 +18,7 @@ from messages.envelope import Envelope, MsgType
 from messages.instance_space import encode_mask
 from messages.signing import Sealer, federation_sealers
 from messages.transport import MemoryHub
-from tests.scenarios import DATA
+from tests.scenarios import DATA, TEST_POLICY
 from workers import shards
 from workers.passive import PassiveTraining
 from workers.roles import arrivals_for, handlers_for
@@ -27,12 +27,12 @@ from workers.runtime import PartySpec, Worker
 SEALERS = federation_sealers(["guest", "host"])
 ROWS = 40
 SPEC = JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")], 2, 3, 0.3, 32,
-               "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 512, 0.0, 0, "y")
+               "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0, "y")
 
 
 @pytest.fixture(scope="module")
 def keypair() -> tuple[PaillierPublicKey, PaillierPrivateKey]:
-    return generate_keypair(512)
+    return generate_keypair(1024)
 
 
 def _host(tmp_path: Path, public: PaillierPublicKey,
@@ -40,7 +40,7 @@ def _host(tmp_path: Path, public: PaillierPublicKey,
     """A host coordinator with an open job whose features are binned, and a helper."""
     hub = MemoryHub(["host", "guest", "flow"], helpers={"host": helpers})
     party = PartySpec("host", "passive", str(DATA / "breast_hetero_host.csv"), "id", None,
-                      str(tmp_path), processes=2)
+                      str(tmp_path), processes=2, policy=TEST_POLICY)
     coordinator = Worker(party, hub.endpoint("host"), handlers_for("passive"), SEALERS["host"],
                          arrivals=arrivals_for("passive"))
     own = SEALERS["host"]  # each process has its own copy of the key (and of what it has seen)

@@ -1,0 +1,123 @@
+"""A party's own policy: a job asking for a smaller key (or another protocol) is refused with one
+line naming the party, what was asked and what is allowed, and the worker goes on serving."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from crypto.paillier import generate_keypair
+from fedboost.worker import policy_of
+from flows.config import PolicyConfig
+from messages.bodies import (AlignedRows, ErrorReply, JobSpec, OpenJob, PartyInfo, PublicKeyMsg,
+                             Step)
+from messages.envelope import Envelope, MsgType
+from messages.instance_space import encode_mask
+from messages.signing import federation_sealers
+from messages.transport import MemoryHub
+from tests.scenarios import DATA, TEST_POLICY
+from workers.embedded import start_workers, stop_workers
+from workers.policy import MIN_KEY_BITS, PartyPolicy
+from workers.roles import arrivals_for, handlers_for
+from workers.runtime import PartySpec, Worker
+
+SEALERS = federation_sealers(["guest", "host"])
+SPEC = JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")], 1, 2, 0.3, 32,
+               "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0, "y")
+
+
+def _command(to: str, kind: MsgType, body: object, task: str) -> bytes:
+    return SEALERS["flow"].seal(Envelope("job", f"s/{task}", "flow", to, kind, body))
+
+
+def _reply(hub: MemoryHub) -> Envelope:
+    data = hub.endpoint("flow").receive(timeout=60)
+    assert data is not None, "the worker did not answer"
+    return SEALERS["flow"].open(data)
+
+
+def test_the_active_worker_refuses_a_key_below_its_policy_and_goes_on_serving(
+        tmp_path: Path) -> None:
+    """A real worker process with a 1024-bit minimum gets a job asking 512 bits, then 1024."""
+    hub = MemoryHub(["guest", "host", "flow"])
+    guest = PartySpec("guest", "active", str(DATA / "breast_hetero_guest.csv"), "id", "y",
+                      str(tmp_path / "guest"), policy=TEST_POLICY)
+    procs, _ = start_workers(hub, [guest], SEALERS)
+    flow = hub.endpoint("flow")
+    try:
+        flow.send("guest", _command("guest", MsgType.OPEN_JOB,
+                                    OpenJob(replace(SPEC, key_bits=512)), "open-512"))
+        refused = _reply(hub)
+        assert isinstance(refused.body, ErrorReply)
+        assert refused.body.message == ("party guest refuses a 512-bit Paillier key (the job asks "
+                                        "for): its policy requires at least 1024 bits")
+        assert "\n" not in refused.body.message
+        flow.send("guest", _command("guest", MsgType.OPEN_JOB, OpenJob(SPEC), "open-1024"))
+        opened = _reply(hub)
+        assert opened.kind == MsgType.OPENED and opened.body.rows == 569
+        flow.send("guest", _command("guest", MsgType.CLOSE_JOB, Step(), "close"))
+        assert _reply(hub).kind == MsgType.ACK
+        procs[0].join(30)
+        assert procs[0].exitcode == 0  # served the job to its end
+    finally:
+        stop_workers(procs)
+
+
+def test_the_default_policy_needs_2048_bits_and_refuses_other_protocols(tmp_path: Path) -> None:
+    assert PartyPolicy().min_key_bits == MIN_KEY_BITS == 2048
+    assert policy_of(PolicyConfig()) == PartyPolicy()  # a worker file without 'policy:'
+    hub = MemoryHub(["guest", "host", "flow"])
+    guest = PartySpec("guest", "active", str(DATA / "breast_hetero_guest.csv"), "id", "y",
+                      str(tmp_path))  # the default policy
+    worker = Worker(guest, hub.endpoint("guest"), handlers_for("active"), SEALERS["guest"])
+    worker.handle_bytes(_command("guest", MsgType.OPEN_JOB, OpenJob(SPEC), "open"))
+    assert _reply(hub).body.message == ("party guest refuses a 1024-bit Paillier key (the job "
+                                        "asks for): its policy requires at least 2048 bits")
+    worker.party = replace(guest, policy=PartyPolicy(min_key_bits=1024, protocols=("simfl",)))
+    worker.handle_bytes(_command("guest", MsgType.OPEN_JOB, OpenJob(SPEC), "open-again"))
+    assert _reply(hub).body.message == ("party guest refuses protocol 'vertical_secureboost': its "
+                                        "policy allows simfl")
+    assert worker.jobs["job"].state is None  # nothing was loaded or generated
+    worker.party = replace(guest, policy=PartyPolicy(min_key_bits=1024, obfuscator="full"))
+    worker.handle_bytes(_command("guest", MsgType.OPEN_JOB, OpenJob(SPEC), "open-full"))
+    assert _reply(hub).kind == MsgType.OPENED
+    assert worker.jobs["job"].state.role_state.private.obfuscator == "full"  # the policy's
+
+
+def test_a_passive_party_refuses_a_public_key_below_its_policy_whatever_the_spec_claims(
+        tmp_path: Path) -> None:
+    hub = MemoryHub(["guest", "host", "flow"])
+    host = PartySpec("host", "passive", str(DATA / "breast_hetero_host.csv"), "id", None,
+                     str(tmp_path), policy=TEST_POLICY)
+    worker = Worker(host, hub.endpoint("host"), handlers_for("passive"), SEALERS["host"],
+                    arrivals=arrivals_for("passive"))
+    worker.handle_bytes(_command("host", MsgType.OPEN_JOB, OpenJob(SPEC), "open"))
+    assert _reply(hub).kind == MsgType.OPENED  # the spec claims 1024 bits: allowed
+    public, _ = generate_keypair(512)  # the active party sends a smaller key anyway
+    for kind, body in ((MsgType.PUBLIC_KEY, PublicKeyMsg(public.n_bytes, 1024)),
+                       (MsgType.ALIGNED_ROWS, AlignedRows(
+                           np.arange(569, dtype="<i4").tobytes(),
+                           encode_mask(np.zeros(569, dtype=bool))))):
+        worker.handle_bytes(SEALERS["guest"].seal(Envelope("job", "s/psi", "guest", "host",
+                                                           kind, body)))
+    worker.handle_bytes(_command("host", MsgType.BIN_FEATURES, Step(), "bin"))
+    refused = _reply(hub)
+    assert isinstance(refused.body, ErrorReply)
+    assert refused.body.message == ("party host refuses a 512-bit Paillier key (the public key "
+                                    "guest sent): its policy requires at least 1024 bits")
+    assert worker.jobs["job"].state.role_state.public is None
+    worker.handle_bytes(_command("host", MsgType.CLOSE_JOB, Step(), "close"))
+    assert _reply(hub).kind == MsgType.ACK  # still serving
+
+
+def test_job_files_cannot_ask_for_less_than_1024_bits() -> None:
+    import pytest
+
+    from flows.config import ConfigError
+    from tests.scenarios import config_with
+
+    with pytest.raises(ConfigError, match="key 'crypto.key_bits': Input should be greater than "
+                                          "or equal to 1024"):
+        config_with("breast.yaml", crypto={"key_bits": 512})

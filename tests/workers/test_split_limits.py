@@ -1,0 +1,109 @@
+"""A passive party computes at most one split per open node of the current level.
+
+The attack: whoever holds the active party's signing key sends one SplitChoices listing every
+(feature, bin) of node 0; a party that applied them all would return the left instance space of
+each, which rebuilds its whole binned matrix, and plant a lookup record for each.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from boosting.binning import fit_cuts
+from crypto.paillier import PaillierPrivateKey, PaillierPublicKey, generate_keypair
+from messages.bodies import (ErrorReply, NodePositions, NodeSplit, SplitChoice, SplitChoices,
+                             Step)
+from messages.envelope import Envelope, MsgType
+from messages.instance_space import encode_mask
+from messages.transport import MemoryHub
+from tests.workers.test_tree_start import ROWS, SEALERS, _gradients, _host
+from workers.passive import PassiveTraining
+from workers.runtime import Worker
+
+
+@pytest.fixture(scope="module")
+def keypair() -> tuple[PaillierPublicKey, PaillierPrivateKey]:
+    return generate_keypair(1024)
+
+
+def _attacker(kind: MsgType, body: object) -> bytes:
+    """Sealed with the active party's key: the attacker holds it."""
+    return SEALERS["guest"].seal(Envelope("job", "s/find_splits", "guest", "host", kind, body))
+
+
+def _apply(worker: Worker, hub: MemoryHub, choices: list[SplitChoice], task: str,
+           depth: int = 0) -> Envelope:
+    worker.handle_bytes(_attacker(MsgType.SPLIT_CHOICES, SplitChoices(0, depth, choices)))
+    worker.handle_bytes(SEALERS["flow"].seal(Envelope(
+        "job", f"s/{task}", "flow", "host", MsgType.APPLY_SPLITS, Step(0, depth))))
+    data = hub.endpoint("flow").receive(timeout=5)
+    assert data is not None
+    return SEALERS["flow"].open(data)
+
+
+def _masks_sent(hub: MemoryHub) -> list[Envelope]:
+    out = []
+    while (data := hub.endpoint("guest").receive(timeout=0.2)) is not None:
+        out.append(SEALERS["guest"].open(data))
+    return [e for e in out if e.kind == MsgType.APPLIED_SPLITS]
+
+
+def _started(tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey]
+             ) -> tuple[Worker, MemoryHub, PassiveTraining]:
+    public, private = keypair
+    worker, _, hub = _host(tmp_path, public)
+    start, chunks = _gradients(public, private)
+    for message in (start, *chunks):
+        worker.handle_bytes(message)
+    state = worker.jobs["job"].state
+    state.cuts = fit_cuts(np.random.default_rng(1).normal(size=(ROWS, 3)), 32)  # for thresholds
+    run: PassiveTraining = state.role_state
+    assert run.tree == 0 and run.depth == 0
+    return worker, hub, run
+
+
+def test_every_feature_and_bin_of_node_0_is_refused_and_the_worker_goes_on(
+        tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey],
+        caplog: pytest.LogCaptureFixture) -> None:
+    worker, hub, run = _started(tmp_path, keypair)
+    everything = [SplitChoice(node=0, feature=f, bin=b, missing_left=False)
+                  for f in range(3) for b in range(32)]
+    refused = _apply(worker, hub, everything, "apply-all")
+    assert isinstance(refused.body, ErrorReply)
+    assert "refused 96 splits for nodes [0]: at most one split per node" in refused.body.message
+    assert "APPLY_SPLITS failed: host: t0 d0: refused 96 splits" in caplog.text  # logged
+    assert not _masks_sent(hub) and not run.records  # no instance space, no lookup record
+
+    for bad, why in (([SplitChoice(7, 0, 3, False)], "nodes [7]: not open"),
+                     ([SplitChoice(-1, 0, 3, False)], "nodes [-1]: not open"),
+                     ([SplitChoice(0, 5, 3, False)], "feature 5 bin 3 is out of range")):
+        reply = _apply(worker, hub, bad, f"apply-{why}")
+        assert isinstance(reply.body, ErrorReply) and why in reply.body.message
+        assert not _masks_sent(hub) and not run.records
+
+    honest = _apply(worker, hub, [SplitChoice(0, 1, 16, True)], "apply-one")
+    assert honest.kind == MsgType.ACK and honest.body.count == 1  # still serving
+    [sent] = _masks_sent(hub)
+    assert [s.node for s in sent.body.splits] == [0] and len(run.records) == 1
+    again = _apply(worker, hub, [SplitChoice(0, 2, 8, False)], "apply-again")
+    assert isinstance(again.body, ErrorReply) and "nodes [0]: not open" in again.body.message
+    assert not _masks_sent(hub) and len(run.records) == 1
+
+
+def test_positions_must_split_each_open_node_once_into_new_children(
+        tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
+    worker, hub, run = _started(tmp_path, keypair)
+    left = encode_mask(np.arange(ROWS) < ROWS // 2)
+    for task, splits in (("twice", [NodeSplit(0, 1, 2, left), NodeSplit(0, 3, 4, left)]),
+                         ("reused", [NodeSplit(0, 0, 2, left)])):
+        worker.handle_bytes(_attacker(MsgType.NODE_POSITIONS, NodePositions(0, 0, splits)))
+        worker.handle_bytes(SEALERS["flow"].seal(Envelope(
+            "job", f"s/{task}", "flow", "host", MsgType.BUILD_HISTOGRAMS, Step(0, 1))))
+        data = hub.endpoint("flow").receive(timeout=5)
+        assert data is not None
+        reply = SEALERS["flow"].open(data)
+        assert isinstance(reply.body, ErrorReply) and "positions" in reply.body.message
+    assert run.depth == 0 and run.level_nodes == {0}
