@@ -41,7 +41,8 @@ def _check_lossless(config: JobConfig, out: Path, *, predict: bool = True,
         if config.params.objective == "multiclass":
             fed = fed[:, 1:]  # the first column is the predicted label
         np.testing.assert_allclose(fed, cen, rtol=0, atol=1e-6)
-        assert stat.S_IMODE(scores.stat().st_mode) == 0o600
+        for mode in scores:
+            assert stat.S_IMODE((out / config.active / f"{mode}.csv").stat().st_mode) == 0o600
     parts = [f"{config.active}/model.json", *(f"{p}/lookup.json" for p in config.passives)]
     for part in [*parts, *(f"{p}/party.json" for p in config.parties)]:
         assert stat.S_IMODE((out / part).stat().st_mode) == 0o600, part
