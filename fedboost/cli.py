@@ -12,10 +12,15 @@ import logging
 import re
 import sys
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedboost import _prefect_env
+
+if TYPE_CHECKING:  # flows are imported late: Prefect's settings come first
+    from flows.config import JobConfig
 
 EXIT_USER_ERROR = 1
 
@@ -56,9 +61,15 @@ def _parser() -> argparse.ArgumentParser:
     predict = sub.add_parser("predict", help="score rows federatedly with a trained model")
     predict.add_argument("model_dir", type=Path, help="folder written by 'fedboost train'")
     predict.add_argument("--data", action="append", default=[], metavar="PARTY=CSV",
-                         help="a party's rows to score (default: its training file)")
-    predict.add_argument("--out", type=Path, help="scores file (default MODEL_DIR/scores.csv)")
+                         help="a party's rows to score (default: its training file; embedded "
+                              "only: a worker over RabbitMQ scores its own file)")
+    predict.add_argument("--out", type=Path, help="scores file (default MODEL_DIR/scores.csv; "
+                         "embedded only: over RabbitMQ the active party's worker keeps them)")
     predict.add_argument("--batch-size", type=int, default=4096)
+    predict.add_argument("--mode", choices=["path", "batched"], default="path",
+                         help="path (default): each passive party reveals only the decisions on "
+                              "each row's path, one round per tree level; batched: all its "
+                              "decisions for every row, two rounds per batch")
     predict.set_defaults(run=_predict)
     central = sub.add_parser("centralized", help="train the same model on the joined data")
     central.add_argument("config", type=Path, help="job file (YAML)")
@@ -205,13 +216,41 @@ def _predict(args: argparse.Namespace) -> int:
             raise ConfigError(f"--data {item!r}: expected PARTY=CSV with PARTY one of "
                               f"{', '.join(config.parties)}")
         data[party] = Path(path)
-    out = (args.out or args.model_dir / "scores.csv").resolve()
-    job = f"{config.job[:45]}-predict-{int(time.time())}"  # still a job name: 64 chars at most
-    specs = party_specs(config, args.model_dir, data)
+    job = f"{config.job[:47]}-predict-{uuid.uuid4().hex[:8]}"  # the job-name rule: <= 64
+    scores_file = f"scores-{job}.csv"  # a plain name: the active worker writes in its model folder
+
+    def run() -> dict[str, Any]:
+        return federated_predict(job, config.active, config.passives, scores_file, config.job,
+                                 args.batch_size, args.mode)
+
     _quiet_task_logs()
-    result = run_embedded(job, specs, lambda: federated_predict(
-        job, config.active, config.passives, str(out), args.batch_size))
-    print(f"scored {result['n_scored']} rows in {result['seconds']:.1f} s: {out}")
+    if config.transport.kind == "rabbitmq":
+        return _predict_on_workers(args, config, job, scores_file, run)
+    out = (args.out or args.model_dir / "scores.csv").resolve()
+    result = run_embedded(job, party_specs(config, args.model_dir, data), run)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    (args.model_dir / config.active / scores_file).replace(out)  # the CLI, not the worker, picks
+    print(f"scored {result['n_scored']} rows in {result['seconds']:.1f} s "
+          f"({args.mode} mode): {out}")
+    return 0
+
+
+def _predict_on_workers(args: argparse.Namespace, config: JobConfig, job: str, scores_file: str,
+                        run: Callable[[], dict[str, Any]]) -> int:
+    """Score against the parties' running workers: each loads its part of the trained job from
+    its own model folder and scores its own data file; the scores stay with the active party."""
+    from flows._tasks import connected
+    from flows.config import ConfigError
+
+    for flag, given in (("--data", args.data), ("--out", args.out)):
+        if given:
+            raise ConfigError(f"{flag}: over RabbitMQ each worker scores its own data file and "
+                              f"the active party keeps the scores in its model folder")
+    with connected(config.model_copy(update={"job": job})):
+        result = run()
+    print(f"scored {result['n_scored']} rows in {result['seconds']:.1f} s ({args.mode} mode): "
+          f"party {config.active} wrote {config.job}/{config.active}/{scores_file} in its "
+          f"models folder")
     return 0
 
 

@@ -40,7 +40,7 @@ def party_spec(config: WorkerConfig) -> PartySpec:
 def policy_of(config: PolicyConfig) -> PartyPolicy:
     """A party's policy as its worker holds it."""
     return PartyPolicy(min_key_bits=config.min_key_bits, protocols=tuple(config.protocols),
-                       obfuscator=config.obfuscator)
+                       obfuscator=config.obfuscator, predict_modes=tuple(config.predict_modes))
 
 
 def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = None) -> None:

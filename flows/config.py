@@ -37,6 +37,8 @@ class PolicyConfig(_Strict):
     """Protocols the party takes part in."""
     obfuscator: Literal["short", "full"] = "short"
     """Key holder's Paillier obfuscators: short exponent (fast) or full-length r^n."""
+    predict_modes: list[Literal["path", "batched"]] = ["path"]
+    """Prediction modes a passive party answers (batched reveals all its decisions)."""
 
 
 class PartyConfig(_Strict):

@@ -18,6 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows._tasks import PartyError, align_entities, close_job, connected, link, step_id
 from flows.config import JobConfig
+from flows.predict import traverse_level_once
 from messages.bodies import (VALIDATION_BATCH, Ack, Aligned, Checkpoint, JobSpec, OpenJob,
                              PartyInfo, Resumed, ResumeJob, SplitsFound, Step, TreeFinished)
 from messages.envelope import MsgType
@@ -119,13 +120,13 @@ def finish_tree(job: str, active: str, passives: list[str], tree: int) -> dict[s
 
 @task(name="evaluate_validation", task_run_name="evaluate-validation", cache_policy=NO_CACHE)
 def evaluate_validation(job: str, active: str, passives: list[str], n_valid: int) -> dict[str, float]:
-    """Score the hold-out rows federatedly (two rounds per batch) and compute metrics."""
+    """Score the hold-out rows federatedly in path mode (one round per tree level, only the
+    decisions on each row's path) and compute metrics."""
     coord = link(job)
     for batch in range(-(-n_valid // VALIDATION_BATCH)):
-        coord.call(passives, MsgType.EVALUATE_NODES, Step(batch),
-                   step_id(MsgType.EVALUATE_NODES, batch))
-        coord.call([active], MsgType.FINISH_TRAVERSAL, Step(batch),
-                   step_id(MsgType.FINISH_TRAVERSAL, batch))
+        depth = 0
+        while traverse_level_once(coord, active, passives, batch, depth) > 0:
+            depth += 1
     done: TreeFinished = coord.call([active], MsgType.EVALUATE_VALIDATION, Step(),
                                     step_id(MsgType.EVALUATE_VALIDATION))[active]
     return {m.name: m.value for m in done.metrics}

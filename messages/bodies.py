@@ -58,12 +58,15 @@ class OpenJob:
 class OpenPrediction:
     """Command: load the party's saved model part and its rows to score.
 
-    ``scores_path`` is where the active party writes the scores (ignored by passive parties).
+    No paths: ``model_job`` names the trained job whose part each worker loads from its own
+    model folder; the rows are the party's own data file; ``scores_file`` is a plain file name
+    the active party writes in that model folder (ignored by passive parties).
     """
 
     parties: list[PartyInfo]
     batch_size: int
-    scores_path: str
+    scores_file: str
+    model_job: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,4 +366,28 @@ class Decisions:
     batch: int
     records: list[int]
     n_rows: int
+    bits: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRequest:
+    """Path mode: the active party asks the owner for decisions at the nodes on rows' paths.
+
+    Pair k is (batch row ``rows[k]``, lookup record ``records[k]``), both little-endian uint32:
+    the nodes this party owns that rows of the batch have reached at level ``depth``.
+    """
+
+    batch: int
+    depth: int
+    rows: bytes
+    records: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PathDecisions:
+    """Path mode: the owner's answer to a ``DecisionRequest``, bit k for pair k (1 = left)."""
+
+    batch: int
+    depth: int
+    n_pairs: int
     bits: bytes

@@ -64,6 +64,11 @@ class MsgType(IntEnum):
     SHARD_HISTOGRAM = 221
     TREE_CIPHERTEXTS = 222
 
+    TRAVERSE_LEVEL = 33
+    """Path-mode prediction, one round per tree level (command to every party)."""
+    DECISION_REQUEST = 211
+    PATH_DECISIONS = 212
+
 
 BODY_TYPES: dict[MsgType, type] = {
     MsgType.OPEN_JOB: b.OpenJob,
@@ -89,13 +94,15 @@ BODY_TYPES: dict[MsgType, type] = {
     MsgType.HISTOGRAM_SHARD: b.HistogramShard,
     MsgType.SHARD_HISTOGRAM: b.ShardHistogram,
     MsgType.TREE_CIPHERTEXTS: b.TreeCiphertexts,
+    MsgType.DECISION_REQUEST: b.DecisionRequest,
+    MsgType.PATH_DECISIONS: b.PathDecisions,
 }
 STEP_COMMANDS = frozenset(
     {MsgType.PSI_BLIND, MsgType.PSI_REBLIND, MsgType.PSI_INTERSECT, MsgType.BIN_FEATURES,
      MsgType.ENCRYPT_GRADIENTS, MsgType.BUILD_HISTOGRAMS, MsgType.FIND_BEST_SPLITS,
      MsgType.APPLY_SPLITS, MsgType.BROADCAST_NODES, MsgType.FINISH_TREE, MsgType.SAVE_MODEL,
      MsgType.EVALUATE_VALIDATION, MsgType.EVALUATE_NODES, MsgType.FINISH_TRAVERSAL, MsgType.WRITE_SCORES,
-     MsgType.CLOSE_JOB}
+     MsgType.CLOSE_JOB, MsgType.TRAVERSE_LEVEL}
 )
 for _kind in STEP_COMMANDS:
     BODY_TYPES[_kind] = b.Step

@@ -31,6 +31,9 @@ class PartyPolicy:
     obfuscator: Obfuscator = "short"
     """How the key holder draws Paillier obfuscators: ``short`` (a short exponent on a fixed
     base, fast) or ``full`` (a full-length random r^n)."""
+    predict_modes: tuple[str, ...] = ("path",)
+    """Prediction modes a passive party answers: ``path`` reveals only the decisions on each
+    row's path; ``batched`` reveals all its decisions for every row to the active party."""
 
 
 class PolicyError(ProtocolError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from messages.envelope import MsgType
-from workers import active, alignment, passive, scoring
+from workers import active, alignment, passive, paths, scoring
 from workers.runtime import Arrival, Handler
 
 
@@ -24,6 +24,7 @@ ACTIVE_HANDLERS: dict[MsgType, Handler] = {
     MsgType.WRITE_SCORES: scoring.write_scores,
     MsgType.CLOSE_JOB: active.close_job,
     MsgType.RESUME_JOB: active.resume_job,
+    MsgType.TRAVERSE_LEVEL: paths.traverse_level,
 }
 
 PASSIVE_HANDLERS: dict[MsgType, Handler] = {
@@ -41,6 +42,7 @@ PASSIVE_HANDLERS: dict[MsgType, Handler] = {
     MsgType.RESUME_JOB: passive.resume_job,
     MsgType.HISTOGRAM_SHARD: passive.histogram_shard,
     MsgType.TREE_CIPHERTEXTS: passive.tree_ciphertexts,
+    MsgType.TRAVERSE_LEVEL: paths.answer_level,
 }
 
 PASSIVE_ARRIVALS: dict[MsgType, Arrival] = {

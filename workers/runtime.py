@@ -145,7 +145,7 @@ retried."""
 def _mail_key(env: Envelope) -> MailKey:
     tree = getattr(env.body, "tree", -1)
     depth = getattr(env.body, "depth", -1)
-    if env.kind == MsgType.DECISIONS:
+    if env.kind in (MsgType.DECISIONS, MsgType.DECISION_REQUEST, MsgType.PATH_DECISIONS):
         tree = env.body.batch
     if env.kind == MsgType.PSI_POINTS:
         depth = env.body.stage

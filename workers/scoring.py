@@ -1,15 +1,21 @@
-"""Federated prediction in two rounds per batch (seed 002, Alg. 5).
+"""Federated prediction: opening a prediction job, batched mode, and the scores file.
 
-Round 1: every passive party evaluates *all* its lookup records on the batch at once and sends
-the decisions bit-packed. Round 2: the active party walks every tree, taking its own decisions
-from its thresholds and the others' from the bits. Used for the validation rows of a training
-job and for ``fedboost predict``.
+Batched mode, two rounds per batch (seed 002, Alg. 5). Round 1: every passive party evaluates
+*all* its lookup records on the batch at once and sends the decisions bit-packed, so the active
+party learns every decision of every row. Round 2: the active party walks every tree, taking
+its own decisions from its thresholds and the others' from the bits. Path mode, which reveals
+only the decisions on each row's path, is in ``workers.paths``.
+
+A prediction job names the trained job whose model part each worker loads from its own model
+folder, and scores the party's own data file; the scores file is written only inside the
+active party's model folder.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,13 +28,20 @@ from boosting.metrics import evaluate
 from boosting.tree import Model, TreeNode, load_model, open_private
 from messages.bodies import Ack, Decisions, Metric, OpenPrediction, Step, TreeFinished
 from messages.envelope import MsgType
+from messages.names import JOB_NAME_RULE, is_job_name
 from workers import DataError, ProtocolError, StageError
 from workers.active import ActiveTraining
 from workers.alignment import receive_alignment
 from workers.data import PartyData, load_party_csv
 from workers.passive import LookupRecord, PassiveTraining, lookup_from_dict
+from workers.policy import PolicyError
 from workers.runtime import StepContext
 from workers.state import JobState
+
+
+SCORES_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+"""A scores file is a plain name in the active party's model folder: no separators, no ``..``
+as a component, nothing absolute."""
 
 
 @dataclass(slots=True)
@@ -36,8 +49,25 @@ class ActiveScoring:
     """A saved model being used to score new rows."""
 
     model: Model
-    scores_path: str
+    scores_path: Path
+    """Inside the party's model folder of the trained job."""
     score_margin: np.ndarray | None = None
+
+
+def model_folder(ctx: StepContext, model_job: str) -> Path:
+    """This party's model folder of a trained job (``{job}`` in its configured path)."""
+    if not is_job_name(model_job):
+        raise ProtocolError(f"model job {model_job[:80]!r} is not a job name ({JOB_NAME_RULE})")
+    return Path(ctx.party.model_dir.replace("{job}", model_job))
+
+
+def scores_path(folder: Path, name: str) -> Path:
+    """Where the scores go: ``name`` inside the model folder, or a ``ProtocolError``."""
+    if not SCORES_FILE.fullmatch(name) or ".." in name:
+        raise ProtocolError(f"scores file {name[:80]!r} must be a plain file name (letters, "
+                            f"digits, '_', '.', '-'; no '/', no '..'): it is written only in "
+                            f"the active party's model folder")
+    return folder / name
 
 
 @dataclass(slots=True)
@@ -53,14 +83,15 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
     passives = [p.name for p in body.parties if p.role == "passive"]
     if len(actives) != 1 or body.batch_size < 1:
         raise ProtocolError("a prediction job needs one active party and a positive batch size")
-    directory = Path(ctx.party.model_dir)
+    directory = model_folder(ctx, body.model_job)
     is_active = ctx.party.name == actives[0]
+    scores = scores_path(directory, body.scores_file) if is_active else directory
     data = load_party_csv(ctx.party.name, ctx.party.data, ctx.party.id_column, ctx.party.label,
                           require_label=False)
     if is_active:
         model = load_model(directory / "model.json")
         expected = model.features.get(ctx.party.name, ())
-        role_state: Any = ActiveScoring(model=model, scores_path=body.scores_path)
+        role_state: Any = ActiveScoring(model=model, scores_path=scores)
     else:
         path = directory / "lookup.json"
         try:
@@ -81,13 +112,15 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
     return MsgType.ACK, Ack(count=len(data.ids))
 
 
-def _score_x(state: JobState) -> np.ndarray:
+def score_x(state: JobState) -> np.ndarray:
+    """Raw features of the rows this job scores (validation rows, or every aligned row)."""
     if state.score_x is None:  # prediction jobs score every aligned row
         state.score_x = state.data.x[state.require_aligned()[0]]
     return state.score_x
 
 
-def _records(state: JobState) -> dict[int, LookupRecord]:
+def lookup_records(state: JobState) -> dict[int, LookupRecord]:
+    """The passive party's lookup table (training or saved)."""
     run = state.role_state
     if isinstance(run, (PassiveTraining, PassiveScoring)):
         return run.records
@@ -96,12 +129,15 @@ def _records(state: JobState) -> dict[int, LookupRecord]:
 
 def evaluate_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     """Round 1 (passive): decisions of all own records for one batch, bit-packed."""
+    if "batched" not in ctx.party.policy.predict_modes:
+        raise PolicyError(f"party {ctx.party.name}: its policy answers path-mode prediction "
+                          f"only (policy.predict_modes), not batched")
     state: JobState = ctx.state
     if state.kind == "predict" and state.aligned is None:
         ctx.mailbox.require((MsgType.ALIGNED_ROWS, state.active, -1, -1))
         receive_alignment(ctx)
-    x = _score_x(state)[state.batch_rows(body.tree)]
-    records = _records(state)
+    x = score_x(state)[state.batch_rows(body.tree)]
+    records = lookup_records(state)
     ids = sorted(records)
     bits = np.zeros((len(ids), x.shape[0]), dtype=bool)
     for k, rid in enumerate(ids):
@@ -112,7 +148,8 @@ def evaluate_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=int(x.shape[0]))
 
 
-def _model(state: JobState) -> Model:
+def model_of(state: JobState) -> Model:
+    """The active party's model (being trained, or saved)."""
     run = state.role_state
     if isinstance(run, ActiveScoring):
         return run.model
@@ -124,9 +161,9 @@ def _model(state: JobState) -> Model:
 def finish_traversal(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     """Round 2 (active): walk the trees for one batch with own and received decisions."""
     state: JobState = ctx.state
-    model = _model(state)
+    model = model_of(state)
     ctx.mailbox.require(*[(MsgType.DECISIONS, p, body.tree, -1) for p in state.passives])
-    all_x = _score_x(state)
+    all_x = score_x(state)
     batch = state.batch_rows(body.tree)
     x = all_x[batch]
     n = x.shape[0]
@@ -147,12 +184,16 @@ def finish_traversal(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
             raise ProtocolError(f"{node.owner} sent no decision for record {node.record_id}")
         return bits[index[node.record_id], rows]
 
-    margin = model.raw_predict(decide, n)
+    store_margin(state, batch, model.raw_predict(decide, n))
+    return MsgType.ACK, Ack(count=n)
+
+
+def store_margin(state: JobState, batch: slice, margin: np.ndarray) -> None:
+    """Keep the margins of one scored batch (either mode)."""
     run: ActiveTraining | ActiveScoring = state.role_state
     if run.score_margin is None:
-        run.score_margin = np.zeros((all_x.shape[0], margin.shape[1]))
+        run.score_margin = np.zeros((score_x(state).shape[0], margin.shape[1]))
     run.score_margin[batch] = margin
-    return MsgType.ACK, Ack(count=n)
 
 
 def _scored_margin(run: ActiveTraining | ActiveScoring) -> np.ndarray:
@@ -187,8 +228,7 @@ def write_scores(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     else:
         header = ["id", "label"] + [f"score_{k}" for k in range(pred.shape[1])]
         values = np.column_stack([np.argmax(pred, axis=1), pred])
-    path = Path(run.scores_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = run.scores_path  # checked at open_prediction: inside the model folder
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open_private(tmp) as handle:
         writer = csv.writer(handle)

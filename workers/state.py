@@ -41,6 +41,8 @@ class JobState:
     score_x: FloatArray | None = None
     """Raw features of the rows scored federatedly (validation rows, or rows to predict)."""
     role_state: Any = None
+    paths: Any = None
+    """The active party's path-mode walk of the batch being scored (``workers.paths``)."""
     digest: str = ""
     """The job spec and this party's data, as checkpoints record them (training jobs)."""
 

@@ -19,23 +19,30 @@ from tests.scenarios import (assert_same_trees, centralized_predictions, central
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
-def _check_lossless(config: JobConfig, out: Path, *, predict: bool = True) -> dict:
+def _check_lossless(config: JobConfig, out: Path, *, predict: bool = True,
+                    batch_size: int = 200) -> dict:
     result = train_embedded(config, out)
     model, joined = train_centralized(config)
     assert_same_trees(federated_view(out, config), centralized_view(model))
-    if predict:  # federated 2-round prediction on every aligned row equals the centralized one
-        scores = out / "scores.csv"
-        job = f"{config.job}-predict"
-        run_embedded(job, party_specs(config, out),
-                     lambda: federated_predict(job, config.active, config.passives, str(scores),
-                                               batch_size=200))
-        ids, fed = read_scores(scores)
+    if predict:  # federated prediction of every aligned row equals the centralized one,
+        # with the same bytes in both modes (path: one round per level; batched: two per batch)
+        scores = {}
+        for mode in ("path", "batched"):
+            job = f"{config.job}-predict-{mode}"
+            scored = run_embedded(job, party_specs(config, out), lambda: federated_predict(
+                job, config.active, config.passives, f"{mode}.csv", config.job,
+                batch_size=batch_size, mode=mode))
+            assert scored["mode"] == mode
+            scores[mode] = (out / config.active / f"{mode}.csv").read_bytes()
+        assert scores["path"] == scores["batched"]
+        ids, fed = read_scores(out / config.active / "path.csv")
         assert ids == joined.ids
         cen = centralized_predictions(model, joined)
         if config.params.objective == "multiclass":
             fed = fed[:, 1:]  # the first column is the predicted label
         np.testing.assert_allclose(fed, cen, rtol=0, atol=1e-6)
-        assert stat.S_IMODE(scores.stat().st_mode) == 0o600
+        for mode in scores:
+            assert stat.S_IMODE((out / config.active / f"{mode}.csv").stat().st_mode) == 0o600
     parts = [f"{config.active}/model.json", *(f"{p}/lookup.json" for p in config.passives)]
     for part in [*parts, *(f"{p}/party.json" for p in config.parties)]:
         assert stat.S_IMODE((out / part).stat().st_mode) == 0o600, part
@@ -68,7 +75,7 @@ def test_three_parties_complete_secure_subsample(tmp_path: Path) -> None:
     config = config_with("default_credit_three_party.yaml", crypto={"key_bits": 1024},
                          params={"n_trees": 3, "complete_secure": True, "subsample": 0.8,
                                  "min_samples_leaf": 20, "gamma": 0.1})
-    _check_lossless(config, tmp_path, predict=False)
+    _check_lossless(config, tmp_path, batch_size=4096)  # path mode with two passive parties
     model_nodes = federated_view(tmp_path, config)
     first_owners = {n[3] for n in model_nodes[0] if n[1] != "leaf"}
     assert first_owners == {"guest"}, "Completely SecureBoost's first tree uses guest features only"

@@ -55,10 +55,11 @@ def test_psi_string_ids_shuffled_partial_overlap(tmp_path: Path) -> None:
 
 
 # Everything the active party may send a passive party: blinded ids, the row alignment, the
-# public key, ciphertexts, the splits it owns and instance spaces.
+# public key, ciphertexts, the splits it owns, instance spaces, and the (row, record) pairs on
+# the hold-out rows' paths (path-mode validation).
 ACTIVE_TO_PASSIVE = {MsgType.PSI_POINTS, MsgType.ALIGNED_ROWS, MsgType.PUBLIC_KEY,
                      MsgType.TREE_START, MsgType.ENCRYPTED_GRADIENTS, MsgType.SPLIT_CHOICES,
-                     MsgType.NODE_POSITIONS}
+                     MsgType.NODE_POSITIONS, MsgType.DECISION_REQUEST}
 
 
 def _leaves(value: Any) -> list[Any]:
@@ -105,6 +106,7 @@ def test_privacy_of_every_message(tmp_path: Path) -> None:
             assert all(n < c < n * n for c in cts), "gradients must travel as ciphertexts"
     assert {MsgType.ENCRYPTED_GRADIENTS, MsgType.NODE_POSITIONS} <= kinds_to_host
     assert MsgType.TREE_FINISHED not in kinds_to_host
+    assert MsgType.DECISION_REQUEST in kinds_to_host  # validation scored in path mode
     # the passive party's saved part holds lookup records only
     host_files = {p.name for p in (tmp_path / "host").iterdir()}
     assert host_files == {"lookup.json", "party.json"}

@@ -19,7 +19,8 @@ from messages.instance_space import BITMAP, GAPS, InstanceSpace, decode_mask, en
 SAMPLES = {
     MsgType.OPEN_JOB: b.OpenJob(b.JobSpec([b.PartyInfo("g", "active")], 3, 3, 0.3, 32, "binary",
                                           1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0, "y")),
-    MsgType.OPEN_PREDICTION: b.OpenPrediction([b.PartyInfo("g", "active")], 10, "/tmp/x"),
+    MsgType.OPEN_PREDICTION: b.OpenPrediction([b.PartyInfo("g", "active")], 10, "scores.csv",
+                                               "trained-job"),
     MsgType.ACK: b.Ack(3),
     MsgType.SPLITS_FOUND: b.SplitsFound(["host"], 2, 1),
     MsgType.TREE_FINISHED: b.TreeFinished([b.Metric("train_auc", 0.5)]),
@@ -45,6 +46,8 @@ SAMPLES = {
     MsgType.SHARD_HISTOGRAM: b.ShardHistogram(1, 0, 1, [0, 1], encode_mask(np.ones(66, bool)),
                                               b"\x03" * 10, 0.25),
     MsgType.TREE_CIPHERTEXTS: b.TreeCiphertexts(1, 0, 2, b"\x05", b"\x02" * 24),
+    MsgType.DECISION_REQUEST: b.DecisionRequest(0, 2, b"\x01\0\0\0", b"\x07\0\0\0"),
+    MsgType.PATH_DECISIONS: b.PathDecisions(0, 2, 1, b"\x80"),
 }
 
 
