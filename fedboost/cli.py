@@ -334,8 +334,8 @@ def _keys(args: argparse.Namespace) -> int:
         print("local trial: this folder holds every identity's private key; in a federation each "
               "party makes its own")
     else:
-        print(f"keep {names[0]}.key here; send {names[0]}.pub to every party and the flows' runner, "
-              f"and put theirs in {args.out}")
+        print(f"keep {names[0]}.key here; send {names[0]}.pub to every party and the flows' "
+              f"runner, and put theirs in {args.out}")
     return 0
 
 

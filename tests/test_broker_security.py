@@ -63,7 +63,8 @@ class Broker:
         return f"{FLOW_USER}-{self.tag}"
 
     def url(self, user: str, password: str) -> str:
-        return f"amqp://{user}:{quote(password, safe='')}@127.0.0.1:5672/{quote(self.vhost, safe='')}"
+        vhost = quote(self.vhost, safe="")
+        return f"amqp://{user}:{quote(password, safe='')}@127.0.0.1:5672/{vhost}"
 
     def party(self, name: str) -> str:
         return self.url(user_of(name), self.parties[name])

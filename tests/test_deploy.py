@@ -77,7 +77,8 @@ def test_broker_loads_definitions_and_caps_message_size() -> None:
 def test_each_party_mounts_only_its_own_data_and_uses_its_own_user() -> None:
     import json
 
-    users = {u["name"] for u in json.loads((REPO / "deploy" / "definitions.json").read_text())["users"]}
+    shipped = json.loads((REPO / "deploy" / "definitions.json").read_text())
+    users = {u["name"] for u in shipped["users"]}
     for party, service in PARTIES.items():
         mounts = _mounts(service)
         config = load_worker_config(REPO / mounts[f"/config/{party}.yaml"], party)
