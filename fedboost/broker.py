@@ -4,20 +4,58 @@ queues, written as a RabbitMQ definitions file (loaded by the compose file's bro
 
 Nobody may create bindings or exchanges: every message goes through the default exchange
 (permission ``amq.default``), so a party can address another party's inbox but never read it.
+
+Passwords come from the environment or files, never from the command line by choice, and the
+file holds only salted hashes. The shipped ``deploy/definitions.json`` has users without a
+password (``password_hash`` empty: RabbitMQ refuses them every password login) until the
+federation writes its own file with ``fedboost definitions``.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
 import secrets
+import sys
+from pathlib import Path
 from typing import Any
 
+from flows.config import ConfigError
 from messages.rabbitmq import INBOX_ARGUMENTS, queue_of, work_queue_of
 
 FLOW_USER = "fedboost-flow"
 PUBLISH_ONLY = "^amq\\.default$"
+
+
+def password_env(name: str) -> str:
+    """The environment variable holding the broker password of a party (or of ``flow``):
+    ``FEDBOOST_<NAME>_PASSWORD``, as docker-compose.yml uses them."""
+    return f"FEDBOOST_{name.upper().replace('-', '_')}_PASSWORD"
+
+
+def password_from(option: str, name: str, value: str | None) -> str:
+    """A password for ``fedboost definitions``: from ``password_env(name)`` (no value), from
+    the first line of a file (``@FILE``) or, with a warning, the value itself."""
+    if value is None:
+        password = os.environ.get(password_env(name), "")
+        if not password:
+            raise ConfigError(f"{option}: no password: set {password_env(name)} or give "
+                              f"@FILE (a file holding it)")
+        return password
+    if value.startswith("@"):
+        try:
+            password = next(iter(Path(value[1:]).read_text().splitlines()), "")
+        except (OSError, UnicodeError) as exc:
+            raise ConfigError(f"{option}: cannot read password file {value[1:]} ({exc})") \
+                from None
+        if not password:
+            raise ConfigError(f"{option}: password file {value[1:]}: the first line is empty")
+        return password
+    print(f"fedboost: warning: {option}: a password on the command line shows in ps and shell "
+          f"history; use {password_env(name)} or @FILE", file=sys.stderr)
+    return value
 
 
 def user_of(party: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -16,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from fedboost import _prefect_env
 
@@ -93,23 +95,52 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--cron", help="optional schedule, e.g. '0 2 * * *'")
     serve.set_defaults(run=_serve)
     defs = sub.add_parser("definitions", help="write RabbitMQ users and permissions per party")
-    defs.add_argument("--party", action="append", required=True, metavar="NAME=PASSWORD",
-                      help="a party and its broker password (repeat per party)")
-    defs.add_argument("--flow-password", required=True, help="password of the flows' user")
+    defs.add_argument("--party", action="append", required=True, metavar="NAME[=@FILE]",
+                      help="a party (repeat per party); its broker password comes from "
+                           "FEDBOOST_<NAME>_PASSWORD or the first line of FILE (NAME=PASSWORD "
+                           "works but shows in ps and shell history)")
+    defs.add_argument("--flow-password", metavar="@FILE",
+                      help="the flows' user's password file (default: FEDBOOST_FLOW_PASSWORD)")
+    defs.add_argument("--vhost", default="/", help="the federation's virtual host (default /)")
     defs.add_argument("--out", type=Path, required=True, help="definitions.json to write")
     defs.set_defaults(run=_definitions)
-    keys = sub.add_parser("keys", help="make Ed25519 signing keys for parties and flows")
+    keys = sub.add_parser("keys", help="make this party's (or the flows') Ed25519 signing key")
     keys.add_argument("--out", type=Path, required=True, help="key folder (signing.key_dir)")
     keys.add_argument("--name", action="append", required=True,
-                      help="a party's name (repeat per party); 'flow' is always added")
+                      help="the identity: this party's name, or 'flow' on the flows' runner")
+    keys.add_argument("--local-trial", action="store_true",
+                      help="allow several --name: every identity's private key on this one "
+                           "machine, for trials where one operator runs the whole federation")
     keys.set_defaults(run=_keys)
     return parser
 
 
-def _write_json(path: Path, payload: Any) -> None:
+def _write_json(path: Path, payload: Any, mode: int = 0o644) -> None:
     from boosting.tree import write_json_atomic
 
     write_json_atomic(path, payload)
+    path.chmod(mode)
+
+
+def _warn_broker_password(source: object) -> None:
+    from flows.config import AMQP_URL_ENV
+
+    print(f"fedboost: warning: {source}: transport.url holds the broker password; it is kept "
+          f"out of run folders and Prefect, but give it through {AMQP_URL_ENV} or "
+          f"transport.password_file instead", file=sys.stderr)
+
+
+def _keep_password_out(config: Any, source: object) -> Any:
+    """The job without the password in ``transport.url`` (it goes to job.json and Prefect);
+    this process and its children keep it in their environment as ``FEDBOOST_AMQP_URL``."""
+    from flows.config import AMQP_URL_ENV, without_broker_password
+
+    stripped = without_broker_password(config)
+    if stripped is None:
+        return config
+    _warn_broker_password(source)
+    os.environ.setdefault(AMQP_URL_ENV, config.transport.url)
+    return stripped
 
 
 class _UserErrorFilter(logging.Filter):
@@ -152,10 +183,10 @@ def _metrics_summary(result: dict[str, Any]) -> str:
 def _train(args: argparse.Namespace) -> int:
     from flows.config import load_config
 
-    config = load_config(args.config)
+    config = _keep_password_out(load_config(args.config), args.config)
     out = args.out or Path("runs") / config.job
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "job.json", json.loads(config.model_dump_json()))
+    _write_json(out / "job.json", json.loads(config.model_dump_json()), mode=0o600)
     return _run_training(config, out)
 
 
@@ -172,6 +203,7 @@ def _resume(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{job_file}: no job to resume ({exc}); 'fedboost train' writes it") \
             from None
+    config = _keep_password_out(config, job_file)  # a job.json of an older version
     if config.job != args.job:
         raise ConfigError(f"{job_file} is job {config.job!r}, not {args.job!r}")
     return _run_training(config, out)
@@ -271,6 +303,9 @@ def _worker(args: argparse.Namespace) -> int:
     if args.models is not None:
         update["models"] = args.models.resolve()
     config = config.model_copy(update=update)
+    if urlsplit(config.transport.url or "").password is not None:
+        _warn_broker_password(args.config)
+    config.transport.amqp_url()  # a missing or unreadable password file: say so once, here
     if not config.data.is_file():
         print(f"fedboost: error: party {config.party}: data file {config.data} not found",
               file=sys.stderr)
@@ -291,8 +326,9 @@ def _serve(args: argparse.Namespace) -> int:
     from flows.secureboost import vertical_secureboost
 
     parameters = None
-    if args.config is not None:
-        parameters = {"config": json.loads(load_config(args.config).model_dump_json())}
+    if args.config is not None:  # deployment parameters are stored in Prefect's database
+        config = _keep_password_out(load_config(args.config), args.config)
+        parameters = {"config": json.loads(config.model_dump_json())}
     deployment = vertical_secureboost.to_deployment(
         name=args.name, parameters=parameters, cron=args.cron, tags=["fedboost"],
         description="Vertical SecureBoost over RabbitMQ: the parameter is the job file's content "
@@ -302,32 +338,48 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _definitions(args: argparse.Namespace) -> int:
-    from fedboost.broker import definitions
+    from fedboost.broker import definitions, password_from
 
     passwords = {}
     for item in args.party:
-        name, sep, password = item.partition("=")
-        if not sep or not name or not password:
-            print(f"fedboost: error: --party {name!r}: expected NAME=PASSWORD", file=sys.stderr)
+        name, sep, value = item.partition("=")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}", name) or (sep and not value):
+            print(f"fedboost: error: --party {item!r}: expected NAME or NAME=@FILE",
+                  file=sys.stderr)
             return EXIT_USER_ERROR
-        passwords[name] = password
-    args.out.write_text(json.dumps(definitions(passwords, args.flow_password), indent=2) + "\n")
+        passwords[name] = password_from(f"--party {name}", name, value if sep else None)
+    flow = password_from("--flow-password", "flow", args.flow_password)
+    content = json.dumps(definitions(passwords, flow, args.vhost), indent=2) + "\n"
+    args.out.write_text(content)  # salted hashes only, never a password
     print(f"wrote users, permissions and queues for {', '.join(sorted(passwords))} and flows "
           f"to {args.out}")
     return 0
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from messages.signing import FLOW_IDENTITY, write_key_pair
+    from messages.signing import write_key_pair
 
-    for name in dict.fromkeys([*args.name, FLOW_IDENTITY]):
+    names = list(dict.fromkeys(args.name))
+    if len(names) > 1 and not args.local_trial:
+        print("fedboost: error: --name given several times: each party makes its own key on its "
+              "own machine ('fedboost keys --name PARTY') and shares only the .pub; "
+              "--local-trial makes them all here, for a trial run by one operator",
+              file=sys.stderr)
+        return EXIT_USER_ERROR
+    for name in names:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}", name):
             print(f"fedboost: error: --name {name!r}: a party name is 1-32 letters, digits, "
                   f"'_', '-'", file=sys.stderr)
             return EXIT_USER_ERROR
+    for name in names:
         made = write_key_pair(args.out, name)
         print(f"{'wrote' if made else 'kept existing'} {args.out / (name + '.key')} and .pub")
-    print("give each party its own .key and every .pub; the flows' runner gets flow.key")
+    if args.local_trial:
+        print("local trial: this folder holds every identity's private key; in a federation each "
+              "party makes its own")
+    else:
+        print(f"keep {names[0]}.key here; send {names[0]}.pub to every party and the flows' "
+              f"runner, and put theirs in {args.out}")
     return 0
 
 

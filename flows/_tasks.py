@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -139,6 +140,10 @@ def connected(config: JobConfig) -> Iterator[Coordinator]:
                                     end_to_end=config.signing.end_to_end)
     except MessageError as exc:
         raise ConfigError(f"job {job!r}: {exc}") from None
+    if transport.url and urlsplit(transport.url).password is not None:
+        log.warning("flow %s: transport.url holds the broker password, and Prefect stores it "
+                    "with this run's parameters: give it through FEDBOOST_AMQP_URL or "
+                    "transport.password_file", job)
     endpoint = RabbitTransport(f"flow.{job}.{uuid.uuid4().hex[:8]}", transport.amqp_url(),
                                party=False, chunk_bytes=transport.chunk_bytes,
                                frames=FrameSigner(sealer),

@@ -10,6 +10,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -18,6 +19,8 @@ from pydantic import ValidationInfo
 from messages.tls import TlsOptions
 
 from messages.names import JOB_NAME_RULE, is_job_name
+
+from messages.rabbitmq import with_password, without_password
 
 
 class ConfigError(ValueError):
@@ -101,6 +104,8 @@ class ValidationConfig(_Strict):
 
 AMQP_URL_ENV = "FEDBOOST_AMQP_URL"
 """Overrides ``transport.url``: keeps broker passwords out of shared job files."""
+AMQP_PASSWORD_FILE_ENV = "FEDBOOST_AMQP_PASSWORD_FILE"
+"""Overrides ``transport.password_file``."""
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 
@@ -143,7 +148,9 @@ class TransportConfig(_Strict):
 
     kind: Literal["memory", "rabbitmq"] = "memory"
     url: str | None = None
-    """``amqp://user:password@host:port/vhost`` (default: the local broker as guest)."""
+    """``amqp://user@host:port/vhost`` (default: the local broker as guest). A password written
+    here is cut out before the job is saved or handed to Prefect, with a warning: give it
+    through ``FEDBOOST_AMQP_URL`` or ``password_file``."""
     chunk_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024, le=128 * 1024 * 1024)
     """Messages above this size travel in chunks (RabbitMQ 4 refuses messages above 16 MiB)."""
     partial_seconds: float = Field(120.0, ge=1.0, le=24 * 3600.0)
@@ -155,6 +162,10 @@ class TransportConfig(_Strict):
     tls: TlsConfig | None = None
     """TLS settings (CA, client certificate); an ``amqps://`` URL without them still uses TLS,
     verified against the system's CA store."""
+    password_file: Path | None = None
+    """A file holding the password of ``url``'s user (its first line; the environment's
+    ``FEDBOOST_AMQP_PASSWORD_FILE`` overrides it): only the path reaches run folders and
+    Prefect. Relative paths resolve against the config file's folder."""
 
     @field_validator("url")
     @classmethod
@@ -177,8 +188,39 @@ class TransportConfig(_Strict):
         return None if self.tls is None else self.tls.options()
 
     def amqp_url(self) -> str:
-        """The broker URL: the environment's ``FEDBOOST_AMQP_URL``, else ``url``, else local."""
-        return os.environ.get(AMQP_URL_ENV) or self.url or DEFAULT_AMQP_URL
+        """The broker URL: the environment's ``FEDBOOST_AMQP_URL``, else ``url``, else local;
+        a URL naming a user but no password takes it from the password file."""
+        url = os.environ.get(AMQP_URL_ENV) or self.url or DEFAULT_AMQP_URL
+        parts = urlsplit(url)
+        if parts.password is not None:
+            return url
+        path = os.environ.get(AMQP_PASSWORD_FILE_ENV) or self.password_file
+        if parts.username is None:
+            if path is not None:
+                raise ConfigError(f"transport.password_file {path}: the broker URL "
+                                  f"{url} names no user")
+            return url
+        if path is None:
+            raise ConfigError(f"transport.url: broker user {parts.username!r} has no password: "
+                              f"set {AMQP_URL_ENV}, transport.password_file or "
+                              f"{AMQP_PASSWORD_FILE_ENV}")
+        try:
+            password = next(iter(Path(path).read_text().splitlines()), "")
+        except (OSError, UnicodeError) as exc:
+            raise ConfigError(f"transport.password_file {path}: cannot read it ({exc})") from None
+        if not password:
+            raise ConfigError(f"transport.password_file {path}: the first line is empty")
+        return with_password(url, password)
+
+
+def without_broker_password(config: JobConfig) -> JobConfig | None:
+    """``config`` with the password cut out of ``transport.url``, or None if it holds none:
+    what is written to run folders and handed to Prefect as a flow parameter."""
+    url = config.transport.url
+    if url is None or urlsplit(url).password is None:
+        return None
+    transport = config.transport.model_copy(update={"url": without_password(url)})
+    return config.model_copy(update={"transport": transport})
 
 
 class SigningConfig(_Strict):
@@ -276,17 +318,18 @@ def parse_config(raw: Any, *, base: Path, source: str) -> JobConfig:
     signing = config.signing and config.signing.model_copy(
         update={"key_dir": _resolve(base, config.signing.key_dir)})
     return config.model_copy(update={"parties": parties, "signing": signing,
-                                     "transport": _resolve_tls(base, config.transport)})
+                                     "transport": _resolve_transport(base, config.transport)})
 
 
 def _resolve(base: Path, path: Path | None) -> Path | None:
     return path if path is None or path.is_absolute() else base / path
 
 
-def _resolve_tls(base: Path, transport: TransportConfig) -> TransportConfig:
-    if transport.tls is None:
-        return transport
-    return transport.model_copy(update={"tls": transport.tls.resolved(base)})
+def _resolve_transport(base: Path, transport: TransportConfig) -> TransportConfig:
+    """The transport's file paths (TLS files, password file) made absolute against ``base``."""
+    return transport.model_copy(update={
+        "tls": transport.tls and transport.tls.resolved(base),
+        "password_file": _resolve(base, transport.password_file)})
 
 
 class WorkerConfig(_Strict):
@@ -354,7 +397,7 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
     return config.model_copy(update={"data": _resolve(base, config.data),
                                      "models": _resolve(base, config.models),
                                      "state": _resolve(base, config.state),
-                                     "transport": _resolve_tls(base, config.transport),
+                                     "transport": _resolve_transport(base, config.transport),
                                      "signing": config.signing.model_copy(update={
                                          "key_dir": _resolve(base, config.signing.key_dir)})})
 

@@ -36,7 +36,7 @@ import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import pika
 import pika.exceptions as px
@@ -91,10 +91,26 @@ def delete_party_queues(url: str, parties: list[str], tls: TlsOptions | None = N
 
 def redact(url: str) -> str:
     """The URL without its password, for logs and errors."""
+    return url if urlsplit(url).password is None else _with_userinfo(url, "***")
+
+
+def without_password(url: str) -> str:
+    """The URL with its user but no password: what may be written to files and Prefect."""
+    return _with_userinfo(url, None)
+
+
+def with_password(url: str, password: str) -> str:
+    """The URL with ``password`` (e.g. read from a password file) for its user."""
+    return _with_userinfo(url, quote(password, safe=""))
+
+
+def _with_userinfo(url: str, password: str | None) -> str:
     parts = urlsplit(url)
-    if parts.password is None:
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    if not at:
         return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    user = userinfo.partition(":")[0]
+    netloc = f"{user}@{hostport}" if password is None else f"{user}:{password}@{hostport}"
     return urlunsplit(parts._replace(netloc=netloc))
 
 

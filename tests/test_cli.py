@@ -166,3 +166,55 @@ def test_killed_training_continues_when_run_again(tmp_path: Path) -> None:
     assert (out / "host" / "lookup.json").read_bytes() == \
         (tmp_path / "whole" / "host" / "lookup.json").read_bytes()
     assert not (out / "guest" / "checkpoints").exists()  # a finished job keeps none
+
+
+def test_keys_makes_one_identity(tmp_path: Path) -> None:
+    """A party makes its own key: one --name, no 'flow' added; several only for a local trial."""
+    done = _run("keys", "--out", str(tmp_path / "keys"), "--name", "host", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == ["host.key", "host.pub"]
+    assert (tmp_path / "keys" / "host.key").stat().st_mode & 0o777 == 0o600
+    assert "send host.pub" in done.stdout
+
+    several = _run("keys", "--out", str(tmp_path / "all"), "--name", "guest", "--name", "host",
+                   cwd=tmp_path)
+    _assert_one_error_line(several, "--local-trial", "its own")
+    assert not (tmp_path / "all").exists()
+
+    trial = _run("keys", "--out", str(tmp_path / "all"), "--name", "guest", "--name", "host",
+                 "--name", "flow", "--local-trial", cwd=tmp_path)
+    assert trial.returncode == 0, trial.stderr
+    assert sorted(p.name for p in (tmp_path / "all").iterdir()) == \
+        sorted(f"{n}.{ext}" for n in ("guest", "host", "flow") for ext in ("key", "pub"))
+
+
+def test_definitions_take_passwords_from_environment_and_files(tmp_path: Path) -> None:
+    from fedboost.broker import check_password, password_env
+
+    (tmp_path / "host.pw").write_text("host-secret-from-file\n")
+    env = {password_env("guest"): "guest-secret-from-env",
+           password_env("flow"): "flow-secret-from-env"}
+    out = tmp_path / "definitions.json"
+
+    def definitions(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        full = {**os.environ, **extra}
+        return subprocess.run([*FEDBOOST, "definitions", *args, "--out", str(out)], cwd=tmp_path,
+                              env=full, capture_output=True, text=True, timeout=60)
+
+    done = definitions("--party", "guest", "--party", f"host=@{tmp_path / 'host.pw'}", **env)
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+    users = {u["name"]: u["password_hash"] for u in json.loads(out.read_text())["users"]}
+    assert check_password(users["fedboost-guest"], "guest-secret-from-env")
+    assert check_password(users["fedboost-host"], "host-secret-from-file")
+    assert check_password(users["fedboost-flow"], "flow-secret-from-env")
+    assert "secret" not in out.read_text()
+
+    missing = definitions("--party", "guest", "--party", "host", **env)
+    _assert_one_error_line(missing, "--party host", password_env("host"), "@FILE")
+
+    literal = definitions("--party", "guest=typed-secret", "--party",
+                          f"host=@{tmp_path / 'host.pw'}", **env)
+    assert literal.returncode == 0, literal.stderr
+    assert "--party guest: a password on the command line shows in ps" in literal.stderr
+    users = {u["name"]: u["password_hash"] for u in json.loads(out.read_text())["users"]}
+    assert check_password(users["fedboost-guest"], "typed-secret")

@@ -1,9 +1,11 @@
 """The deployment files: docker-compose.yml (checked by Debian's docker-compose when it is
 installed) and structural checks that always run: every service, health checks, restart
-policies, each party mounting only its own data, and credentials that match the broker's."""
+policies, each party mounting only its own data, broker users that match the definitions'
+and passwords without defaults, the Prefect API behind basic auth that only the runner holds."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fedboost.broker import check_password
+from fedboost.broker import password_env
 from flows.config import load_config, load_worker_config
 from messages.rabbitmq import DEFAULT_CHUNK_BYTES
 
@@ -21,14 +23,23 @@ REPO = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
 PARTIES = {"guest": "worker-guest", "host": "worker-host"}
+PREFECT_AUTH = "FEDBOOST_PREFECT_AUTH_STRING"
+REQUIRED = {password_env(name) for name in [*PARTIES, "flow"]} | {PREFECT_AUTH}
+"""The variables docker compose refuses to start without."""
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None,
                     reason="Debian's docker-compose is not installed (apt-get install docker-compose)")
 def test_docker_compose_accepts_the_file() -> None:
+    secrets = {v: "x" for v in REQUIRED}
     done = subprocess.run(["docker-compose", "-f", str(REPO / "docker-compose.yml"), "config", "-q"],
-                          capture_output=True, text=True, cwd=REPO, timeout=60)
+                          capture_output=True, text=True, cwd=REPO, timeout=60,
+                          env={**os.environ, **secrets})
     assert done.returncode == 0, done.stderr
+    missing = subprocess.run(["docker-compose", "-f", str(REPO / "docker-compose.yml"), "config",
+                              "-q"], capture_output=True, text=True, cwd=REPO, timeout=60,
+                             env={k: v for k, v in os.environ.items() if k not in REQUIRED})
+    assert missing.returncode != 0  # no password has a default
 
 
 def test_the_federation_has_every_service_with_health_and_restart() -> None:
@@ -66,8 +77,8 @@ def test_broker_loads_definitions_and_caps_message_size() -> None:
 def test_each_party_mounts_only_its_own_data_and_uses_its_own_user() -> None:
     import json
 
-    users = {u["name"]: u["password_hash"]
-             for u in json.loads((REPO / "deploy" / "definitions.json").read_text())["users"]}
+    shipped = json.loads((REPO / "deploy" / "definitions.json").read_text())
+    users = {u["name"] for u in shipped["users"]}
     for party, service in PARTIES.items():
         mounts = _mounts(service)
         config = load_worker_config(REPO / mounts[f"/config/{party}.yaml"], party)
@@ -78,11 +89,12 @@ def test_each_party_mounts_only_its_own_data_and_uses_its_own_user() -> None:
         others = [p for p in PARTIES if p != party]
         assert not any(f"_{o}.csv" in host for o in others for host in mounts.values())
         url = SERVICES[service]["environment"]["FEDBOOST_AMQP_URL"]
-        user, password = re.match(r"amqps://([^:]+):\$\{\w+:-([^}]+)\}@", url).groups()  # type: ignore[union-attr]
-        assert user == f"fedboost-{party}" and check_password(users[user], password)
+        user, variable = re.match(r"amqps://([^:]+):\$\{(\w+):\?[^}]+\}@", url).groups()  # type: ignore[union-attr]
+        # the variable 'fedboost definitions --party NAME' reads the same password from
+        assert user == f"fedboost-{party}" and user in users and variable == password_env(party)
         assert SERVICES[service]["command"][:3] == ["worker", "--party", party]
     runner_url = SERVICES["runner"]["environment"]["FEDBOOST_AMQP_URL"]
-    assert runner_url.startswith("amqps://fedboost-flow:")
+    assert runner_url.startswith(f"amqps://fedboost-flow:${{{password_env('flow')}:?")
     assert not any(c.startswith("/data") for c in _mounts("runner"))
     job = load_config(REPO / _mounts("runner")["/config/job.yaml"])
     assert job.transport.kind == "rabbitmq" and set(job.parties) == set(PARTIES)
@@ -166,3 +178,38 @@ def test_make_certs_gives_a_broker_certificate_for_rabbitmq_and_client_certifica
         assert verify("sslclient", party)
         assert not verify("sslserver", party)  # a party cannot pose as the broker
         assert (tmp_path / f"{party}.key").stat().st_mode & 0o077 == 0
+
+
+def _required(value: str) -> str:
+    """The variable of a value that is exactly a required ``${VAR:?message}``."""
+    match = re.fullmatch(r"\$\{(\w+):\?[^}]+\}", value)
+    assert match, f"{value!r} is not a required variable"
+    return match.group(1)
+
+
+def test_every_secret_is_required_without_a_default() -> None:
+    text = (REPO / "docker-compose.yml").read_text()
+    secret_vars = set(re.findall(r"\$\{(\w*(?:PASSWORD|AUTH)\w*)", text))
+    assert secret_vars == REQUIRED
+    for variable in secret_vars:  # each use is ${VAR:?...}: no fallback, no empty default
+        assert not re.search(rf"\$\{{{variable}(?!:\?)", text), variable
+    assert not re.search(r"dev-secret|:-\w*(?:guest|host|flow)\b", text)
+
+
+def test_prefect_api_behind_basic_auth_that_only_the_runner_holds() -> None:
+    server = SERVICES["prefect-server"]["environment"]
+    runner = SERVICES["runner"]["environment"]
+    assert _required(server["PREFECT_SERVER_API_AUTH_STRING"]) == PREFECT_AUTH
+    assert _required(runner["PREFECT_API_AUTH_STRING"]) == PREFECT_AUTH
+    assert runner["PREFECT_API_URL"] == "http://prefect-server:4200/api"
+    for service in PARTIES.values():  # party workers never talk to Prefect
+        environment = SERVICES[service].get("environment", {})
+        assert not [k for k in environment if k.startswith("PREFECT_")], service
+        assert "prefect-server" not in SERVICES[service].get("depends_on", {}), service
+        assert not any(PREFECT_AUTH in str(v) for v in environment.values()), service
+
+
+def test_broker_keeps_guest_on_loopback() -> None:
+    conf = (REPO / _mounts("rabbitmq")["/etc/rabbitmq/rabbitmq.conf"]).read_text()
+    settings = [line for line in conf.splitlines() if line and not line.startswith("#")]
+    assert not [line for line in settings if line.startswith("loopback_users")]

@@ -1,0 +1,69 @@
+"""Where the broker password comes from (environment, password file, URL) and that the copy of
+a job that is written or handed to Prefect has none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pika
+import pytest
+
+from flows.config import (AMQP_PASSWORD_FILE_ENV, AMQP_URL_ENV, ConfigError, TransportConfig,
+                          parse_config, without_broker_password)
+from messages.rabbitmq import redact, with_password, without_password
+
+
+@pytest.fixture(autouse=True)
+def _no_broker_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(AMQP_URL_ENV, raising=False)
+    monkeypatch.delenv(AMQP_PASSWORD_FILE_ENV, raising=False)
+
+
+def _job(tmp_path: Path, transport: dict[str, str]) -> dict[str, object]:
+    return {"job": "j", "parties": {"guest": {"role": "active", "label": "y"},
+                                    "host": {"role": "passive"}},
+            "transport": {"kind": "rabbitmq", **transport},
+            "signing": {"key_dir": str(tmp_path)}}
+
+
+def test_password_file_fills_the_url_and_resolves_against_the_job_file(tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text("p@ss/w:rd\nignored\n")
+    config = parse_config(_job(tmp_path, {"url": "amqp://alice@broker:5672/fed",
+                                          "password_file": "pw"}), base=tmp_path, source="job")
+    assert config.transport.password_file == tmp_path / "pw"
+    url = config.transport.amqp_url()
+    params = pika.URLParameters(url)
+    assert (params.credentials.username, params.credentials.password) == ("alice", "p@ss/w:rd")
+    assert params.host == "broker" and params.virtual_host == "fed"
+    assert without_broker_password(config) is None  # nothing to strip: the file stays a path
+
+
+def test_environment_wins_and_a_user_without_password_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert TransportConfig(kind="rabbitmq").amqp_url().startswith("amqp://guest:guest@127.0.0.1")
+    transport = TransportConfig(kind="rabbitmq", url="amqp://alice@broker/fed")
+    with pytest.raises(ConfigError, match=f"'alice' has no password: set {AMQP_URL_ENV}"):
+        transport.amqp_url()
+    (tmp_path / "empty").write_text("\n")
+    monkeypatch.setenv(AMQP_PASSWORD_FILE_ENV, str(tmp_path / "empty"))
+    with pytest.raises(ConfigError, match="the first line is empty"):
+        transport.amqp_url()
+    monkeypatch.setenv(AMQP_URL_ENV, "amqp://bob:secret@other/fed")
+    assert transport.amqp_url() == "amqp://bob:secret@other/fed"
+
+
+def test_the_written_copy_of_a_job_has_no_password(tmp_path: Path) -> None:
+    config = parse_config(_job(tmp_path, {"url": "amqps://alice:s3cret@broker:5671/fed"}),
+                          base=tmp_path, source="job")
+    stripped = without_broker_password(config)
+    assert stripped is not None and "s3cret" not in stripped.model_dump_json()
+    assert stripped.transport.url == "amqps://alice@broker:5671/fed"
+    assert stripped.model_copy(update={"transport": config.transport}) == config
+
+
+def test_url_helpers_keep_host_port_and_query() -> None:
+    url = "amqp://u:p%40w@[::1]:5672/v?heartbeat=5"
+    assert without_password(url) == "amqp://u@[::1]:5672/v?heartbeat=5"
+    assert redact(url) == "amqp://u:***@[::1]:5672/v?heartbeat=5"
+    assert with_password(without_password(url), "p@w") == url
+    assert without_password("amqp://broker/v") == "amqp://broker/v"
