@@ -92,9 +92,11 @@ class Federation:
         config = load_config(job_file)
         target = job_file if command == "train" else config.job
         out = self.root / "runs" / config.job
+        # job.json keeps no broker password: 'resume' gets it from the environment, as a user's
+        env = self.env if command == "train" else {**self.env, "FEDBOOST_AMQP_URL": self.url}
         return subprocess.Popen([*FEDBOOST, command, str(target), "--out", str(out)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=self.env, cwd=self.root, start_new_session=True)
+                                env=env, cwd=self.root, start_new_session=True)
 
     def stop(self) -> list[int]:
         for proc in self.procs.values():
