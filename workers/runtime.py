@@ -70,6 +70,17 @@ class PartySpec:
     checkpoints and its record of messages already answered. Default: ``.fedboost/<party>``
     beside the job folders of ``model_dir``."""
 
+    def model_folder(self, job: str) -> Path:
+        """Where job ``job``'s model part lives (``{job}`` in ``model_dir`` is the job id);
+        always inside the folder before ``{job}``, whatever the job is named."""
+        path = Path(self.model_dir.replace("{job}", job))
+        if "{job}" in self.model_dir:
+            root = Path(self.model_dir.split("{job}", 1)[0]).resolve()
+            if root not in path.resolve().parents:
+                raise ProtocolError(f"{self.name}: job {job!r} would put its model folder "
+                                    f"outside {root}: refused")
+        return path
+
     def private_dir(self) -> Path:
         """The party's private folder, created 0700 if missing."""
         if self.state_dir:
@@ -124,15 +135,8 @@ class StepContext:
 
     @property
     def model_dir(self) -> Path:
-        """Where this job's model part lives (``{job}`` in the configured path is the job id);
-        always inside the folder before ``{job}``, whatever the job is named."""
-        path = Path(self.party.model_dir.replace("{job}", self.job))
-        if "{job}" in self.party.model_dir:
-            root = Path(self.party.model_dir.split("{job}", 1)[0]).resolve()
-            if root not in path.resolve().parents:
-                raise ProtocolError(f"{self.party.name}: job {self.job!r} would put its model "
-                                    f"folder outside {root}: refused")
-        return path
+        """Where this job's model part lives (``PartySpec.model_folder``)."""
+        return self.party.model_folder(self.job)
 
 
 Handler = Callable[[StepContext, Any], tuple[MsgType, Any] | None]

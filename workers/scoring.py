@@ -58,7 +58,7 @@ def model_folder(ctx: StepContext, model_job: str) -> Path:
     """This party's model folder of a trained job (``{job}`` in its configured path)."""
     if not is_job_name(model_job):
         raise ProtocolError(f"model job {model_job[:80]!r} is not a job name ({JOB_NAME_RULE})")
-    return Path(ctx.party.model_dir.replace("{job}", model_job))
+    return ctx.party.model_folder(model_job)
 
 
 def scores_path(folder: Path, name: str) -> Path:
