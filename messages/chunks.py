@@ -31,8 +31,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from messages import DecodeError, MessageError
-from messages import signing
-from messages.signing import Sealer, signer_of
+from messages.signing import CLOCK_SKEW_SECONDS, Sealer, signer_of
 
 log = logging.getLogger("fedboost.transport")
 
@@ -103,6 +102,8 @@ class FrameSigner:
 
     def __init__(self, sealer: Sealer) -> None:
         self.identity = sealer.identity
+        self.max_age = sealer.max_age
+        """The same age limit as the endpoint's envelopes (a worker's ``max_message_age``)."""
         self._key = Ed25519PrivateKey.from_private_bytes(sealer.private)
         self._trusted = {name: Ed25519PublicKey.from_public_bytes(public)
                          for name, public in sealer.trusted.items()}
@@ -142,7 +143,7 @@ class FrameSigner:
             raise ForgedFrame(f"chunk frame from {sender!r} for {manifest.recipient!r}, "
                               f"not {recipient!r}")
         age = time.time() - manifest.sent_at
-        if not -signing.CLOCK_SKEW_SECONDS <= age <= signing.MAX_AGE_SECONDS:
+        if not -CLOCK_SKEW_SECONDS <= age <= self.max_age:
             raise ForgedFrame(f"chunk frame from {sender!r} sent {age:.0f} s ago (replayed, or "
                               f"clocks apart)")
         return manifest
