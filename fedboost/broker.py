@@ -19,10 +19,9 @@ import os
 import re
 import secrets
 import sys
-from pathlib import Path
 from typing import Any
 
-from flows.config import ConfigError
+from flows.config import ConfigError, read_password_file
 from messages.rabbitmq import INBOX_ARGUMENTS, queue_of, work_queue_of
 
 FLOW_USER = "fedboost-flow"
@@ -45,14 +44,7 @@ def password_from(option: str, name: str, value: str | None) -> str:
                               f"@FILE (a file holding it)")
         return password
     if value.startswith("@"):
-        try:
-            password = next(iter(Path(value[1:]).read_text().splitlines()), "")
-        except (OSError, UnicodeError) as exc:
-            raise ConfigError(f"{option}: cannot read password file {value[1:]} ({exc})") \
-                from None
-        if not password:
-            raise ConfigError(f"{option}: password file {value[1:]}: the first line is empty")
-        return password
+        return read_password_file(value[1:], f"{option}: password file")
     print(f"fedboost: warning: {option}: a password on the command line shows in ps and shell "
           f"history; use {password_env(name)} or @FILE", file=sys.stderr)
     return value

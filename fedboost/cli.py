@@ -17,7 +17,6 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from fedboost import _prefect_env
 
@@ -290,6 +289,7 @@ def _worker(args: argparse.Namespace) -> int:
     from fedboost.worker import run_workers
     from flows.config import load_worker_config
     from messages import MessageError
+    from messages.rabbitmq import holds_password
     from messages.signing import Sealer
     from messages.tls import ssl_options_for
 
@@ -303,16 +303,16 @@ def _worker(args: argparse.Namespace) -> int:
     if args.models is not None:
         update["models"] = args.models.resolve()
     config = config.model_copy(update=update)
-    if urlsplit(config.transport.url or "").password is not None:
+    if holds_password(config.transport.url):
         _warn_broker_password(args.config)
-    config.transport.amqp_url()  # a missing or unreadable password file: say so once, here
+    url = config.transport.amqp_url()  # a missing or unreadable password file: say so here
     if not config.data.is_file():
         print(f"fedboost: error: party {config.party}: data file {config.data} not found",
               file=sys.stderr)
         return EXIT_USER_ERROR
     try:  # fail here, not in each process: the party's key must load
         Sealer.from_folder(config.signing.key_dir, config.party)
-        ssl_options_for(config.party, config.transport.amqp_url(), config.transport.tls_options())
+        ssl_options_for(config.party, url, config.transport.tls_options())
     except MessageError as exc:
         print(f"fedboost: error: party {config.party}: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -24,7 +23,7 @@ from messages.bodies import Aligned, ErrorReply, Step
 from flows.config import ConfigError, JobConfig
 from messages.envelope import Envelope, MsgType
 from messages.chunks import FrameSigner
-from messages.rabbitmq import RabbitTransport
+from messages.rabbitmq import RabbitTransport, holds_password
 from messages.signing import FLOW_IDENTITY, Sealer
 from messages.transport import Transport
 
@@ -140,7 +139,7 @@ def connected(config: JobConfig) -> Iterator[Coordinator]:
                                     end_to_end=config.signing.end_to_end)
     except MessageError as exc:
         raise ConfigError(f"job {job!r}: {exc}") from None
-    if transport.url and urlsplit(transport.url).password is not None:
+    if holds_password(transport.url):
         log.warning("flow %s: transport.url holds the broker password, and Prefect stores it "
                     "with this run's parameters: give it through FEDBOOST_AMQP_URL or "
                     "transport.password_file", job)

@@ -13,14 +13,12 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic import ValidationInfo
-
-from messages.tls import TlsOptions
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from messages.names import JOB_NAME_RULE, is_job_name
-
-from messages.rabbitmq import with_password, without_password
+from messages.rabbitmq import holds_password, with_password, without_password
+from messages.tls import TlsOptions
 
 
 class ConfigError(ValueError):
@@ -204,20 +202,26 @@ class TransportConfig(_Strict):
             raise ConfigError(f"transport.url: broker user {parts.username!r} has no password: "
                               f"set {AMQP_URL_ENV}, transport.password_file or "
                               f"{AMQP_PASSWORD_FILE_ENV}")
-        try:
-            password = next(iter(Path(path).read_text().splitlines()), "")
-        except (OSError, UnicodeError) as exc:
-            raise ConfigError(f"transport.password_file {path}: cannot read it ({exc})") from None
-        if not password:
-            raise ConfigError(f"transport.password_file {path}: the first line is empty")
-        return with_password(url, password)
+        return with_password(url, read_password_file(path, "transport.password_file"))
+
+
+def read_password_file(path: str | Path, what: str) -> str:
+    """The password in the first line of ``path``; a ``ConfigError`` naming ``what`` and the
+    file if it cannot be read or that line is empty."""
+    try:
+        password = next(iter(Path(path).read_text().splitlines()), "")
+    except (OSError, UnicodeError) as exc:
+        raise ConfigError(f"{what} {path}: cannot read it ({exc})") from None
+    if not password:
+        raise ConfigError(f"{what} {path}: the first line is empty")
+    return password
 
 
 def without_broker_password(config: JobConfig) -> JobConfig | None:
     """``config`` with the password cut out of ``transport.url``, or None if it holds none:
     what is written to run folders and handed to Prefect as a flow parameter."""
     url = config.transport.url
-    if url is None or urlsplit(url).password is None:
+    if not holds_password(url):
         return None
     transport = config.transport.model_copy(update={"url": without_password(url)})
     return config.model_copy(update={"transport": transport})

@@ -89,9 +89,14 @@ def delete_party_queues(url: str, parties: list[str], tls: TlsOptions | None = N
         connection.close()
 
 
+def holds_password(url: str | None) -> bool:
+    """True if ``url`` carries a password (which must then be kept out of files and logs)."""
+    return url is not None and urlsplit(url).password is not None
+
+
 def redact(url: str) -> str:
     """The URL without its password, for logs and errors."""
-    return url if urlsplit(url).password is None else _with_userinfo(url, "***")
+    return _with_userinfo(url, "***") if holds_password(url) else url
 
 
 def without_password(url: str) -> str:
