@@ -252,7 +252,8 @@ def _predict(args: argparse.Namespace) -> int:
 
     def run() -> dict[str, Any]:
         return federated_predict(job, config.active, config.passives, scores_file, config.job,
-                                 args.batch_size, args.mode)
+                                 args.batch_size, args.mode,
+                                 {name: p.dataset or "" for name, p in config.parties.items()})
 
     _quiet_task_logs()
     if config.transport.kind == "rabbitmq":
@@ -306,10 +307,11 @@ def _worker(args: argparse.Namespace) -> int:
     if holds_password(config.transport.url):
         _warn_broker_password(args.config)
     url = config.transport.amqp_url()  # a missing or unreadable password file: say so here
-    if not config.data.is_file():
-        print(f"fedboost: error: party {config.party}: data file {config.data} not found",
-              file=sys.stderr)
-        return EXIT_USER_ERROR
+    for name, path in config.data_files().items():
+        if not path.is_file():
+            print(f"fedboost: error: party {config.party}: data set {name}: data file {path} "
+                  f"not found", file=sys.stderr)
+            return EXIT_USER_ERROR
     try:  # fail here, not in each process: the party's key must load
         Sealer.from_folder(config.signing.key_dir, config.party)
         ssl_options_for(config.party, url, config.transport.tls_options())

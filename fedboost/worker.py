@@ -20,21 +20,24 @@ from messages.chunks import FrameSigner
 from messages.rabbitmq import RabbitTransport, redact
 from messages.signing import Sealer
 from workers.lifeline import die_with_parent
-from workers.roles import arrivals_for, handlers_for
+from workers.protocols import PROTOCOLS
 from workers.policy import PartyPolicy
-from workers.runtime import PartySpec, Worker
+from workers.runtime import DataSet, PartySpec, Worker
 
 log = logging.getLogger("fedboost.worker")
 
 
 def party_spec(config: WorkerConfig) -> PartySpec:
     """The worker's local settings; job J's model part goes to ``models/J/<party>``."""
-    return PartySpec(name=config.party, role=config.role, data=str(config.data),
+    return PartySpec(name=config.party, role=config.role or "",
+                     data=str(config.data) if config.data else "",
                      id_column=config.id, label=config.label,
                      model_dir=str(config.models / "{job}" / config.party),
                      columns=config.columns, processes=config.processes,
                      state_dir=str(config.state) if config.state else "",
-                     policy=policy_of(config.policy))
+                     policy=policy_of(config.policy),
+                     datasets={name: DataSet(str(d.data), d.id, d.label, d.columns)
+                               for name, d in config.datasets.items()})
 
 
 def policy_of(config: PolicyConfig) -> PartyPolicy:
@@ -62,8 +65,7 @@ def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = 
         log.error("%s", exc)
         raise SystemExit(1) from None
     log.info("%s: connected to %s", config.party, redact(config.transport.amqp_url()))
-    worker = Worker(party_spec(config), transport, handlers_for(config.role), sealer,
-                    arrivals=arrivals_for(config.role), health_file=health_file)
+    worker = Worker(party_spec(config), transport, PROTOCOLS, sealer, health_file=health_file)
     signal.signal(signal.SIGINT, worker.stop)
     worker.serve()
     log.info("%s: stopped", config.party)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
+                      ValidationInfo, field_validator, model_validator)
 
 from messages.names import JOB_NAME_RULE, is_job_name
 from messages.rabbitmq import holds_password, with_password, without_password
@@ -29,13 +29,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}"
+"""Party and data set names: 1-32 letters, digits, '_', '-'."""
+Protocol = Literal["vertical_secureboost", "horizontal"]
+
+
 class PolicyConfig(_Strict):
     """A party's own policy (``workers.policy.PartyPolicy``): what its worker accepts."""
 
     min_key_bits: int = Field(2048, ge=1024, le=8192)
     """Smallest Paillier modulus the party generates or accepts."""
-    protocols: list[Literal["vertical_secureboost"]] = ["vertical_secureboost"]
-    """Protocols the party takes part in."""
+    protocols: list[Protocol] = ["vertical_secureboost"]
+    """Protocols the party takes part in (a worker file lists each one it opts into)."""
     obfuscator: Literal["short", "full"] = "short"
     """Key holder's Paillier obfuscators: short exponent (fast) or full-length r^n."""
     predict_modes: list[Literal["path", "batched"]] = ["path"]
@@ -49,6 +54,9 @@ class PartyConfig(_Strict):
     data: Path | None = None
     """The party's CSV file; needed where this file starts the party's worker (embedded
     default, ``fedboost worker``), not by a flow that reaches running workers over a broker."""
+    dataset: str | None = Field(None, pattern=f"^{NAME_PATTERN}$")
+    """Over a broker: the name of the data set in the party's own worker file (``datasets:``);
+    the flow never sends a path. Default: the worker's default data set (its ``data:``)."""
     id: str = "id"
     label: str | None = None
     columns: list[str] | None = None
@@ -62,8 +70,8 @@ class PartyConfig(_Strict):
     a passive party, whose histogram shards they share; one for the active party)."""
 
 
-class ParamsConfig(_Strict):
-    """Boosting parameters (see ``boosting.params.BoostParams``)."""
+class _TreeParams(_Strict):
+    """Boosting parameters every protocol shares (see ``boosting.params.BoostParams``)."""
 
     n_trees: int = Field(30, ge=1, le=10_000)
     max_depth: int = Field(3, ge=1, le=16)
@@ -76,7 +84,13 @@ class ParamsConfig(_Strict):
     min_samples_leaf: int = Field(1, ge=1)
     subsample: float = Field(1.0, gt=0.0, le=1.0)
     seed: int = Field(0, ge=0)
+
+
+class ParamsConfig(_TreeParams):
+    """Vertical SecureBoost's boosting parameters."""
+
     complete_secure: bool = False
+    """Completely SecureBoost: the first round's trees grow on the active party alone."""
 
 
 class CryptoConfig(_Strict):
@@ -238,10 +252,19 @@ class SigningConfig(_Strict):
     the broker's operator. Every party and the flow of a job must set it alike."""
 
 
-class JobConfig(_Strict):
-    """A whole federated training job."""
+def _job_name(v: str) -> str:
+    if not is_job_name(v):  # it names folders at every party
+        raise ValueError(f"job must be {JOB_NAME_RULE}")
+    return v
 
-    job: str
+
+JobName = Annotated[str, AfterValidator(_job_name)]
+
+
+class JobConfig(_Strict):
+    """A whole federated training job (vertical SecureBoost)."""
+
+    job: JobName
     protocol: Literal["vertical_secureboost"] = "vertical_secureboost"
     parties: dict[str, PartyConfig]
     params: ParamsConfig = ParamsConfig()
@@ -251,18 +274,9 @@ class JobConfig(_Strict):
     signing: SigningConfig | None = None
     """Signing keys (the flow signs as ``flow``); the embedded default makes its own."""
 
-    @field_validator("job")
-    @classmethod
-    def _job_name(cls, v: str) -> str:
-        if not is_job_name(v):
-            raise ValueError(f"job must be {JOB_NAME_RULE}")
-        return v
-
     @model_validator(mode="after")
     def _roles(self) -> JobConfig:
-        for name in self.parties:
-            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}", name) or name == "flow":
-                raise ValueError(f"party name {name!r} must be 1-32 letters, digits, '_', '-'")
+        _check_party_names(self.parties)
         actives = [n for n, p in self.parties.items() if p.role == "active"]
         if len(actives) != 1:
             raise ValueError(f"exactly one party must have role active, found {len(actives)}")
@@ -273,14 +287,7 @@ class JobConfig(_Strict):
         for name in self.passives:
             if self.parties[name].label is not None:
                 raise ValueError(f"parties.{name}.label: only the active party holds labels")
-        if self.transport.kind == "rabbitmq" and self.signing is None:
-            raise ValueError("signing.key_dir: parties and flows over RabbitMQ sign every "
-                             "message; make keys with 'fedboost keys --out DIR --name PARTY'")
-        if self.transport.kind == "memory":
-            for name, party in self.parties.items():
-                if party.data is None:
-                    raise ValueError(f"parties.{name}.data: the embedded default needs every "
-                                     f"party's data file")
+        _check_broker_needs(self.transport, self.signing, self.parties, list(self.parties))
         return self
 
     @property
@@ -294,6 +301,117 @@ class JobConfig(_Strict):
         return [n for n, p in self.parties.items() if p.role == "passive"]
 
 
+def _check_party_names(parties: dict[str, Any]) -> None:
+    for name in parties:
+        if not re.fullmatch(NAME_PATTERN, name) or name == "flow":
+            raise ValueError(f"party name {name!r} must be 1-32 letters, digits, '_', '-' "
+                             f"(and not 'flow')")
+
+
+def _check_broker_needs(transport: TransportConfig, signing: SigningConfig | None,
+                        parties: dict[str, Any], needs_data: list[str]) -> None:
+    """Over RabbitMQ every message is signed; the embedded default reads every data file."""
+    if transport.kind == "rabbitmq" and signing is None:
+        raise ValueError("signing.key_dir: parties and flows over RabbitMQ sign every "
+                         "message; make keys with 'fedboost keys --out DIR --name PARTY'")
+    if transport.kind == "memory":
+        for name in needs_data:
+            if parties[name].data is None:
+                raise ValueError(f"parties.{name}.data: the embedded default needs every "
+                                 f"party's data file")
+    for name, party in parties.items():
+        if party.data is not None and party.dataset is not None:
+            raise ValueError(f"parties.{name}: give data (a file, embedded default) or dataset "
+                             f"(a name in the party's worker file), not both")
+
+
+class HorizontalParamsConfig(_TreeParams):
+    """Boosting parameters of the horizontal protocol."""
+
+    objective: Literal["binary", "regression"] = "binary"  # type: ignore[assignment]
+
+
+class PrivacyConfig(_Strict):
+    """Differential privacy of the released model (``workers.horizontal.privacy``): gradient
+    clipping, the exponential mechanism for split choice, Laplace noise on leaf values."""
+
+    epsilon: float = Field(gt=0.0, le=1000.0)
+    """The whole job's budget, split evenly over its trees (see the README)."""
+    clip: float = Field(1.0, gt=0.0, le=1000.0)
+    """Every gradient is clipped to [-clip, clip] (bounds the sensitivity)."""
+    seed: int | None = Field(None, ge=0)
+    """Seed of the aggregator's noise, for reproducible experiments only: a known seed lets
+    anyone who knows it remove the noise. Default: fresh randomness from the OS."""
+
+
+class HorizontalPartyConfig(_Strict):
+    """A party of a horizontal job: a member (rows with labels) or the aggregator."""
+
+    role: Literal["member", "aggregator"]
+    data: Path | None = None
+    """A member's CSV file (embedded default)."""
+    dataset: str | None = Field(None, pattern=f"^{NAME_PATTERN}$")
+    """Over a broker: the data set's name in the member's own worker file."""
+    id: str = "id"
+    label: str | None = None
+    columns: list[str] | None = None
+    """Feature columns (default: all but id and label); every member's must be the same."""
+    policy: PolicyConfig | None = None
+    processes: int | None = Field(None, ge=1, le=64)
+
+
+class HorizontalJobConfig(_Strict):
+    """A horizontal training job (FedTree): members with different rows and the same columns,
+    one aggregator that sums their masked histograms and grows the trees."""
+
+    job: JobName
+    protocol: Literal["horizontal"]
+    parties: dict[str, HorizontalPartyConfig]
+    params: HorizontalParamsConfig = HorizontalParamsConfig()
+    privacy: PrivacyConfig | None = None
+    """Optional differential privacy; without it the protocol is lossless."""
+    min_members: int = Field(2, ge=2, le=1000)
+    """Members that must remain: below this (after dropouts) the job fails."""
+    transport: TransportConfig = TransportConfig()
+    signing: SigningConfig | None = None
+
+    @model_validator(mode="after")
+    def _roles(self) -> HorizontalJobConfig:
+        _check_party_names(self.parties)
+        aggregators = [n for n, p in self.parties.items() if p.role == "aggregator"]
+        if len(aggregators) != 1:
+            raise ValueError(f"exactly one party must have role aggregator, found "
+                             f"{len(aggregators)}")
+        agg = self.parties[aggregators[0]]
+        for key in ("data", "dataset", "label", "columns"):
+            if getattr(agg, key) is not None:
+                raise ValueError(f"parties.{aggregators[0]}.{key}: the aggregator holds no data")
+        if len(self.members) < self.min_members:
+            raise ValueError(f"{len(self.members)} member(s), min_members is "
+                             f"{self.min_members}: secure aggregation needs at least 2")
+        for name in self.members:
+            if self.parties[name].label is None:
+                raise ValueError(f"parties.{name}.label: every member needs the label column")
+        _check_broker_needs(self.transport, self.signing, self.parties, self.members)
+        return self
+
+    @property
+    def aggregator(self) -> str:
+        """Name of the aggregator."""
+        return next(n for n, p in self.parties.items() if p.role == "aggregator")
+
+    @property
+    def members(self) -> list[str]:
+        """Names of the members, in file order."""
+        return [n for n, p in self.parties.items() if p.role == "member"]
+
+
+AnyJobConfig = JobConfig | HorizontalJobConfig
+JOB_SCHEMAS: dict[str, type[JobConfig] | type[HorizontalJobConfig]] = {
+    "vertical_secureboost": JobConfig, "horizontal": HorizontalJobConfig}
+"""The job file's ``protocol:`` selects its schema."""
+
+
 def _read_yaml(path: Path) -> Any:
     try:
         return yaml.safe_load(path.read_text())
@@ -303,20 +421,31 @@ def _read_yaml(path: Path) -> Any:
         raise ConfigError(f"config file {path}: cannot parse ({exc})") from None
 
 
-def load_config(path: str | Path) -> JobConfig:
+def load_config(path: str | Path) -> AnyJobConfig:
     """Read, validate and resolve a job file."""
     path = Path(path)
     return parse_config(_read_yaml(path), base=path.resolve().parent, source=str(path))
 
 
-def parse_config(raw: Any, *, base: Path, source: str) -> JobConfig:
-    """Validate a config mapping; data paths are made absolute against ``base``."""
+def validate_job(raw: Any, source: str) -> AnyJobConfig:
+    """A job mapping validated against its protocol's schema (``protocol:``, default
+    vertical_secureboost); keys that protocol does not have are errors naming them."""
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {source}: expected a mapping at the top level")
+    protocol = raw.get("protocol", "vertical_secureboost")
+    schema = JOB_SCHEMAS.get(protocol) if isinstance(protocol, str) else None
+    if schema is None:
+        raise ConfigError(f"config file {source}: key 'protocol': {protocol!r} is not a "
+                          f"protocol (known: {', '.join(JOB_SCHEMAS)})")
     try:
-        config = JobConfig.model_validate(raw)
+        return schema.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(f"config file {source}: {describe(exc)}") from None
+
+
+def parse_config(raw: Any, *, base: Path, source: str) -> AnyJobConfig:
+    """Validate a config mapping; data paths are made absolute against ``base``."""
+    config = validate_job(raw, source)
     parties = {name: p.model_copy(update={"data": _resolve(base, p.data)})
                for name, p in config.parties.items()}
     signing = config.signing and config.signing.model_copy(
@@ -336,15 +465,30 @@ def _resolve_transport(base: Path, transport: TransportConfig) -> TransportConfi
         "password_file": _resolve(base, transport.password_file)})
 
 
-class WorkerConfig(_Strict):
-    """A party's own worker file: only its data, where its models go, and the broker."""
+class DataSetConfig(_Strict):
+    """One of a party's data files, named in its worker file's ``datasets:``."""
 
-    party: str
-    role: Literal["active", "passive"]
     data: Path
     id: str = "id"
     label: str | None = None
     columns: list[str] | None = None
+
+
+class WorkerConfig(_Strict):
+    """A party's own worker file: its data sets, where its models go, and the broker. One
+    worker serves jobs of every protocol its policy lists, each job naming the party's role
+    and data set."""
+
+    party: str
+    role: Literal["active", "passive", "member", "aggregator"] | None = None
+    """The only role this party takes (default: whatever each job gives it)."""
+    data: Path | None = None
+    """The default data set's file (what a job uses when it names no data set)."""
+    id: str = "id"
+    label: str | None = None
+    columns: list[str] | None = None
+    datasets: dict[str, DataSetConfig] = {}
+    """Further data sets by name; a job file picks one with ``dataset: NAME``."""
     models: Path = Path("models")
     """This party's model part of job J goes to ``models/J/<party>/``."""
     policy: PolicyConfig = PolicyConfig()
@@ -366,9 +510,22 @@ class WorkerConfig(_Strict):
     def _consistent(self) -> WorkerConfig:
         if self.transport.kind != "rabbitmq":
             raise ValueError("transport.kind: a long-running worker needs rabbitmq")
-        if (self.role == "active") != (self.label is not None):
+        if self.role in ("active", "passive") and self.data is not None and \
+                (self.role == "active") != (self.label is not None):
             raise ValueError("label: the active party needs one, a passive party must not have one")
+        for name in self.datasets:
+            if not re.fullmatch(NAME_PATTERN, name) or name == "default":
+                raise ValueError(f"datasets: name {name!r} must be 1-32 letters, digits, '_', "
+                                 f"'-' (and not 'default', the name of data:)")
+        if self.data is None and not self.datasets and self.role != "aggregator":
+            raise ValueError("data: a worker needs a data file (data:) or named data sets "
+                             "(datasets:), unless its role is aggregator")
         return self
+
+    def data_files(self) -> dict[str, Path]:
+        """Every data set's file, by data set name (``default``: ``data:``)."""
+        files = {"default": self.data} if self.data is not None else {}
+        return {**files, **{name: d.data for name, d in self.datasets.items()}}
 
 
 def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
@@ -384,10 +541,11 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
         entry = job.parties[party]
         raw = {"party": party, "role": entry.role, "data": entry.data, "id": entry.id,
                "label": entry.label, "columns": entry.columns,
-               "policy": entry.policy or PolicyConfig(),
+               # the job file's own protocol: this party's entry in it is an opt-in
+               "policy": entry.policy or PolicyConfig(protocols=[job.protocol]),
                "models": base / "models", "transport": job.transport.model_dump(),
                "signing": job.signing.model_dump() if job.signing else None}
-        if entry.data is None:
+        if entry.data is None and entry.role != "aggregator":
             raise ConfigError(f"config file {path}: parties.{party}.data is required to start "
                               f"its worker")
     if not isinstance(raw, dict):
@@ -398,7 +556,10 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
         raise ConfigError(f"config file {path}: {describe(exc)}") from None
     if config.party != party:
         raise ConfigError(f"config file {path} is for party {config.party!r}, not {party!r}")
+    datasets = {name: d.model_copy(update={"data": _resolve(base, d.data)})
+                for name, d in config.datasets.items()}
     return config.model_copy(update={"data": _resolve(base, config.data),
+                                     "datasets": datasets,
                                      "models": _resolve(base, config.models),
                                      "state": _resolve(base, config.state),
                                      "transport": _resolve_transport(base, config.transport),

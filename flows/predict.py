@@ -23,9 +23,13 @@ PredictMode = Literal["path", "batched"]
 
 @task(name="open_prediction", task_run_name="open-prediction", cache_policy=NO_CACHE)
 def open_prediction(job: str, active: str, passives: list[str], batch_size: int,
-                    scores_file: str, model_job: str) -> None:
-    """Every party loads its part of the trained job ``model_job`` and its own rows."""
-    parties = [PartyInfo(active, "active")] + [PartyInfo(p, "passive") for p in passives]
+                    scores_file: str, model_job: str,
+                    datasets: dict[str, str] | None = None) -> None:
+    """Every party loads its part of the trained job ``model_job`` and its own rows (the data
+    set ``datasets`` names for it, else its default one)."""
+    named = datasets or {}
+    parties = ([PartyInfo(active, "active", named.get(active, ""))]
+               + [PartyInfo(p, "passive", named.get(p, "")) for p in passives])
     link(job).call([active, *passives], MsgType.OPEN_PREDICTION,
                    OpenPrediction(parties=parties, batch_size=batch_size,
                                   scores_file=scores_file, model_job=model_job),
@@ -74,11 +78,12 @@ def write_scores(job: str, active: str) -> int:
 @flow(name="federated_predict", flow_run_name="{job}")
 def federated_predict(job: str, active: str, passives: list[str], scores_file: str,
                       model_job: str, batch_size: int = 4096,
-                      mode: PredictMode = "path") -> dict[str, Any]:
+                      mode: PredictMode = "path",
+                      datasets: dict[str, str] | None = None) -> dict[str, Any]:
     """Score the rows all parties share with the model trained by job ``model_job``."""
     logger = get_run_logger()
     started = time.perf_counter()
-    open_prediction(job, active, passives, batch_size, scores_file, model_job)
+    open_prediction(job, active, passives, batch_size, scores_file, model_job, datasets)
     aligned = align_entities(job, active, passives)
     n_batches = -(-aligned.n_aligned // batch_size)
     rounds = 0

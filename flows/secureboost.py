@@ -27,7 +27,8 @@ def job_spec(config: JobConfig) -> JobSpec:
     """What every party is told about the job (no paths, no data)."""
     p = config.params
     return JobSpec(
-        parties=[PartyInfo(name, party.role) for name, party in config.parties.items()],
+        parties=[PartyInfo(name, party.role, party.dataset or "")
+                 for name, party in config.parties.items()],
         n_trees=p.n_trees, max_depth=p.max_depth, learning_rate=p.learning_rate,
         max_bin=p.max_bin, objective=p.objective, reg_lambda=p.reg_lambda, gamma=p.gamma,
         min_child_weight=p.min_child_weight, min_samples_leaf=p.min_samples_leaf,

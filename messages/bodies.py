@@ -7,6 +7,7 @@ peer messages go party to party and carry ciphertexts, blinded ids and instance 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from messages.instance_space import InstanceSpace
 
@@ -17,10 +18,12 @@ VALIDATION_BATCH = 4096
 # ---- job set-up ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class PartyInfo:
-    """A party's name and role ("active" or "passive")."""
+    """A party's name, its role in the job ("active"/"passive"; "member"/"aggregator") and the
+    name of the data set it uses, in its own worker file ("": its default data set)."""
 
     name: str
     role: str
+    dataset: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,13 @@ class OpenJob:
     """Command: load local data and prepare state for a training job."""
 
     spec: JobSpec
+    protocol: ClassVar[str] = "vertical_secureboost"
+    """An opener names its protocol: the worker serves the job with that protocol's steps."""
+
+    @property
+    def parties(self) -> list[PartyInfo]:
+        """Every party of the job and its role."""
+        return self.spec.parties
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +77,7 @@ class OpenPrediction:
     batch_size: int
     scores_file: str
     model_job: str
+    protocol: ClassVar[str] = "vertical_secureboost"
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,7 +106,9 @@ STEP_COMMANDS = frozenset(
 )
 for _kind in STEP_COMMANDS:
     BODY_TYPES[_kind] = b.Step
-COMMANDS = STEP_COMMANDS | {MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION, MsgType.RESUME_JOB}
+OPENERS = frozenset({MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION})
+"""Commands that open a job at a party: their bodies name the protocol and every party's role."""
+COMMANDS = STEP_COMMANDS | OPENERS | {MsgType.RESUME_JOB}
 WORK = frozenset({MsgType.HISTOGRAM_SHARD, MsgType.TREE_CIPHERTEXTS})
 """What a party's coordinating process hands to its own helper processes: shards of a step, and
 the data those shards share (a tree's ciphertexts)."""

@@ -115,15 +115,16 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     if actives != [ctx.party.name]:
         raise ProtocolError(f"job names {actives} as active party, this worker is {ctx.party.name}")
     check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
-    data = load_party_csv(ctx.party.name, ctx.party.data, ctx.party.id_column, ctx.party.label,
-                          require_label=True, columns=ctx.party.columns)
+    own = ctx.party.dataset_in(spec.parties)
+    data = load_party_csv(ctx.party.name, own.path, own.id_column, own.label,
+                          require_label=True, columns=own.columns)
     params = params_of(body)
     public, private = generate_keypair(spec.key_bits, obfuscator=ctx.party.policy.obfuscator)
     state = JobState(kind="train", party=ctx.party.name, active=ctx.party.name,
                      passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
                      valid_fraction=spec.valid_fraction, valid_seed=spec.valid_seed,
-                     key_bits=spec.key_bits,
-                     digest=checkpoint.job_digest(spec, ctx.party.data, ctx.party.columns))
+                     key_bits=spec.key_bits, data_file=own.path,
+                     digest=checkpoint.job_digest(spec, own.path, own.columns))
     state.role_state = ActiveTraining(params=params, public=public, private=private)
     ctx.state = state
     return MsgType.OPENED, Opened(rows=len(data.ids),
@@ -161,7 +162,7 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     try:
         run.n_classes = check_labels(run.params.objective, y)
     except ValueError as exc:
-        raise DataError(f"party {state.party}: file {ctx.party.data}: {exc}") from None
+        raise DataError(f"party {state.party}: file {state.data_file}: {exc}") from None
     run.y = y
     run.base = base_score(run.params.objective, y, run.n_classes)
     run.margin = np.tile(run.base, (y.size, 1))
@@ -394,6 +395,5 @@ def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     save_model(run.model(features), Path(directory) / "model.json")
     write_json_atomic(Path(directory) / "party.json", {
         "party": state.party, "role": "active", "job": ctx.job, "saved_at": time.time(),
-        "parties": [state.party, *state.passives], "label": ctx.party.label,
-        "id_column": ctx.party.id_column})
+        "parties": [state.party, *state.passives]})
     return MsgType.ACK, Ack(count=len(run.trees))

@@ -9,7 +9,7 @@ from multiprocessing.process import BaseProcess
 from messages.signing import Sealer
 from messages.transport import MemoryHub, MemoryTransport
 from workers.lifeline import die_with_parent
-from workers.roles import arrivals_for, handlers_for
+from workers.protocols import PROTOCOLS
 from workers.runtime import PartySpec, Worker
 
 
@@ -21,8 +21,7 @@ def run_worker(party: PartySpec, transport: MemoryTransport, sealer: Sealer, log
     label = f"{party.name}/helper" if helper else party.name
     logging.basicConfig(level=log_level, format=f"%(asctime)s [{label}] %(message)s")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    Worker(party, transport, handlers_for(party.role), sealer,
-           arrivals=arrivals_for(party.role), exit_on_close=not helper).serve()
+    Worker(party, transport, PROTOCOLS, sealer, exit_on_close=not helper).serve()
 
 
 def start_workers(hub: MemoryHub, parties: list[PartySpec], sealers: dict[str, Sealer],

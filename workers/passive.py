@@ -98,17 +98,18 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     if ctx.party.name not in [p.name for p in spec.parties if p.role == "passive"]:
         raise ProtocolError(f"job does not list {ctx.party.name} as a passive party")
     check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
-    data = load_party_csv(ctx.party.name, ctx.party.data, ctx.party.id_column, None,
-                          require_label=False, columns=ctx.party.columns)
-    if spec.label and spec.label in data.names and ctx.party.columns is None:
+    own = ctx.party.dataset_in(spec.parties)
+    data = load_party_csv(ctx.party.name, own.path, own.id_column, None,
+                          require_label=False, columns=own.columns)
+    if spec.label and spec.label in data.names and own.columns is None:
         # labels stay with the active party: a same-named column here is most likely a copy
-        raise DataError(f"party {ctx.party.name}: file {ctx.party.data}: column {spec.label!r} has "
+        raise DataError(f"party {ctx.party.name}: file {own.path}: column {spec.label!r} has "
                         f"the name of the active party's label; a passive party must not hold "
                         f"labels: remove it, or list this party's features with 'columns:'")
     state = JobState(kind="train", party=ctx.party.name, active=actives[0],
                      passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
-                     key_bits=spec.key_bits,
-                     digest=checkpoint.job_digest(spec, ctx.party.data, ctx.party.columns))
+                     key_bits=spec.key_bits, data_file=own.path,
+                     digest=checkpoint.job_digest(spec, own.path, own.columns))
     state.role_state = PassiveTraining(params=params_of(body))
     ctx.state = state
     return MsgType.OPENED, Opened(rows=len(data.ids),
@@ -486,7 +487,7 @@ def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
         state.party, ctx.job, state.data.names, run.records))
     write_json_atomic(ctx.model_dir / "party.json", {
         "party": state.party, "role": "passive", "job": ctx.job, "saved_at": time.time(),
-        "active": state.active, "id_column": ctx.party.id_column})
+        "active": state.active})
     return MsgType.ACK, Ack(count=len(run.records))
 
 

@@ -1,11 +1,11 @@
-"""Handler registries: message kind -> the step that answers it, per role."""
+"""Vertical SecureBoost's steps per role: message kind -> the step that answers it."""
 
 from __future__ import annotations
 
 
 from messages.envelope import MsgType
 from workers import active, alignment, passive, paths, scoring
-from workers.runtime import Arrival, Handler
+from workers.runtime import Arrival, Handler, Protocol, RoleSteps
 
 
 ACTIVE_HANDLERS: dict[MsgType, Handler] = {
@@ -40,8 +40,6 @@ PASSIVE_HANDLERS: dict[MsgType, Handler] = {
     MsgType.EVALUATE_NODES: scoring.evaluate_nodes,
     MsgType.CLOSE_JOB: passive.close_job,
     MsgType.RESUME_JOB: passive.resume_job,
-    MsgType.HISTOGRAM_SHARD: passive.histogram_shard,
-    MsgType.TREE_CIPHERTEXTS: passive.tree_ciphertexts,
     MsgType.TRAVERSE_LEVEL: paths.answer_level,
 }
 
@@ -51,17 +49,13 @@ PASSIVE_ARRIVALS: dict[MsgType, Arrival] = {
     MsgType.ENCRYPTED_GRADIENTS: passive.gradients_arrived,
 }
 
+WORK: dict[MsgType, Handler] = {
+    # a passive party's helper processes sum shards of its encrypted histograms
+    MsgType.HISTOGRAM_SHARD: passive.histogram_shard,
+    MsgType.TREE_CIPHERTEXTS: passive.tree_ciphertexts,
+}
 
-def handlers_for(role: str) -> dict[MsgType, Handler]:
-    """The registry of a role."""
-    if role == "active":
-        return ACTIVE_HANDLERS
-    if role == "passive":
-        return PASSIVE_HANDLERS
-    raise ValueError(f"unknown role {role!r}")
-
-
-def arrivals_for(role: str) -> dict[MsgType, Arrival]:
-    """What a role does as peer messages are filed, before the steps that need them."""
-    handlers_for(role)  # the same check of the role's name
-    return PASSIVE_ARRIVALS if role == "passive" else {}
+VERTICAL = Protocol("vertical_secureboost",
+                    {"active": RoleSteps(ACTIVE_HANDLERS),
+                     "passive": RoleSteps(PASSIVE_HANDLERS, PASSIVE_ARRIVALS)},
+                    work=WORK)

@@ -29,7 +29,7 @@ from boosting import BoostingError
 from crypto import CryptoError
 from messages import DecodeError, MessageError
 from messages.bodies import ErrorReply
-from messages.envelope import COMMANDS, WORK, Envelope, MsgType
+from messages.envelope import COMMANDS, OPENERS, WORK, Envelope, MsgType
 from messages.signing import CLOCK_SKEW_SECONDS, Sealer, is_flow
 from messages.transport import Transport
 from workers import DataError, NotReady, ProtocolError
@@ -50,8 +50,24 @@ handing out a 15 MB shard took 0.8 s instead of 0.18 s (measured on 2 cores)."""
 
 
 @dataclass(frozen=True, slots=True)
+class DataSet:
+    """One of a party's data files, as its worker file names it: never sent over the wire."""
+
+    path: str
+    id_column: str = "id"
+    label: str | None = None
+    columns: list[str] | None = None
+    """Feature columns to use (default: every column but the id and the label)."""
+
+
+@dataclass(frozen=True, slots=True)
 class PartySpec:
-    """A worker's local configuration: never sent over the wire."""
+    """A worker's local configuration: never sent over the wire.
+
+    ``data``, ``id_column``, ``label`` and ``columns`` are the party's default data set (what a
+    job uses when it names none); ``datasets`` are the others, by name. ``role`` is the only
+    role the party takes in jobs ("" for any: each job says the party's role).
+    """
 
     name: str
     role: str
@@ -69,6 +85,24 @@ class PartySpec:
     """A folder only this party's worker reads (0700): the key that authenticates its
     checkpoints and its record of messages already answered. Default: ``.fedboost/<party>``
     beside the job folders of ``model_dir``."""
+
+    datasets: dict[str, DataSet] = field(default_factory=dict)
+    """Named data sets a job may ask for (``dataset: NAME`` in the job file)."""
+
+    def dataset(self, name: str = "") -> DataSet:
+        """The data set a job names ("" or "default": the default one); a name this party does
+        not have is a ``DataError`` naming the party and the data set."""
+        if name in self.datasets:
+            return self.datasets[name]
+        if name in ("", "default") and self.data:
+            return DataSet(self.data, self.id_column, self.label, self.columns)
+        known = sorted(self.datasets) + (["default"] if self.data else [])
+        raise DataError(f"party {self.name} has no data set {name or 'default'!r} in its worker "
+                        f"file (it has: {', '.join(known) or 'none'})")
+
+    def dataset_in(self, parties: list[Any]) -> DataSet:
+        """The data set a job's list of parties (``PartyInfo``) names for this party."""
+        return self.dataset(next((p.dataset for p in parties if p.name == self.name), ""))
 
     def model_folder(self, job: str) -> Path:
         """Where job ``job``'s model part lives (``{job}`` in ``model_dir`` is the job id);
@@ -145,6 +179,26 @@ Arrival = Callable[[StepContext, str, Any], None]
 """Runs with (sender, body) when a peer message of its kind is filed, before waiting steps are
 retried."""
 
+
+@dataclass(frozen=True, slots=True)
+class RoleSteps:
+    """What one role of a protocol does: the steps it answers and what it does as peer
+    messages arrive."""
+
+    handlers: dict[MsgType, Handler]
+    arrivals: dict[MsgType, Arrival] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Protocol:
+    """A protocol's steps per role, and the work shards its helper processes take. A worker
+    serves jobs of every protocol it is given; each job's opener names its protocol and every
+    party's role in it."""
+
+    name: str
+    roles: dict[str, RoleSteps]
+    work: dict[MsgType, Handler] = field(default_factory=dict)
+
 # Mail keys need the tree/depth of each peer message; bodies without them file under -1.
 def _mail_key(env: Envelope) -> MailKey:
     tree = getattr(env.body, "tree", -1)
@@ -165,6 +219,10 @@ class _Pending:
 
 @dataclass(slots=True)
 class _Job:
+    steps: RoleSteps = field(default_factory=lambda: RoleSteps({}))
+    """The steps of this party's role in the job's protocol."""
+    parties: frozenset[str] = frozenset()
+    """Every party of the job (peer messages come only from them)."""
     state: Any = None
     mailbox: Mailbox = field(default_factory=Mailbox)
     pending: list[_Pending] = field(default_factory=list)
@@ -187,12 +245,6 @@ def session_of(task: str) -> str:
     return task.split("/", 1)[0] if "/" in task else ""
 
 
-OPENERS = frozenset({MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION})
-
-
-def _is_peer(job: _Job, sender: str) -> bool:
-    state = job.state
-    return state is not None and sender in (state.active, *state.passives)
 
 
 MAX_PENDING = 64
@@ -211,8 +263,7 @@ class Worker:
     """A party's long-running worker."""
 
     def __init__(self, party: PartySpec, transport: Transport,
-                 handlers: dict[MsgType, Handler], sealer: Sealer, *,
-                 arrivals: dict[MsgType, Arrival] | None = None,
+                 protocols: dict[str, Protocol], sealer: Sealer, *,
                  exit_on_close: bool = False,
                  peer_timeout: float = DEFAULT_PEER_TIMEOUT,
                  idle_job_seconds: float = IDLE_JOB_SECONDS,
@@ -223,8 +274,9 @@ class Worker:
         self.peer_timeout = peer_timeout
         self.idle_job_seconds = idle_job_seconds
         self.transport = transport
-        self.handlers = handlers
-        self.arrivals = arrivals or {}
+        self.protocols = protocols
+        self.work: dict[MsgType, Handler] = {
+            kind: handler for protocol in protocols.values() for kind, handler in protocol.work.items()}
         self.sealer = sealer
         """Signs what this worker sends; verifies and de-duplicates what it receives."""
         self.exit_on_close = exit_on_close
@@ -241,8 +293,8 @@ class Worker:
         """Serve until stopped (SIGTERM/SIGINT) or, in single-job mode, until CLOSE_JOB."""
         signal.signal(signal.SIGTERM, self.stop)
         sys.setswitchinterval(SWITCH_INTERVAL)
-        log.info("worker %s (%s) serving; %d answered commands on record", self.party.name,
-                 self.party.role, len(self.answered))
+        log.info("worker %s serving %s; %d answered commands on record", self.party.name,
+                 ", ".join(sorted(self.protocols)), len(self.answered))
         while not self._stopping:
             data = self.transport.receive(timeout=0.5)
             if data is not None:
@@ -331,7 +383,7 @@ class Worker:
             if not own:
                 log.warning("%s: rejected %s work from %r", self.party.name, env.kind.name, env.sender)
                 return
-            self._run(_Job(), env)  # shards carry everything they need: no job state
+            self._run(_Job(RoleSteps(self.work)), env)  # shards carry all they need: no job state
             return
         if env.kind in COMMANDS and not is_flow(env.sender):
             log.warning("%s: rejected %s from %r: commands come from flows", self.party.name,
@@ -343,9 +395,12 @@ class Worker:
         if env.kind in OPENERS and (env.job not in self.jobs
                                     or self.jobs[env.job].session != session):
             # a new flow session (a resumed or recovering run) starts the job afresh
+            opened = self._open(env, session)
+            if opened is None:
+                return
             if env.job in self.jobs:
                 self.jobs.pop(env.job).discard()
-            self.jobs[env.job] = _Job(session=session)
+            self.jobs[env.job] = opened
         if env.job not in self.jobs:  # late, early or forged: nothing to file it under
             log.warning("%s: %s for unknown job %r", self.party.name, env.kind.name, env.job)
             if env.kind in COMMANDS:  # e.g. this worker restarted: the flow can resume the job
@@ -377,7 +432,7 @@ class Worker:
             self._run(job, env)
         elif env.kind == MsgType.ERROR and own:
             self._fail_pending(job, env)  # a helper process failed a shard of a waiting step
-        elif not (own or _is_peer(job, env.sender)):
+        elif not (own or env.sender in job.parties):
             log.warning("%s: rejected %s from %r: not a party of job %r", self.party.name,
                         env.kind.name, env.sender, env.job)
         else:
@@ -389,9 +444,36 @@ class Worker:
             self._arrived(job, env)
             self._retry_pending(job)
 
+    def _open(self, env: Envelope, session: str) -> _Job | None:
+        """A job for an opener: its protocol's steps for the role the job gives this party.
+        A protocol this worker does not serve, or a role it does not take, is answered with
+        an error naming both (and nothing is opened)."""
+        protocol = self.protocols.get(env.body.protocol)
+        roles = {p.name: p.role for p in env.body.parties}
+        role = roles.get(self.party.name)
+        problem = ""
+        if protocol is None:
+            problem = (f"protocol {env.body.protocol!r} is not served here (this worker serves "
+                       f"{', '.join(sorted(self.protocols))})")
+        elif role is None:
+            problem = f"the job does not name party {self.party.name}"
+        elif self.party.role and role != self.party.role:
+            problem = (f"the job gives it role {role!r}; its worker file allows only "
+                       f"{self.party.role!r}")
+        elif role not in protocol.roles:
+            problem = f"protocol {protocol.name} has no role {role!r}"
+        if problem:
+            log.warning("%s: refused %s of job %r: %s", self.party.name, env.kind.name, env.job,
+                        problem)
+            self._reply(env, MsgType.ERROR, ErrorReply(self.party.name, env.kind.name,
+                                                       f"party {self.party.name}: {problem}",
+                                                       True))
+            return None
+        return _Job(protocol.roles[role], frozenset(roles), session=session)
+
     def _arrived(self, job: _Job, env: Envelope) -> None:
         """Let the role act on a filed peer message; its failures are the step's to answer."""
-        arrival = self.arrivals.get(env.kind)
+        arrival = job.steps.arrivals.get(env.kind)
         if arrival is None:
             return
         ctx = self._context(job, env)
@@ -420,10 +502,11 @@ class Worker:
             self._run(job, p.env, since=p.since)
 
     def _run(self, job: _Job, env: Envelope, since: float | None = None) -> None:
-        handler = self.handlers.get(env.kind)
+        handler = job.steps.handlers.get(env.kind)
         if handler is None:
             self._reply(env, MsgType.ERROR, ErrorReply(self.party.name, env.kind.name,
-                        f"{self.party.role} party has no step {env.kind.name}", False))
+                        f"party {self.party.name} has no step {env.kind.name} in this job",
+                        False))
             return
         ctx = self._context(job, env)
         start, first_try = time.perf_counter(), since or time.monotonic()

@@ -86,7 +86,8 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
     directory = model_folder(ctx, body.model_job)
     is_active = ctx.party.name == actives[0]
     scores = scores_path(directory, body.scores_file) if is_active else directory
-    data = load_party_csv(ctx.party.name, ctx.party.data, ctx.party.id_column, ctx.party.label,
+    own = ctx.party.dataset_in(body.parties)
+    data = load_party_csv(ctx.party.name, own.path, own.id_column, own.label,
                           require_label=False)
     if is_active:
         model = load_model(directory / "model.json")
@@ -101,7 +102,7 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
         role_state = PassiveScoring(records=records)
     missing = [n for n in expected if n not in data.names]
     if missing:
-        raise DataError(f"party {ctx.party.name}: file {ctx.party.data}: missing model feature "
+        raise DataError(f"party {ctx.party.name}: file {own.path}: missing model feature "
                         f"column(s) {', '.join(missing)}")
     columns = [data.names.index(n) for n in expected]
     data = PartyData(ids=data.ids, names=tuple(expected), x=data.x[:, columns], y=data.y)

@@ -45,6 +45,8 @@ class JobState:
     """The active party's path-mode walk of the batch being scored (``workers.paths``)."""
     digest: str = ""
     """The job spec and this party's data, as checkpoints record them (training jobs)."""
+    data_file: str = ""
+    """The party's data file of this job (named in its errors; never sent)."""
 
     def require_aligned(self) -> tuple[IntArray, np.ndarray]:
         """The aligned rows and validation mask, or a stage error."""

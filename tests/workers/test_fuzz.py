@@ -20,7 +20,7 @@ from messages.envelope import BODY_TYPES, Envelope, MsgType, encode_envelope
 from messages.signing import federation_sealers, signer_of
 from messages.transport import MemoryHub
 from tests.scenarios import DATA, TEST_POLICY
-from workers.roles import arrivals_for, handlers_for
+from workers.protocols import PROTOCOLS
 from workers.runtime import MAX_PENDING, PartySpec, Worker
 
 _SMALL_INT = st.integers(-3, 40) | st.integers(-2**63, 2**63 - 1)
@@ -123,8 +123,7 @@ def live_worker(tmp_path_factory: pytest.TempPathFactory) -> tuple[Worker, Memor
     hub = MemoryHub(["host", "guest", "flow"])
     party = PartySpec("host", "passive", str(DATA / "breast_hetero_host.csv"), "id", None,
                       str(tmp_path_factory.mktemp("fuzz")), policy=TEST_POLICY)
-    worker = Worker(party, hub.endpoint("host"), handlers_for("passive"), SEALERS["host"],
-                    arrivals=arrivals_for("passive"))
+    worker = Worker(party, hub.endpoint("host"), PROTOCOLS, SEALERS["host"])
     _open(worker)
     return worker, hub
 

@@ -73,7 +73,7 @@ def test_killing_the_worker_command_stops_its_processes(rabbit_url: str, tmp_pat
                               stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     children: list[int] = []
     try:
-        wait_until(lambda: log.read_text().count(f"worker {party} (passive) serving") == 2, 120,
+        wait_until(lambda: log.read_text().count(f"worker {party} serving") == 2, 120,
                    f"both processes of {party}")
         children = _children(parent.pid)
         assert len(children) == 2, (children, log.read_text()[-2000:])

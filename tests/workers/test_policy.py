@@ -20,7 +20,7 @@ from messages.transport import MemoryHub
 from tests.scenarios import DATA, TEST_POLICY
 from workers.embedded import start_workers, stop_workers
 from workers.policy import MIN_KEY_BITS, PartyPolicy
-from workers.roles import arrivals_for, handlers_for
+from workers.protocols import PROTOCOLS
 from workers.runtime import PartySpec, Worker
 
 SEALERS = federation_sealers(["guest", "host"])
@@ -71,7 +71,7 @@ def test_the_default_policy_needs_2048_bits_and_refuses_other_protocols(tmp_path
     hub = MemoryHub(["guest", "host", "flow"])
     guest = PartySpec("guest", "active", str(DATA / "breast_hetero_guest.csv"), "id", "y",
                       str(tmp_path))  # the default policy
-    worker = Worker(guest, hub.endpoint("guest"), handlers_for("active"), SEALERS["guest"])
+    worker = Worker(guest, hub.endpoint("guest"), PROTOCOLS, SEALERS["guest"])
     worker.handle_bytes(_command("guest", MsgType.OPEN_JOB, OpenJob(SPEC), "open"))
     assert _reply(hub).body.message == ("party guest refuses a 1024-bit Paillier key (the job "
                                         "asks for): its policy requires at least 2048 bits")
@@ -91,8 +91,7 @@ def test_a_passive_party_refuses_a_public_key_below_its_policy_whatever_the_spec
     hub = MemoryHub(["guest", "host", "flow"])
     host = PartySpec("host", "passive", str(DATA / "breast_hetero_host.csv"), "id", None,
                      str(tmp_path), policy=TEST_POLICY)
-    worker = Worker(host, hub.endpoint("host"), handlers_for("passive"), SEALERS["host"],
-                    arrivals=arrivals_for("passive"))
+    worker = Worker(host, hub.endpoint("host"), PROTOCOLS, SEALERS["host"])
     worker.handle_bytes(_command("host", MsgType.OPEN_JOB, OpenJob(SPEC), "open"))
     assert _reply(hub).kind == MsgType.OPENED  # the spec claims 1024 bits: allowed
     public, _ = generate_keypair(512)  # the active party sends a smaller key anyway

@@ -23,7 +23,7 @@ from messages.transport import MemoryHub
 from tests.scenarios import DATA
 from workers.passive import LookupRecord, lookup_to_dict
 from workers.policy import PartyPolicy
-from workers.roles import handlers_for
+from workers.protocols import PROTOCOLS
 from workers.runtime import PartySpec, Worker
 
 SEALERS = federation_sealers(["guest", "host"])
@@ -59,7 +59,7 @@ class Federation:
                                    "y" if role == "active" else None,
                                    str(models / "{job}" / name),
                                    policy=host_policy if name == "host" else PartyPolicy()),
-                         self.hub.endpoint(name), handlers_for(role), SEALERS[name])
+                         self.hub.endpoint(name), PROTOCOLS, SEALERS[name])
             for name, role in (("guest", "active"), ("host", "passive"))}
 
     def send(self, sender: str, recipient: str, kind: MsgType, body: object, task: str) -> None:

@@ -16,7 +16,7 @@ from messages.envelope import Envelope, MsgType, encode_envelope
 from messages.signing import Sealer, _signed_bytes, federation_sealers
 from messages.transport import MemoryHub
 from workers.mailbox import SENDER_MAIL
-from workers.roles import handlers_for
+from workers.protocols import PROTOCOLS
 from workers.runtime import PartySpec, Worker
 from tests.scenarios import DATA, TEST_POLICY
 
@@ -34,7 +34,7 @@ def _worker(tmp_path: Path, data: Path) -> tuple[Worker, MemoryHub]:
     hub = MemoryHub(["host", "guest", "flow"])
     party = PartySpec("host", "passive", str(data), "id", None, str(tmp_path),
                       policy=TEST_POLICY)
-    return Worker(party, hub.endpoint("host"), handlers_for("passive"), SEALERS["host"]), hub
+    return Worker(party, hub.endpoint("host"), PROTOCOLS, SEALERS["host"]), hub
 
 
 def _command(kind: MsgType, body: object, task: str = "t") -> bytes:
@@ -174,7 +174,7 @@ def test_replayed_open_and_close_after_a_restart_are_refused_and_delete_nothing(
     assert _reply(hub).body.state_lost and planted.exists() and "job" in worker.jobs
 
     host = SEALERS["host"]  # the restarted worker: same keys and folder, no nonces in memory
-    restarted = Worker(worker.party, hub.endpoint("host"), handlers_for("passive"),
+    restarted = Worker(worker.party, hub.endpoint("host"), PROTOCOLS,
                        Sealer(host.identity, host.private, dict(host.trusted)))
     for data in captured:
         caplog.clear()

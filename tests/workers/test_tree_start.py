@@ -21,7 +21,7 @@ from messages.transport import MemoryHub
 from tests.scenarios import DATA, TEST_POLICY
 from workers import shards
 from workers.passive import PassiveTraining
-from workers.roles import arrivals_for, handlers_for
+from workers.protocols import PROTOCOLS
 from workers.runtime import PartySpec, Worker
 
 SEALERS = federation_sealers(["guest", "host"])
@@ -41,12 +41,10 @@ def _host(tmp_path: Path, public: PaillierPublicKey,
     hub = MemoryHub(["host", "guest", "flow"], helpers={"host": helpers})
     party = PartySpec("host", "passive", str(DATA / "breast_hetero_host.csv"), "id", None,
                       str(tmp_path), processes=2, policy=TEST_POLICY)
-    coordinator = Worker(party, hub.endpoint("host"), handlers_for("passive"), SEALERS["host"],
-                         arrivals=arrivals_for("passive"))
+    coordinator = Worker(party, hub.endpoint("host"), PROTOCOLS, SEALERS["host"])
     own = SEALERS["host"]  # each process has its own copy of the key (and of what it has seen)
-    helper = Worker(party, hub.endpoint("host", helper=True), handlers_for("passive"),
-                    Sealer(own.identity, own.private, dict(own.trusted)),
-                    arrivals=arrivals_for("passive"))
+    helper = Worker(party, hub.endpoint("host", helper=True), PROTOCOLS,
+                    Sealer(own.identity, own.private, dict(own.trusted)))
     coordinator.handle_bytes(SEALERS["flow"].seal(
         Envelope("job", "s/open", "flow", "host", MsgType.OPEN_JOB, OpenJob(SPEC))))
     assert hub.endpoint("flow").receive(timeout=5) is not None  # OPENED

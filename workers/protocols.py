@@ -1,0 +1,8 @@
+"""Every protocol a worker serves, by the name a job file's ``protocol:`` gives it."""
+
+from __future__ import annotations
+
+from workers.roles import VERTICAL
+from workers.runtime import Protocol
+
+PROTOCOLS: dict[str, Protocol] = {protocol.name: protocol for protocol in (VERTICAL,)}
