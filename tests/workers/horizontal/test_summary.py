@@ -123,7 +123,8 @@ def members() -> list[np.ndarray]:
     return [_load(m) for m in MEMBERS]
 
 
-def test_default_credit_exact_summaries_give_the_centralized_cuts(members: list[np.ndarray]) -> None:
+def test_default_credit_exact_summaries_give_the_centralized_cuts(
+        members: list[np.ndarray]) -> None:
     union = np.vstack(members)
 
     cuts = merge_cuts([summarize(x, 8000) for x in members], 32)
