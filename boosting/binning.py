@@ -42,6 +42,32 @@ def fit_cuts(x: FloatArray, max_bin: int) -> list[FloatArray]:
     return [quantile_cuts(x[:, j], max_bin) for j in range(x.shape[1])]
 
 
+def check_cuts(cuts: list[FloatArray], n_features: int, max_bin: int) -> None:
+    """Refuse cuts made elsewhere (e.g. merged from members' summaries) that break the rules
+    :func:`quantile_cuts` keeps: one list per feature, 1..``max_bin`` strictly ascending cuts,
+    the last ``+inf`` and no other infinity or NaN.
+
+    Raises
+    ------
+    BoostingError
+        Naming the feature and the broken rule.
+    """
+    if len(cuts) != n_features:
+        raise BoostingError(f"{len(cuts)} cut lists for {n_features} features")
+    for j, edges in enumerate(cuts):
+        edges = np.asarray(edges)
+        if edges.ndim != 1 or edges.size == 0:
+            raise BoostingError(f"feature {j}: cuts must be a non-empty 1-d list")
+        if edges.size > max_bin:
+            raise BoostingError(f"feature {j}: {edges.size} cuts but max_bin is {max_bin}")
+        if edges[-1] != np.inf:
+            raise BoostingError(f"feature {j}: the last cut must be +inf")
+        if not np.isfinite(edges[:-1]).all():
+            raise BoostingError(f"feature {j}: inner cuts must be finite")
+        if not (np.diff(edges) > 0).all():
+            raise BoostingError(f"feature {j}: cuts must be strictly ascending")
+
+
 def apply_cuts(x: FloatArray, cuts: list[FloatArray], max_bin: int) -> BinMatrix:
     """Map raw values to bin indices; NaN maps to ``max_bin``."""
     if x.shape[1] != len(cuts):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from boosting._typing import Histogram
 from boosting.params import BoostParams
@@ -45,23 +46,24 @@ def leaf_weight(totals: NodeTotals, g_scale: float, h_scale: float, params: Boos
     return float(-g / (h + params.reg_lambda) * params.learning_rate)
 
 
-def best_split_in_block(
+def split_gains(
     hist: Histogram,
     totals: NodeTotals,
     g_scale: float,
     h_scale: float,
     params: BoostParams,
-    block: int,
-) -> SplitCandidate | None:
-    """Best (feature, bin, missing direction) of one node's histogram (features, bins, 3).
+) -> npt.NDArray[np.float64]:
+    """Gain of every candidate of one node's histogram (features, bins, 3), gamma subtracted.
 
-    Candidates are scanned in (feature, direction, bin) order and the first maximum wins, so
-    ties break the same way in every trainer. Returns None if no split is valid.
+    Returns a (features, 2, bins) array indexed by (feature, direction, bin): direction 0 sends
+    missing values right, 1 sends them left; "bin" is the last bin on the left. Candidates that
+    break ``min_samples_leaf`` or ``min_child_weight`` are ``-inf``. A caller that picks the
+    split itself (the exponential mechanism) turns its index into a split with
+    :func:`candidate_at`.
     """
     value_bins = hist[:, :-1, :]
     missing = hist[:, -1, :]
     cum = np.cumsum(value_bins, axis=1)  # exact int64: rows with bin <= b
-    # direction 0: missing values go right; direction 1: they go left
     left = np.stack([cum, cum + missing[:, None, :]], axis=1)  # (F, 2, B, 3)
     total = np.array([totals.g, totals.h, totals.count], dtype=np.int64)
     right = total - left
@@ -80,19 +82,48 @@ def best_split_in_block(
         & (hl >= params.min_child_weight)
         & (hr >= params.min_child_weight)
     )
-    gain = np.where(valid, gain, -np.inf)
-    flat = int(np.argmax(gain))
-    best = float(gain.flat[flat])
-    if not best > MIN_SPLIT_GAIN:
-        return None
-    feature, direction, bin_ = np.unravel_index(flat, gain.shape)
+    result: npt.NDArray[np.float64] = np.where(valid, gain, -np.inf)
+    return result
+
+
+def candidate_at(flat_index: int, gains: npt.NDArray[np.float64], block: int) -> SplitCandidate:
+    """The split at ``gains.flat[flat_index]`` of a :func:`split_gains` array.
+
+    Raises
+    ------
+    IndexError
+        If ``flat_index`` is outside the array.
+    """
+    if not 0 <= flat_index < gains.size:
+        raise IndexError(f"candidate index {flat_index} outside {gains.size} candidates")
+    feature, direction, bin_ = np.unravel_index(flat_index, gains.shape)
     return SplitCandidate(
         block=block,
         feature=int(feature),
         bin=int(bin_),
         missing_left=bool(direction == 1),
-        gain=best,
+        gain=float(gains.flat[flat_index]),
     )
+
+
+def best_split_in_block(
+    hist: Histogram,
+    totals: NodeTotals,
+    g_scale: float,
+    h_scale: float,
+    params: BoostParams,
+    block: int,
+) -> SplitCandidate | None:
+    """Best (feature, bin, missing direction) of one node's histogram (features, bins, 3).
+
+    Candidates are scanned in (feature, direction, bin) order and the first maximum wins, so
+    ties break the same way in every trainer. Returns None if no split is valid.
+    """
+    gain = split_gains(hist, totals, g_scale, h_scale, params)
+    flat = int(np.argmax(gain))
+    if not float(gain.flat[flat]) > MIN_SPLIT_GAIN:
+        return None
+    return candidate_at(flat, gain, block)
 
 
 def best_split(candidates: list[SplitCandidate | None]) -> SplitCandidate | None:

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from boosting import BoostingError
 from boosting._typing import BinMatrix, FloatArray
-from boosting.binning import apply_cuts, fit_cuts, goes_left, split_threshold
+from boosting.binning import apply_cuts, check_cuts, fit_cuts, goes_left, split_threshold
 from boosting.fixedpoint import quantize
 from boosting.grow import TreeGrower, sample_rows
 from boosting.hist import build_histograms
@@ -49,9 +50,20 @@ class BinnedBlock:
     bins: BinMatrix
 
 
-def bin_block(block: FeatureBlock, max_bin: int) -> BinnedBlock:
-    """Fit quantile cuts on a block and bin it."""
-    cuts = fit_cuts(block.x, max_bin)
+def bin_block(block: FeatureBlock, max_bin: int,
+              cuts: list[FloatArray] | None = None) -> BinnedBlock:
+    """Bin a block with the given cuts (checked), or with quantile cuts fitted on it.
+
+    Given cuts let several row holders share one binning (the horizontal protocol merges
+    their quantile summaries into cuts that no single member's rows would give).
+    """
+    if cuts is None:
+        cuts = fit_cuts(block.x, max_bin)
+    else:
+        if block.x.ndim != 2 or np.isinf(block.x).any():
+            raise BoostingError(f"block {block.owner}: expected a 2-d matrix without +/-inf")
+        check_cuts(cuts, block.x.shape[1], max_bin)
+        cuts = [np.asarray(edges, dtype=np.float64) for edges in cuts]
     return BinnedBlock(owner=block.owner, cuts=cuts, bins=apply_cuts(block.x, cuts, max_bin))
 
 
@@ -103,11 +115,20 @@ def train(
     *,
     valid: tuple[list[FeatureBlock], FloatArray] | None = None,
     on_tree: OnTree | None = None,
+    cuts: list[list[FloatArray]] | None = None,
 ) -> Model:
-    """Train on joined data, one block per party in the federation's party order."""
+    """Train on joined data, one block per party in the federation's party order.
+
+    ``cuts`` (per block, per feature) replaces the quantile cuts fitted on the data, e.g. by
+    the cuts a horizontal federation merged from its members' summaries; they are checked
+    like the fitted ones (BoostingError).
+    """
     n_classes = check_labels(params.objective, y)
     k = n_outputs(params.objective, n_classes)
-    binned = [bin_block(b, params.max_bin) for b in blocks]
+    if cuts is not None and len(cuts) != len(blocks):
+        raise BoostingError(f"{len(cuts)} cut lists for {len(blocks)} blocks")
+    binned = [bin_block(b, params.max_bin, None if cuts is None else cuts[i])
+              for i, b in enumerate(blocks)]
     base = base_score(params.objective, y, n_classes)
     margin = np.tile(base, (y.size, 1))
     features = {b.owner: b.names for b in blocks}
