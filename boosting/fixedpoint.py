@@ -40,11 +40,22 @@ class Quantized:
 
 def quantize(values: FloatArray, n_rows: int) -> Quantized:
     """Quantize with a power-of-two scale chosen from the largest magnitude."""
-    bits = value_bits(n_rows)
+    return quantize_at(values, n_rows, peak_exponent(values))
+
+
+def peak_exponent(values: FloatArray) -> int:
+    """The exponent ``e`` with ``max|values| < 2**e`` (0 for no or zero values): the one number
+    about the values that the scale depends on (horizontal members agree on the largest)."""
     peak = float(np.max(np.abs(values))) if values.size else 0.0
     if not math.isfinite(peak):
         raise BoostingError("gradients are not finite; check labels and learning rate")
-    exponent = math.frexp(peak)[1] if peak > 0 else 0  # peak < 2**exponent
+    return math.frexp(peak)[1] if peak > 0 else 0  # peak < 2**exponent
+
+
+def quantize_at(values: FloatArray, n_rows: int, exponent: int) -> Quantized:
+    """Quantize with the scale of :func:`quantize` for ``n_rows`` rows whose peak exponent is
+    ``exponent`` (every value's magnitude must be below ``2**exponent``)."""
+    bits = value_bits(n_rows)
     scale = math.ldexp(1.0, bits - exponent)
     ints = np.rint(values * scale).astype(np.int64)
     return Quantized(ints=ints, scale=scale, bits=bits)

@@ -40,12 +40,18 @@ def check_labels(objective: str, y: FloatArray) -> int:
 
 def base_score(objective: str, y: FloatArray, n_classes: int) -> FloatArray:
     """Initial margin per output: logit of the mean label, mean target, or zeros."""
-    if objective == "binary":
-        p = float(np.clip(np.mean(y), 1e-6, 1 - 1e-6))
-        return np.array([np.log(p / (1 - p))])
-    if objective == "regression":
-        return np.array([float(np.mean(y))])
+    if objective in ("binary", "regression"):
+        return base_score_of_mean(objective, float(np.mean(y)))
     return np.zeros(n_classes)
+
+
+def base_score_of_mean(objective: str, mean: float) -> FloatArray:
+    """The binary or regression base score from the mean label alone (what a federation
+    of row holders can add up without pooling labels)."""
+    if objective == "binary":
+        p = float(np.clip(mean, 1e-6, 1 - 1e-6))
+        return np.array([np.log(p / (1 - p))])
+    return np.array([mean])
 
 
 def gradients(objective: str, margin: FloatArray, y: FloatArray) -> tuple[FloatArray, FloatArray]:

@@ -190,7 +190,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from flows.config import ConfigError, JobConfig
+    from flows.config import ConfigError, validate_job
     from messages.names import JOB_NAME_RULE, is_job_name
 
     if not is_job_name(args.job):  # it names a folder under runs/
@@ -198,10 +198,11 @@ def _resume(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / args.job
     job_file = out / "job.json"
     try:
-        config = JobConfig.model_validate(json.loads(job_file.read_text()))
+        raw = json.loads(job_file.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{job_file}: no job to resume ({exc}); 'fedboost train' writes it") \
             from None
+    config = validate_job(raw, str(job_file))
     config = _keep_password_out(config, job_file)  # a job.json of an older version
     if config.job != args.job:
         raise ConfigError(f"{job_file} is job {config.job!r}, not {args.job!r}")
@@ -210,12 +211,12 @@ def _resume(args: argparse.Namespace) -> int:
 
 def _run_training(config: Any, out: Path) -> int:
     """Train (or, when the parties hold checkpoints of this job, continue) and report."""
-    from fedboost.embedded import train_embedded
-    from flows.secureboost import vertical_secureboost  # sets up Prefect's logging first
+    from fedboost.embedded import protocol_flow, train_embedded
 
+    flow = protocol_flow(config)  # imports Prefect's flows: its logging is set up first
     _quiet_task_logs()
     if config.transport.kind == "rabbitmq":  # the parties' workers run on their own
-        result = vertical_secureboost(config)
+        result = flow(config)
     else:
         result = train_embedded(config, out)
     history = result.pop("history")
@@ -225,7 +226,8 @@ def _run_training(config: Any, out: Path) -> int:
     _write_json(out / "metrics.json", result)
     resumed = (f" (resumed after {result['resumed_after']} trees)" if result["resumed_after"]
                else "")
-    print(f"trained {result['n_trees']} trees{resumed} on {result['n_aligned']} aligned rows in "
+    rows = "rows" if config.protocol == "horizontal" else "aligned rows"
+    print(f"trained {result['n_trees']} trees{resumed} on {result['n_aligned']} {rows} in "
           f"{result['train_seconds']:.1f} s: {_metrics_summary(result)}; model in {out}/")
     return 0
 
@@ -389,15 +391,22 @@ def _centralized(args: argparse.Namespace) -> int:
     from boosting.params import BoostParams
     from boosting.train import TreeReport, train
     from boosting.tree import save_model
-    from fedboost.joined import join_parties
-    from flows.config import load_config
+    from fedboost.joined import join_parties, pool_members
+    from flows.config import HorizontalJobConfig, load_config
 
     config = load_config(args.config)
     out = args.out or Path("runs") / f"{config.job}-centralized"
-    joined = join_parties(config)
     params = BoostParams.from_dict(config.params.model_dump())
-    blocks, y = joined.part(valid=False)
-    valid = joined.part(valid=True) if joined.valid.any() else None
+    cuts = None
+    if isinstance(config, HorizontalJobConfig):  # the union of the members' rows, shared cuts
+        pooled = pool_members(config)
+        blocks, y, valid, cuts = [pooled.block], pooled.y, None, [pooled.cuts]
+        n_rows, n_valid = len(pooled.ids), 0
+    else:
+        joined = join_parties(config)
+        blocks, y = joined.part(valid=False)
+        valid = joined.part(valid=True) if joined.valid.any() else None
+        n_rows, n_valid = len(joined.ids), int(joined.valid.sum())
     trees: list[dict[str, Any]] = []
 
     def report(r: TreeReport) -> None:
@@ -405,9 +414,9 @@ def _centralized(args: argparse.Namespace) -> int:
         print(f"tree {r.tree + 1}/{r.n_trees}: " + ", ".join(f"{k}={v:.4f}" for k, v in r.metrics.items()))
 
     start = time.perf_counter()
-    model = train(params, blocks, y, valid=valid, on_tree=report)
-    result: dict[str, Any] = {"n_aligned": len(joined.ids), "n_train": int(y.size),
-                              "n_valid": int(joined.valid.sum()), "n_trees": len(model.trees),
+    model = train(params, blocks, y, valid=valid, on_tree=report, cuts=cuts)
+    result: dict[str, Any] = {"n_aligned": n_rows, "n_train": int(y.size),
+                              "n_valid": n_valid, "n_trees": len(model.trees),
                               **{k: v for k, v in trees[-1].items() if k not in ("tree", "seconds")},
                               "train_seconds": time.perf_counter() - start,
                               "tree_seconds": [t["seconds"] for t in trees], "trees": trees}

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from flows._tasks import DEFAULT_STEP_TIMEOUT, Coordinator, attach, detach
 from crypto.pool import default_processes
-from flows.config import JobConfig, PartyConfig
+from flows.config import AnyJobConfig, JobConfig, PartyConfig
 from messages.signing import FLOW_IDENTITY, federation_sealers
 from messages.transport import MemoryHub
 from fedboost.worker import policy_of
@@ -19,7 +19,8 @@ from workers.runtime import PartySpec
 
 T = TypeVar("T")
 FLOW_ENDPOINT = "flow"
-EMBEDDED_POLICY = PartyPolicy(min_key_bits=1024, predict_modes=("path", "batched"))
+EMBEDDED_POLICY = PartyPolicy(min_key_bits=1024, protocols=("vertical_secureboost", "horizontal"),
+                              predict_modes=("path", "batched"))
 """Every party of the embedded default runs on the operator's own machine, so no other
 organisation sees its ciphertexts; 1024-bit keys are allowed there (tests, quick trials) unless
 the job file gives a party a stricter ``policy:``. Workers of a real federation default to
@@ -27,13 +28,14 @@ the job file gives a party a stricter ``policy:``. Workers of a real federation 
 prediction modes are answered."""
 
 
-def party_specs(config: JobConfig, out_dir: Path,
+def party_specs(config: AnyJobConfig, out_dir: Path,
                 data: dict[str, Path] | None = None) -> list[PartySpec]:
     """Each party's local settings; its model part lives in ``out_dir/<party>``."""
     specs = []
     for name, party in config.parties.items():
         path = (data or {}).get(name, party.data)
-        specs.append(PartySpec(name=name, role=party.role, data=str(path), id_column=party.id,
+        specs.append(PartySpec(name=name, role=party.role, data=str(path or ""),
+                               id_column=party.id,
                                label=party.label, model_dir=str(out_dir / name),
                                columns=party.columns, processes=processes_of(party),
                                policy=(policy_of(party.policy) if party.policy
@@ -75,11 +77,20 @@ def run_embedded(job: str, specs: list[PartySpec], run_flow: Callable[[], T], *,
         stop_workers(helpers)
 
 
-def train_embedded(config: JobConfig, out_dir: Path, *, hub: MemoryHub | None = None) -> dict[str, Any]:
-    """A whole federated training run on one machine."""
-    from flows.secureboost import vertical_secureboost
-
+def train_embedded(config: AnyJobConfig, out_dir: Path, *,
+                   hub: MemoryHub | None = None) -> dict[str, Any]:
+    """A whole federated training run on one machine, of the job's protocol."""
+    flow = protocol_flow(config)
     specs = party_specs(config, out_dir)
-    return run_embedded(config.job, specs, lambda: vertical_secureboost(config), hub=hub,
+    return run_embedded(config.job, specs, lambda: flow(config), hub=hub,
                         step_timeout=config.transport.step_timeout,
                         end_to_end=bool(config.signing and config.signing.end_to_end))
+
+
+def protocol_flow(config: AnyJobConfig) -> Callable[[Any], dict[str, Any]]:
+    """The Prefect flow that trains a job of ``config``'s protocol."""
+    if config.protocol == "horizontal":
+        from flows.horizontal import horizontal
+        return horizontal
+    from flows.secureboost import vertical_secureboost
+    return vertical_secureboost

@@ -1,7 +1,8 @@
 """Joining the parties' files in the clear, for the centralized (lossless reference) trainer.
 
-Rows are the ids all parties hold, sorted, with the same validation hold-out as the federated
-run, and feature blocks in the federation's party order (active first).
+Vertical jobs: rows are the ids all parties hold, sorted, with the same validation hold-out as
+the federated run, and feature blocks in the federation's party order (active first).
+Horizontal jobs: the members' rows stacked, binned with the cuts the federation shares.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from boosting.train import FeatureBlock
-from flows.config import JobConfig
+from flows.config import HorizontalJobConfig, JobConfig
 from workers import DataError
 from workers.alignment import holdout_mask
 from workers.data import PartyData, load_party_csv
@@ -58,3 +59,39 @@ def join_parties(config: JobConfig) -> JoinedData:
     y = labels[active_take]
     valid = holdout_mask(len(ids), config.validation.fraction, config.validation.seed)
     return JoinedData(ids=ids, y=y, blocks=blocks, valid=valid)
+
+
+@dataclass(frozen=True, slots=True)
+class PooledRows:
+    """The members' rows of a horizontal job stacked in member order, with the cuts the
+    federation shares (merged from the members' summaries exactly as the aggregator does)."""
+
+    ids: list[str]
+    y: np.ndarray
+    block: FeatureBlock
+    cuts: list[np.ndarray]
+
+
+def pool_members(config: HorizontalJobConfig,
+                 members: list[str] | None = None) -> PooledRows:
+    """Load every member's file (or those of ``members``) and stack the rows."""
+    from flows.horizontal import summary_size
+    from workers.horizontal.summary import merge_cuts, summarize
+    from workers.horizontal.tree import OWNER
+
+    loaded = [load_party_csv(name, config.parties[name].data, config.parties[name].id,
+                             config.parties[name].label, require_label=True,
+                             columns=config.parties[name].columns)
+              for name in config.members]
+    names = loaded[0].names
+    for name, data in zip(config.members, loaded):
+        if data.names != names:
+            raise DataError(f"party {name}: file {config.parties[name].data}: columns differ "
+                            f"from member {config.members[0]}'s")
+    size = summary_size(config.params.max_bin)
+    cuts = merge_cuts([summarize(d.x, size) for d in loaded], config.params.max_bin)
+    chosen = [d for name, d in zip(config.members, loaded) if members is None or name in members]
+    x = np.vstack([d.x for d in chosen])
+    y = np.concatenate([d.y for d in chosen if d.y is not None])
+    ids = [i for d in chosen for i in d.ids]
+    return PooledRows(ids=ids, y=y, block=FeatureBlock(OWNER, names, x), cuts=cuts)

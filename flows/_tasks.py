@@ -47,7 +47,11 @@ class PartyError(RuntimeError):
 
 
 class StepTimeout(TransportError):
-    """A party did not answer a step in time."""
+    """Parties did not answer a step in time (``missing``: which)."""
+
+    def __init__(self, message: str, missing: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.missing = list(missing or [])
 
 
 def _new_session() -> str:
@@ -85,7 +89,8 @@ class Coordinator:
             if left <= 0:
                 missing = sorted(set(parties) - set(replies))
                 raise StepTimeout(f"party {', '.join(missing)}: no answer to step {step} "
-                                  f"within {self.timeout:.0f} s (transport.step_timeout)")
+                                  f"within {self.timeout:.0f} s (transport.step_timeout)",
+                                  missing)
             data = self.transport.receive(timeout=min(left, 1.0))
             if data is None:
                 continue

@@ -10,6 +10,7 @@ import msgpack
 
 from messages import DecodeError, UnknownMessageType
 from messages import bodies as b
+from messages import horizontal as h
 from messages.codec import from_wire, to_wire
 from messages.names import JOB_NAME_RULE, is_job_name
 
@@ -69,6 +70,27 @@ class MsgType(IntEnum):
     DECISION_REQUEST = 211
     PATH_DECISIONS = 212
 
+    # the horizontal protocol (messages.horizontal): commands 300-319, peer messages 320-339
+    H_OPEN_JOB = 300
+    H_SUMMARIZE = 301
+    H_MERGE_BINS = 302
+    H_APPLY_BINS = 303
+    H_COMPUTE_GRADIENTS = 304
+    H_AGREE_SCALE = 305
+    H_UPDATE_HISTOGRAMS = 306
+    H_SECURE_SUM = 307
+    H_APPLY_SPLITS = 308
+    H_SEND_TREE = 309
+    H_RECEIVE_TREE = 310
+    H_MASK_KEY = 320
+    H_SUMMARIES = 321
+    H_MASKED = 322
+    H_CUTS = 323
+    H_GRADIENT_RANGE = 324
+    H_GRADIENT_SCALE = 325
+    H_SPLITS = 326
+    H_LEAVES = 327
+
 
 BODY_TYPES: dict[MsgType, type] = {
     MsgType.OPEN_JOB: b.OpenJob,
@@ -96,7 +118,22 @@ BODY_TYPES: dict[MsgType, type] = {
     MsgType.TREE_CIPHERTEXTS: b.TreeCiphertexts,
     MsgType.DECISION_REQUEST: b.DecisionRequest,
     MsgType.PATH_DECISIONS: b.PathDecisions,
+    MsgType.H_OPEN_JOB: h.OpenHorizontal,
+    MsgType.H_MASK_KEY: h.MaskPublicKey,
+    MsgType.H_SUMMARIES: h.MemberSummaries,
+    MsgType.H_MASKED: h.MaskedVector,
+    MsgType.H_CUTS: h.SharedCuts,
+    MsgType.H_GRADIENT_RANGE: h.GradientRange,
+    MsgType.H_GRADIENT_SCALE: h.GradientScale,
+    MsgType.H_SPLITS: h.LevelSplits,
+    MsgType.H_LEAVES: h.LeafValues,
 }
+HORIZONTAL_STEPS = frozenset(
+    {MsgType.H_SUMMARIZE, MsgType.H_MERGE_BINS, MsgType.H_APPLY_BINS, MsgType.H_COMPUTE_GRADIENTS,
+     MsgType.H_AGREE_SCALE, MsgType.H_UPDATE_HISTOGRAMS, MsgType.H_SECURE_SUM,
+     MsgType.H_APPLY_SPLITS, MsgType.H_SEND_TREE, MsgType.H_RECEIVE_TREE})
+for _kind in HORIZONTAL_STEPS:
+    BODY_TYPES[_kind] = h.Round
 STEP_COMMANDS = frozenset(
     {MsgType.PSI_BLIND, MsgType.PSI_REBLIND, MsgType.PSI_INTERSECT, MsgType.BIN_FEATURES,
      MsgType.ENCRYPT_GRADIENTS, MsgType.BUILD_HISTOGRAMS, MsgType.FIND_BEST_SPLITS,
@@ -106,9 +143,9 @@ STEP_COMMANDS = frozenset(
 )
 for _kind in STEP_COMMANDS:
     BODY_TYPES[_kind] = b.Step
-OPENERS = frozenset({MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION})
+OPENERS = frozenset({MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION, MsgType.H_OPEN_JOB})
 """Commands that open a job at a party: their bodies name the protocol and every party's role."""
-COMMANDS = STEP_COMMANDS | OPENERS | {MsgType.RESUME_JOB}
+COMMANDS = STEP_COMMANDS | HORIZONTAL_STEPS | OPENERS | {MsgType.RESUME_JOB}
 WORK = frozenset({MsgType.HISTOGRAM_SHARD, MsgType.TREE_CIPHERTEXTS})
 """What a party's coordinating process hands to its own helper processes: shards of a step, and
 the data those shards share (a tree's ciphertexts)."""

@@ -37,7 +37,7 @@ from boosting.tree import Tree, TreeNode
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from crypto.paillier import PaillierPrivateKey, PaillierPublicKey
-from messages.bodies import Checkpoint, JobSpec, Metric, Resumed, TreeFinished
+from messages.bodies import Checkpoint, Metric, Resumed, TreeFinished
 from messages.codec import to_wire
 from workers import ProtocolError
 from workers._state_codec import StateCodecError, pack, type_names, unpack
@@ -65,6 +65,16 @@ class CheckpointError(ProtocolError):
     """A checkpoint is missing, damaged, not this party's, or of another job or data."""
 
 
+_REGISTERED: list[type] = []
+
+
+def register_state_types(*classes: type) -> None:
+    """Let checkpoints rebuild a protocol's own state classes (each protocol registers its
+    own when its steps are imported; nothing else is ever rebuilt)."""
+    _REGISTERED.extend(c for c in classes if c not in _REGISTERED)
+    _state_types.cache_clear()
+
+
 @cache
 def _state_types() -> dict[str, type]:
     """Every class a checkpoint may rebuild (the roles' classes are imported late: the roles'
@@ -73,7 +83,7 @@ def _state_types() -> dict[str, type]:
     from workers.passive import LookupRecord, PassiveTraining
     return type_names(JobState, PartyData, ActiveTraining, PassiveTraining, LookupRecord,
                       BoostParams, PaillierPublicKey, PaillierPrivateKey, GradientPacker,
-                      BinSumPacking, Tree, TreeNode, TreeFinished, Metric)
+                      BinSumPacking, Tree, TreeNode, TreeFinished, Metric, *_REGISTERED)
 
 
 def party_key(private_dir: Path) -> bytes:
@@ -108,7 +118,7 @@ def key_of(party: PartySpec) -> bytes:
     return party_key(party.private_dir())
 
 
-def job_digest(spec: JobSpec, data_file: str, columns: list[str] | None) -> str:
+def job_digest(spec: Any, data_file: str, columns: list[str] | None) -> str:
     """What a checkpoint must match to be resumed: the job spec and this party's input."""
     h = hashlib.sha256(msgpack.packb(to_wire(spec), use_bin_type=True))
     with open(data_file, "rb") as f:

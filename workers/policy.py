@@ -42,10 +42,15 @@ class PolicyError(ProtocolError):
 
 def check_job(policy: PartyPolicy, party: str, protocol: str, key_bits: int) -> None:
     """Refuse a job below the party's policy, in one line naming the party, asked and allowed."""
+    check_protocol(policy, party, protocol)
+    check_key_bits(policy, party, key_bits, "the job asks for")
+
+
+def check_protocol(policy: PartyPolicy, party: str, protocol: str) -> None:
+    """Refuse a protocol the party's policy does not list."""
     if protocol not in policy.protocols:
         raise PolicyError(f"party {party} refuses protocol {protocol!r}: its policy allows "
                           f"{', '.join(policy.protocols)}")
-    check_key_bits(policy, party, key_bits, "the job asks for")
 
 
 def check_key_bits(policy: PartyPolicy, party: str, key_bits: int, what: str) -> None:

@@ -12,11 +12,24 @@ from hypothesis import strategies as st
 
 from messages import DecodeError
 from messages import bodies as b
+from messages import horizontal as h
 from messages.envelope import Envelope, MsgType, decode_envelope, encode_envelope
 from messages.signing import ForgedMessage, federation_sealers
 from messages.instance_space import BITMAP, GAPS, InstanceSpace, decode_mask, encode_mask
 
 SAMPLES = {
+    MsgType.H_OPEN_JOB: h.OpenHorizontal(h.HorizontalSpec(
+        [b.PartyInfo("a", "member", "homo"), b.PartyInfo("agg", "aggregator")], 3, 3, 0.3, 32,
+        "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, 2, 1024, 0.0, 0.0, -1)),
+    MsgType.H_MASK_KEY: h.MaskPublicKey(bytes(32)),
+    MsgType.H_SUMMARIES: h.MemberSummaries(["x0"], [h.FeatureSummaryBytes(bytes(8), bytes(8),
+                                                                          True)]),
+    MsgType.H_MASKED: h.MaskedVector("hist", 1, 2, 0, bytes(24)),
+    MsgType.H_CUTS: h.SharedCuts(["x0"], [bytes(8)], -1.25),
+    MsgType.H_GRADIENT_RANGE: h.GradientRange(1, 0, 0, -1, 100),
+    MsgType.H_GRADIENT_SCALE: h.GradientScale(1, 0, 0, -1, 300),
+    MsgType.H_SPLITS: h.LevelSplits(1, 0, 0, [h.NodeSplit(0, 3, 4, True, 1, 2)], [1]),
+    MsgType.H_LEAVES: h.LeafValues(1, 0, [1, 2], [0.5, -0.25]),
     MsgType.OPEN_JOB: b.OpenJob(b.JobSpec([b.PartyInfo("g", "active")], 3, 3, 0.3, 32, "binary",
                                           1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0, "y")),
     MsgType.OPEN_PREDICTION: b.OpenPrediction([b.PartyInfo("g", "active")], 10, "scores.csv",
@@ -53,7 +66,8 @@ SAMPLES = {
 
 @pytest.mark.parametrize("kind", list(MsgType))
 def test_every_kind_round_trips(kind: MsgType) -> None:
-    body = SAMPLES.get(kind, b.Step(1, 2, ["host"]))
+    default = h.Round(1, 2, 0, ["a", "b"]) if kind.name.startswith("H_") else b.Step(1, 2, ["host"])
+    body = SAMPLES.get(kind, default)
     env = Envelope("job", "task", "guest", "host", kind, body)
     assert decode_envelope(encode_envelope(env)) == env
 
