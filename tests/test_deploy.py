@@ -155,7 +155,7 @@ def test_each_party_mounts_only_its_own_data_and_uses_its_own_user() -> None:
 
 def test_the_runner_serves_one_deployment_per_protocol() -> None:
     command = SERVICES["runner"]["command"]
-    assert command[:3] == ["serve", "--name", "default-credit"]  # vertical_secureboost/default-credit
+    assert command[:3] == ["serve", "--name", "default-credit"]  # FLOW/default-credit
     assert [command[i + 1] for i, arg in enumerate(command) if arg == "--config"] == \
         list(JOBS.values())
     for protocol, job in _runner_jobs().items():
