@@ -7,7 +7,7 @@
 #   openssl req -new -key host.key -subj /CN=host -out host.csr      (the CA signs host.csr)
 #
 # usage: deploy/make-certs.sh [-o DIR] [-s BROKER_NAME]... PARTY...
-#   deploy/make-certs.sh -o deploy/tls guest host flow
+#   deploy/make-certs.sh -o deploy/tls guest host host_1 host_2 aggregator flow   (docker-compose.yml)
 # writes DIR/ca.pem (+ ca.key, which only the CA keeps), DIR/server.pem + server.key (names:
 # -s, default "rabbitmq" and "localhost") and DIR/PARTY.pem + PARTY.key. Private keys are 0600.
 set -eu

@@ -34,7 +34,9 @@ FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
 
 def test_shipped_definitions_hold_no_usable_password() -> None:
     shipped = json.loads(DEFINITIONS.read_text())
-    fresh = definitions({"guest": "a", "host": "b"}, "c")
+    # docker-compose.yml's parties: vertical (guest, host) and its horizontal profile
+    fresh = definitions({"guest": "a", "host": "b", "host_1": "d", "host_2": "e",
+                         "aggregator": "f"}, "c")
     strip = lambda d: {**d, "users": [{**u, "password_hash": ""} for u in d["users"]]}  # noqa: E731
     assert shipped == strip(fresh)  # the generator's file, minus the hashes
     assert all(user["password_hash"] == "" for user in shipped["users"])

@@ -1,10 +1,13 @@
 """The deployment files: docker-compose.yml (checked by Debian's docker-compose when it is
-installed) and structural checks that always run: every service, health checks, restart
-policies, each party mounting only its own data, broker users that match the definitions'
-and passwords without defaults, the Prefect API behind basic auth that only the runner holds."""
+installed, with and without the profile 'horizontal') and structural checks that always run:
+every service, health checks, restart policies, each party mounting only its own data, broker
+users that match the definitions' and passwords without defaults, the Prefect API behind basic
+auth that only the runner holds, and every worker and job file under deploy/ valid and
+consistent with the others (the data sets a job names, the roles and protocols it asks)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -15,42 +18,68 @@ from typing import Any
 import pytest
 import yaml
 
-from fedboost.broker import password_env
-from flows.config import load_config, load_worker_config
+from fedboost.broker import definitions, password_env, user_of
+from flows.config import (AnyJobConfig, HorizontalJobConfig, JobConfig, WorkerConfig, load_config,
+                          load_worker_config)
 from messages.rabbitmq import DEFAULT_CHUNK_BYTES
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
-PARTIES = {"guest": "worker-guest", "host": "worker-host"}
+PARTIES = {"guest": "worker-guest", "host": "worker-host", "host_1": "worker-host-1",
+           "host_2": "worker-host-2", "aggregator": "worker-aggregator"}
+"""Every party of the compose file and its worker service."""
+PROFILE = "horizontal"
+PROFILED = {"worker-host-1", "worker-host-2", "worker-aggregator"}
+"""The services only 'docker compose --profile horizontal' starts."""
+JOBS = {"vertical_secureboost": "/config/job.yaml", "horizontal": "/config/horizontal-job.yaml"}
+"""The runner's job file per protocol (each the default parameter of its deployment)."""
 PREFECT_AUTH = "FEDBOOST_PREFECT_AUTH_STRING"
 REQUIRED = {password_env(name) for name in [*PARTIES, "flow"]} | {PREFECT_AUTH}
-"""The variables docker compose refuses to start without."""
+"""The variables docker compose refuses to start without (compose interpolates every service,
+also those of a profile that is off)."""
+
+
+def _docker_compose(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker-compose", "-f", str(REPO / "docker-compose.yml"), *args],
+                          capture_output=True, text=True, cwd=REPO, timeout=60, env=env)
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None,
                     reason="Debian's docker-compose is not installed (apt-get install docker-compose)")
 def test_docker_compose_accepts_the_file() -> None:
-    secrets = {v: "x" for v in REQUIRED}
-    done = subprocess.run(["docker-compose", "-f", str(REPO / "docker-compose.yml"), "config", "-q"],
-                          capture_output=True, text=True, cwd=REPO, timeout=60,
-                          env={**os.environ, **secrets})
-    assert done.returncode == 0, done.stderr
-    missing = subprocess.run(["docker-compose", "-f", str(REPO / "docker-compose.yml"), "config",
-                              "-q"], capture_output=True, text=True, cwd=REPO, timeout=60,
-                             env={k: v for k, v in os.environ.items() if k not in REQUIRED})
-    assert missing.returncode != 0  # no password has a default
+    secrets = {**os.environ, **{v: "x" for v in REQUIRED}}
+    for profile in ([], ["--profile", PROFILE]):
+        done = _docker_compose(*profile, "config", "-q", env=secrets)
+        assert done.returncode == 0, (profile, done.stderr)
+    for variable in sorted(REQUIRED):  # no password has a default, with the profile or without
+        env = {k: v for k, v in secrets.items() if k != variable}
+        missing = _docker_compose("config", "-q", env=env)
+        assert missing.returncode != 0 and variable in missing.stderr, variable
+    # compose's own resolution: ${VAR:-default} and paths relative to the project folder
+    resolved = yaml.safe_load(_docker_compose("--profile", PROFILE, "config", env=secrets).stdout)
+    assert {n for n, s in resolved["services"].items() if s.get("profiles")} == PROFILED
+    assert all(resolved["services"][n]["profiles"] == [PROFILE] for n in PROFILED)
+    for party, service in PARTIES.items():
+        data = [v.split(":")[0] for v in resolved["services"][service]["volumes"]
+                if ":/data/" in v]
+        assert all(Path(d).is_file() for d in data), (party, data)
 
 
 def test_the_federation_has_every_service_with_health_and_restart() -> None:
-    assert set(SERVICES) == {"rabbitmq", "prefect-server", "worker-guest", "worker-host", "runner"}
+    assert set(SERVICES) == {"rabbitmq", "prefect-server", "runner", *PARTIES.values()}
     for name, service in SERVICES.items():
         assert service.get("restart") == "unless-stopped", name
         health = service.get("healthcheck", {}).get("test")
         assert health and health[0] == "CMD", f"{name} has no health check"
-    for name in ("worker-guest", "worker-host", "runner"):
-        assert "rabbitmq" in SERVICES[name]["depends_on"], name
+        assert service.get("profiles", []) == ([PROFILE] if name in PROFILED else []), name
+    for name in (*PARTIES.values(), "runner"):
+        assert SERVICES[name]["depends_on"]["rabbitmq"]["condition"] == "service_healthy", name
+    for name in PARTIES.values():  # SIGTERM: a worker finishes the message in hand
+        assert SERVICES[name]["stop_grace_period"] == "60s", name
     assert SERVICES["runner"]["depends_on"]["prefect-server"]["condition"] == "service_healthy"
+    # compose refuses to start a service that depends on one whose profile is off
+    assert not PROFILED & set(SERVICES["runner"]["depends_on"])
     assert SERVICES["runner"]["command"][0] == "serve"
     dockerfile = (REPO / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["fedboost"]' in dockerfile and "USER fedboost" in dockerfile
@@ -65,6 +94,23 @@ def _mounts(service: str) -> dict[str, str]:
     return out
 
 
+def _worker_file(party: str) -> WorkerConfig:
+    """The worker file the party's service mounts."""
+    return load_worker_config(REPO / _mounts(PARTIES[party])[f"/config/{party}.yaml"], party)
+
+
+def _runner_jobs() -> dict[str, AnyJobConfig]:
+    """The job file of each protocol the runner serves."""
+    mounts = _mounts("runner")
+    return {protocol: load_config(REPO / mounts[path]) for protocol, path in JOBS.items()}
+
+
+def _header(party: str, file: Path) -> list[str]:
+    """The columns of a data file as the party's service mounts it."""
+    with (REPO / _mounts(PARTIES[party])[str(file)]).open() as f:
+        return f.readline().strip().split(",")
+
+
 def test_broker_loads_definitions_and_caps_message_size() -> None:
     mounts = _mounts("rabbitmq")
     conf = (REPO / mounts["/etc/rabbitmq/rabbitmq.conf"]).read_text()
@@ -74,30 +120,92 @@ def test_broker_loads_definitions_and_caps_message_size() -> None:
     assert DEFAULT_CHUNK_BYTES < size <= 16 * 1024 * 1024  # chunks fit RabbitMQ 4's cap
 
 
-def test_each_party_mounts_only_its_own_data_and_uses_its_own_user() -> None:
-    import json
+def test_the_broker_users_are_fedboost_definitions_of_every_party() -> None:
+    shipped = json.loads((REPO / _mounts("rabbitmq")["/etc/rabbitmq/definitions.json"]).read_text())
+    fresh = definitions({party: "x" for party in PARTIES}, "x")
+    # 'fedboost definitions --party guest --party host ... --party aggregator', minus the hashes
+    assert shipped == {**fresh, "users": [{**u, "password_hash": ""} for u in fresh["users"]]}
 
+
+def test_each_party_mounts_only_its_own_data_and_uses_its_own_user() -> None:
     shipped = json.loads((REPO / "deploy" / "definitions.json").read_text())
     users = {u["name"] for u in shipped["users"]}
     for party, service in PARTIES.items():
         mounts = _mounts(service)
-        config = load_worker_config(REPO / mounts[f"/config/{party}.yaml"], party)
-        assert str(config.data) == f"/data/{party}.csv"
-        data_mounts = [host for container, host in mounts.items() if container.startswith("/data")]
-        assert len(data_mounts) == 1 and f"_{party}.csv" in data_mounts[0]
-        assert (REPO / data_mounts[0]).is_file(), data_mounts[0]
+        config = _worker_file(party)
+        data_mounts = {c: h for c, h in mounts.items() if c.startswith("/data")}
+        # every data set of its worker file is mounted, and no other file
+        assert {str(file) for file in config.data_files().values()} == set(data_mounts), party
+        for host in data_mounts.values():
+            assert host.endswith(f"_{party}.csv") and (REPO / host).is_file(), (party, host)
         others = [p for p in PARTIES if p != party]
-        assert not any(f"_{o}.csv" in host for o in others for host in mounts.values())
+        assert not any(host.endswith(f"_{o}.csv") for o in others for host in mounts.values())
         url = SERVICES[service]["environment"]["FEDBOOST_AMQP_URL"]
         user, variable = re.match(r"amqps://([^:]+):\$\{(\w+):\?[^}]+\}@", url).groups()  # type: ignore[union-attr]
         # the variable 'fedboost definitions --party NAME' reads the same password from
-        assert user == f"fedboost-{party}" and user in users and variable == password_env(party)
-        assert SERVICES[service]["command"][:3] == ["worker", "--party", party]
+        assert user == user_of(party) and user in users and variable == password_env(party)
+        assert SERVICES[service]["command"][:5] == ["worker", "--party", party, "--config",
+                                                    f"/config/{party}.yaml"]
+        assert mounts["/models"] == f"{party.replace('_', '-')}-models"  # a volume of its own
+    assert not _worker_file("aggregator").data_files()  # the aggregator holds no data
     runner_url = SERVICES["runner"]["environment"]["FEDBOOST_AMQP_URL"]
     assert runner_url.startswith(f"amqps://fedboost-flow:${{{password_env('flow')}:?")
     assert not any(c.startswith("/data") for c in _mounts("runner"))
-    job = load_config(REPO / _mounts("runner")["/config/job.yaml"])
-    assert job.transport.kind == "rabbitmq" and set(job.parties) == set(PARTIES)
+
+
+def test_the_runner_serves_one_deployment_per_protocol() -> None:
+    command = SERVICES["runner"]["command"]
+    assert command[:3] == ["serve", "--name", "default-credit"]  # FLOW/default-credit
+    assert [command[i + 1] for i, arg in enumerate(command) if arg == "--config"] == \
+        list(JOBS.values())
+    for protocol, job in _runner_jobs().items():
+        assert job.protocol == protocol and job.transport.kind == "rabbitmq", protocol
+        assert all(party.data is None for party in job.parties.values())  # no paths sent
+    assert isinstance(_runner_jobs()["vertical_secureboost"], JobConfig)
+    assert isinstance(_runner_jobs()["horizontal"], HorizontalJobConfig)
+
+
+def test_each_job_asks_only_what_its_parties_workers_serve() -> None:
+    jobs = _runner_jobs()
+    for party in PARTIES:  # a party opts into exactly the protocols of the jobs naming it
+        assert set(_worker_file(party).policy.protocols) == \
+            {protocol for protocol, job in jobs.items() if party in job.parties}, party
+    for protocol, job in jobs.items():
+        for name, entry in job.parties.items():
+            worker = _worker_file(name)
+            assert worker.role in (None, entry.role), (protocol, name)
+            if entry.role == "aggregator":
+                continue
+            name_of_set = entry.dataset or "default"
+            assert name_of_set in worker.data_files(), (protocol, name, name_of_set)
+            data = worker.datasets.get(name_of_set) or worker
+            assert (data.id, data.label) == (entry.id, entry.label), (protocol, name)
+            columns = _header(name, worker.data_files()[name_of_set])
+            assert entry.id in columns and (entry.label is None or entry.label in columns)
+    horizontal = jobs["horizontal"]
+    assert isinstance(horizontal, HorizontalJobConfig)
+    headers = {tuple(_header(m, _worker_file(m).data_files()[horizontal.parties[m].dataset or
+                                                         "default"]))
+               for m in horizontal.members}
+    assert len(headers) == 1  # members hold the same columns
+    # the profile starts every party of the horizontal job that the vertical job lacks
+    vertical = jobs["vertical_secureboost"]
+    assert {PARTIES[p] for p in horizontal.parties if p not in vertical.parties} == PROFILED
+    assert not PROFILED & {PARTIES[p] for p in vertical.parties}
+
+
+def test_every_worker_and_job_file_under_deploy_is_valid_and_mounted() -> None:
+    mounted = {(REPO / host).resolve() for service in SERVICES
+               for container, host in _mounts(service).items() if container.startswith("/config/")}
+    files = sorted((REPO / "deploy").glob("*.yaml"))
+    assert len(files) == len(PARTIES) + len(JOBS)
+    for path in files:
+        assert path.resolve() in mounted, f"{path.name}: no service mounts it"
+        raw = yaml.safe_load(path.read_text())
+        if "parties" in raw:  # a job file: its protocol's schema
+            assert load_config(path).protocol in JOBS, path.name
+        else:
+            assert load_worker_config(path, raw["party"]).party == path.stem, path.name
 
 
 def test_each_service_mounts_only_its_own_signing_key() -> None:
@@ -109,11 +217,10 @@ def test_each_service_mounts_only_its_own_signing_key() -> None:
         assert keys[private[0]] == f"./deploy/keys/{identity}.key"
         assert {c for c in keys if c.endswith(".pub")} == \
             {f"/keys/{name}.pub" for name in [*PARTIES, "flow"]}
-    for party, service in PARTIES.items():
-        config = load_worker_config(REPO / _mounts(service)[f"/config/{party}.yaml"], party)
-        assert str(config.signing.key_dir) == "/keys"
-    job = load_config(REPO / _mounts("runner")["/config/job.yaml"])
-    assert job.signing is not None and str(job.signing.key_dir) == "/keys"
+    for party in PARTIES:
+        assert str(_worker_file(party).signing.key_dir) == "/keys"
+    for job in _runner_jobs().values():
+        assert job.signing is not None and str(job.signing.key_dir) == "/keys"
 
 
 def _conf(key: str) -> str:
@@ -145,15 +252,15 @@ def test_each_party_presents_only_its_own_client_certificate_over_amqps() -> Non
         url = SERVICES[service]["environment"]["FEDBOOST_AMQP_URL"]
         assert url.startswith("amqps://") and "@rabbitmq:5671/" in url, service
         if service == "runner":
-            transport = load_config(REPO / _mounts(service)["/config/job.yaml"]).transport
+            transports = [job.transport for job in _runner_jobs().values()]
         else:
-            transport = load_worker_config(REPO / _mounts(service)[f"/config/{identity}.yaml"],
-                                           identity).transport
-        assert transport.url is not None and transport.url.startswith("amqps://rabbitmq:5671/")
-        assert transport.tls is not None and transport.tls.server_hostname is None  # "rabbitmq"
-        assert (str(transport.tls.ca_file), str(transport.tls.cert_file),
-                str(transport.tls.key_file)) == ("/tls/ca.pem", f"/tls/{identity}.pem",
-                                                 f"/tls/{identity}.key")
+            transports = [_worker_file(identity).transport]
+        for transport in transports:
+            assert transport.url is not None and transport.url.startswith("amqps://rabbitmq:5671/")
+            assert transport.tls is not None and transport.tls.server_hostname is None  # "rabbitmq"
+            assert (str(transport.tls.ca_file), str(transport.tls.cert_file),
+                    str(transport.tls.key_file)) == ("/tls/ca.pem", f"/tls/{identity}.pem",
+                                                     f"/tls/{identity}.key")
 
 
 def test_make_certs_gives_a_broker_certificate_for_rabbitmq_and_client_certificates(
@@ -161,8 +268,9 @@ def test_make_certs_gives_a_broker_certificate_for_rabbitmq_and_client_certifica
     if shutil.which("openssl") is None:
         from tests.scenarios import unavailable
         unavailable("openssl is not installed (apt-get install openssl)")
-    subprocess.run(["sh", str(REPO / "deploy" / "make-certs.sh"), "-o", str(tmp_path), "guest",
-                    "host", "flow"], check=True, capture_output=True, timeout=60)
+    identities = [*PARTIES, "flow"]  # the compose file's header makes these
+    subprocess.run(["sh", str(REPO / "deploy" / "make-certs.sh"), "-o", str(tmp_path),
+                    *identities], check=True, capture_output=True, timeout=60)
 
     def verify(purpose: str, name: str) -> bool:
         return subprocess.run(["openssl", "verify", "-CAfile", str(tmp_path / "ca.pem"),
@@ -174,7 +282,7 @@ def test_make_certs_gives_a_broker_certificate_for_rabbitmq_and_client_certifica
                             str(tmp_path / "server.pem")], capture_output=True, text=True,
                            timeout=30).stdout
     assert "DNS:rabbitmq" in names  # the name compose's workers expect
-    for party in ("guest", "host", "flow"):
+    for party in identities:
         assert verify("sslclient", party)
         assert not verify("sslserver", party)  # a party cannot pose as the broker
         assert (tmp_path / f"{party}.key").stat().st_mode & 0o077 == 0
