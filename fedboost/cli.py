@@ -87,10 +87,12 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     worker.set_defaults(run=_worker)
-    serve = sub.add_parser("serve", help="serve the training flow as a Prefect deployment")
+    serve = sub.add_parser("serve", help="serve every protocol's training flow as a Prefect "
+                           "deployment (vertical_secureboost/NAME, horizontal/NAME)")
     serve.add_argument("--name", default="fedboost", help="deployment name (default fedboost)")
-    serve.add_argument("--config", type=Path,
-                       help="job file whose content becomes the deployment's default parameter")
+    serve.add_argument("--config", type=Path, action="append", default=[],
+                       help="a job file whose content becomes its protocol's deployment's default "
+                            "parameter (repeat: one per protocol)")
     serve.add_argument("--cron", help="optional schedule, e.g. '0 2 * * *'")
     serve.set_defaults(run=_serve)
     defs = sub.add_parser("definitions", help="write RabbitMQ users and permissions per party")
@@ -234,14 +236,18 @@ def _run_training(config: Any, out: Path) -> int:
 
 def _predict(args: argparse.Namespace) -> int:
     from fedboost.embedded import party_specs, run_embedded
-    from flows.config import ConfigError, JobConfig
+    from flows.config import ConfigError, HorizontalJobConfig, JobConfig, validate_job
     from flows.predict import federated_predict
 
     job_file = args.model_dir / "job.json"
     try:
-        config = JobConfig.model_validate(json.loads(job_file.read_text()))
+        raw = json.loads(job_file.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{job_file}: not a fedboost model folder ({exc})") from None
+    config = validate_job(raw, str(job_file))
+    if isinstance(config, HorizontalJobConfig):
+        return _predict_member(args, config)
+    assert isinstance(config, JobConfig)
     data: dict[str, Path] = {}
     for item in args.data:
         party, sep, path = item.partition("=")
@@ -266,6 +272,42 @@ def _predict(args: argparse.Namespace) -> int:
     (args.model_dir / config.active / scores_file).replace(out)  # the CLI, not the worker, picks
     print(f"scored {result['n_scored']} rows in {result['seconds']:.1f} s "
           f"({args.mode} mode): {out}")
+    return 0
+
+
+def _predict_member(args: argparse.Namespace, config: Any) -> int:
+    """Horizontal models are shared: a member scores its own rows locally, no federation."""
+    from boosting.tree import load_model, raw_decider
+    from flows.config import ConfigError
+    from workers.data import load_party_csv
+    from workers.horizontal.tree import OWNER
+    from workers.scoring import write_scores_csv
+
+    if len(args.data) > 1:
+        raise ConfigError("--data: a horizontal model scores one member's file at a time "
+                          "(MEMBER=CSV)")
+    member, path = config.members[0], None
+    if args.data:
+        member, sep, given = args.data[0].partition("=")
+        if not sep or member not in config.members:
+            raise ConfigError(f"--data {args.data[0]!r}: expected MEMBER=CSV with MEMBER one of "
+                              f"{', '.join(config.members)}")
+        path = Path(given)
+    entry = config.parties[member]
+    path = path or entry.data
+    if path is None:
+        raise ConfigError(f"--data: member {member}'s data file is not in {args.model_dir}/job.json "
+                          f"(trained over a broker): give --data {member}=CSV")
+    started = time.perf_counter()
+    model = load_model(args.model_dir / member / "model.json")
+    names = list(model.features[OWNER])
+    rows = load_party_csv(member, path, entry.id, None, require_label=False, columns=names)
+    pred = model.predict(raw_decider({OWNER: rows.x}), len(rows.ids))
+    out = (args.out or args.model_dir / "scores.csv").resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_scores_csv(out, rows.ids, pred, model.params.objective)
+    print(f"scored {len(rows.ids)} rows of member {member} in {time.perf_counter() - started:.1f} s "
+          f"with its copy of the model: {out}")
     return 0
 
 
@@ -326,18 +368,33 @@ def _worker(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from prefect import serve
 
-    from flows.config import load_config
+    from flows.config import JOB_SCHEMAS, ConfigError, load_config
+    from flows.horizontal import horizontal
     from flows.secureboost import vertical_secureboost
 
-    parameters = None
-    if args.config is not None:  # deployment parameters are stored in Prefect's database
-        config = _keep_password_out(load_config(args.config), args.config)
-        parameters = {"config": json.loads(config.model_dump_json())}
-    deployment = vertical_secureboost.to_deployment(
-        name=args.name, parameters=parameters, cron=args.cron, tags=["fedboost"],
-        description="Vertical SecureBoost over RabbitMQ: the parameter is the job file's content "
-                    "(transport.kind rabbitmq); the parties' workers must be running.")
-    serve(deployment)
+    flows = {"vertical_secureboost": (vertical_secureboost, "Vertical SecureBoost"),
+             "horizontal": (horizontal, "Horizontal GBDT with secure aggregation (FedTree)")}
+    assert set(flows) == set(JOB_SCHEMAS)
+    parameters: dict[str, dict[str, Any]] = {}
+    for path in args.config:  # deployment parameters are stored in Prefect's database
+        config = _keep_password_out(load_config(path), path)
+        if config.protocol in parameters:
+            raise ConfigError(f"--config {path}: a second job file of protocol "
+                              f"{config.protocol}; give one per protocol")
+        parameters[config.protocol] = {"config": json.loads(config.model_dump_json())}
+    if args.cron and not parameters:
+        raise ConfigError("--cron: a schedule needs the job it runs (--config JOB)")
+    deployments = [
+        flow.to_deployment(
+            # a schedule runs a deployment's default job: only those given one have it
+            name=args.name, parameters=parameters.get(protocol),
+            cron=args.cron if protocol in parameters else None,
+            tags=["fedboost", protocol],
+            description=f"{title} over RabbitMQ: the parameter is a job file's content "
+                        f"(protocol {protocol}, transport.kind rabbitmq); the parties' workers "
+                        f"must be running.")
+        for protocol, (flow, title) in flows.items()]
+    serve(*deployments)
     return 0
 
 

@@ -221,7 +221,14 @@ def write_scores(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     run: ActiveScoring = state.role_state
     pred = transform(run.model.params.objective, _scored_margin(run))
     ids = [state.data.ids[r] for r in state.require_aligned()[0]]
-    objective = run.model.params.objective
+    # checked at open_prediction: inside the model folder
+    write_scores_csv(run.scores_path, ids, pred, run.model.params.objective)
+    return MsgType.ACK, Ack(count=len(ids))
+
+
+def write_scores_csv(path: Path, ids: list[str], pred: np.ndarray, objective: str) -> None:
+    """``id,score`` (binary), ``id,prediction`` (regression) or ``id,label,score_k..``
+    (multiclass), written 0600 and atomically."""
     if objective == "binary":
         header, values = ["id", "score"], pred[:, :1]
     elif objective == "regression":
@@ -229,7 +236,6 @@ def write_scores(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     else:
         header = ["id", "label"] + [f"score_{k}" for k in range(pred.shape[1])]
         values = np.column_stack([np.argmax(pred, axis=1), pred])
-    path = run.scores_path  # checked at open_prediction: inside the model folder
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open_private(tmp) as handle:
         writer = csv.writer(handle)
@@ -238,4 +244,3 @@ def write_scores(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
             writer.writerow([ident, *[repr(float(v)) if k or objective != "multiclass" else int(v)
                                       for k, v in enumerate(row)]])
     tmp.replace(path)
-    return MsgType.ACK, Ack(count=len(ids))

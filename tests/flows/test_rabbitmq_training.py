@@ -112,6 +112,9 @@ def test_deployment_run_through_the_prefect_api(federation: Federation, prefect_
     serve_log = tmp_path / "serve.log"
     with served_deployment("test", federation.job_file, prefect_server, REPO,
                            serve_log) as deployment:
+        # one runner serves every protocol; the horizontal one has no default job here
+        horizontal = httpx.get(f"{prefect_server}/deployments/name/horizontal/test", timeout=5)
+        assert horizontal.status_code == 200 and horizontal.json()["parameters"] == {}
         parameters = deployment["parameters"]
         parameters["config"]["job"] = f"{federation.config.job}-deployed"
         parameters["config"]["params"]["n_trees"] = 1
