@@ -281,7 +281,7 @@ def _predict_member(args: argparse.Namespace, config: Any) -> int:
     from flows.config import ConfigError
     from workers.data import load_party_csv
     from workers.horizontal.tree import OWNER
-    from workers.scoring import write_scores_csv
+    from workers.vertical.scoring import write_scores_csv
 
     if len(args.data) > 1:
         raise ConfigError("--data: a horizontal model scores one member's file at a time "

@@ -14,7 +14,7 @@ import numpy as np
 from boosting.train import FeatureBlock
 from flows.config import HorizontalJobConfig, JobConfig
 from workers import DataError
-from workers.alignment import holdout_mask
+from workers.vertical.alignment import holdout_mask
 from workers.data import PartyData, load_party_csv
 
 

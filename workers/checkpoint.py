@@ -79,8 +79,8 @@ def register_state_types(*classes: type) -> None:
 def _state_types() -> dict[str, type]:
     """Every class a checkpoint may rebuild (the roles' classes are imported late: the roles'
     modules import this one)."""
-    from workers.active import ActiveTraining
-    from workers.passive import LookupRecord, PassiveTraining
+    from workers.vertical.active import ActiveTraining
+    from workers.vertical.passive import LookupRecord, PassiveTraining
     return type_names(JobState, PartyData, ActiveTraining, PassiveTraining, LookupRecord,
                       BoostParams, PaillierPublicKey, PaillierPrivateKey, GradientPacker,
                       BinSumPacking, Tree, TreeNode, TreeFinished, Metric, *_REGISTERED)

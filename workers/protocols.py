@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from workers.horizontal.steps import HORIZONTAL
-from workers.roles import VERTICAL
+from workers.vertical.steps import VERTICAL
 from workers.runtime import Protocol
 
 PROTOCOLS: dict[str, Protocol] = {protocol.name: protocol for protocol in (VERTICAL, HORIZONTAL)}

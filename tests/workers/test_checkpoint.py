@@ -19,10 +19,10 @@ from crypto.encoding import GradientPacker
 from messages.bodies import Checkpoint, Metric, TreeFinished
 from workers import checkpoint
 from workers._state_codec import pack
-from workers.active import ActiveTraining
+from workers.vertical.active import ActiveTraining
 from workers.checkpoint import CheckpointError
 from workers.data import PartyData
-from workers.passive import LookupRecord, PassiveTraining
+from workers.vertical.passive import LookupRecord, PassiveTraining
 from workers.state import JobState
 
 KEY = bytes(range(32))

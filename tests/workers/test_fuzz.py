@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from messages import bodies as b
-from messages.envelope import BODY_TYPES, Envelope, MsgType, encode_envelope
+from messages.envelope import BODY_TYPES, OPENERS, Envelope, MsgType, encode_envelope
 from messages.signing import federation_sealers, signer_of
 from messages.transport import MemoryHub
 from tests.scenarios import DATA, TEST_POLICY
@@ -50,11 +50,11 @@ def _value(tp: Any) -> st.SearchStrategy[Any]:
 
 
 def _body(cls: type) -> st.SearchStrategy[Any]:
-    hints = typing.get_type_hints(cls, vars(b))
+    hints = typing.get_type_hints(cls)  # in the namespace of the body's own module
     return st.builds(cls, **{f.name: _value(hints[f.name]) for f in dataclasses.fields(cls)})
 
 
-_KINDS = [k for k in MsgType if k not in (MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION)]
+_KINDS = [k for k in MsgType if k not in OPENERS]
 _ENVELOPES = st.builds(
     Envelope, job=st.sampled_from(["fuzz", "other"]), task=st.text(max_size=6),
     sender=st.sampled_from(["guest", "host", "flow"]), recipient=st.sampled_from(["host", "guest"]),

@@ -20,7 +20,7 @@ from messages.envelope import Envelope, MsgType
 from messages.instance_space import GAPS, InstanceSpace, encode_mask
 from tests.workers.test_tree_start import ROWS, SEALERS, _host
 from workers import ProtocolError
-from workers.active import ActiveTraining, _decrypt_histograms
+from workers.vertical.active import ActiveTraining, _decrypt_histograms
 
 
 @pytest.fixture(scope="module")

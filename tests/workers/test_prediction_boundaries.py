@@ -21,7 +21,7 @@ from messages.envelope import Envelope, MsgType
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
 from tests.scenarios import DATA
-from workers.passive import LookupRecord, lookup_to_dict
+from workers.vertical.passive import LookupRecord, lookup_to_dict
 from workers.policy import PartyPolicy
 from workers.protocols import PROTOCOLS
 from workers.runtime import PartySpec, Worker

@@ -20,7 +20,7 @@ from messages.envelope import Envelope, MsgType
 from messages.instance_space import encode_mask
 from messages.transport import MemoryHub
 from tests.workers.test_tree_start import ROWS, SEALERS, _gradients, _host
-from workers.passive import PassiveTraining
+from workers.vertical.passive import PassiveTraining
 from workers.runtime import Worker
 
 

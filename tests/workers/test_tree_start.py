@@ -20,7 +20,7 @@ from messages.signing import Sealer, federation_sealers
 from messages.transport import MemoryHub
 from tests.scenarios import DATA, TEST_POLICY
 from workers import shards
-from workers.passive import PassiveTraining
+from workers.vertical.passive import PassiveTraining
 from workers.protocols import PROTOCOLS
 from workers.runtime import PartySpec, Worker
 

@@ -34,7 +34,7 @@ from messages.bodies import (Ack, AppliedSplits, EncryptedGradients, EncryptedHi
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, ProtocolError, StageError, checkpoint
-from workers.alignment import send_public_key
+from workers.vertical.alignment import send_public_key
 from workers.data import load_party_csv
 from workers.lifeline import die_with_parent
 from workers.policy import check_job
@@ -42,7 +42,7 @@ from workers.runtime import StepContext
 from workers.state import JobState
 
 PROTOCOL = "vertical_secureboost"
-"""The protocol whose steps this module and workers.passive answer (checked against policies)."""
+"""The protocol whose steps this module and workers.vertical.passive answer (checked against policies)."""
 GRADIENT_CHUNK = 4096
 """Ciphertexts per message: 2 MiB at 2048-bit keys, well below broker message caps."""
 

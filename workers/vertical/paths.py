@@ -4,7 +4,7 @@ The active party knows, for every tree and every row of a batch, the node the ro
 Per level it asks each passive party only for its decisions at the nodes it owns on those paths
 ((row, record) pairs, all trees at once), decides its own nodes itself, and moves every row one
 level down. A passive party thus reveals the decisions on each row's path and no other: in
-batched mode (``workers.scoring``) it reveals every record's decision for every row.
+batched mode (``workers.vertical.scoring``) it reveals every record's decision for every row.
 
 A passive party answers only pairs inside the job: rows of the batch, records it owns, each
 pair once, levels a tree can have.
@@ -23,9 +23,9 @@ from boosting.tree import Model, Tree, node_values
 from messages.bodies import Ack, DecisionRequest, PathDecisions, Step
 from messages.envelope import MsgType
 from workers import ProtocolError, StageError
-from workers.alignment import receive_alignment
+from workers.vertical.alignment import receive_alignment
 from workers.runtime import StepContext
-from workers.scoring import lookup_records, model_of, score_x, store_margin
+from workers.vertical.scoring import lookup_records, model_of, score_x, store_margin
 from workers.state import JobState
 
 MAX_LEVELS = 16

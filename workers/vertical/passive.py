@@ -31,8 +31,8 @@ from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradient
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, NotReady, ProtocolError, StageError, checkpoint
-from workers.active import PROTOCOL, params_of
-from workers.alignment import receive_alignment
+from workers.vertical.active import PROTOCOL, params_of
+from workers.vertical.alignment import receive_alignment
 from workers.data import load_party_csv
 from workers.policy import check_job, check_key_bits
 from workers.runtime import StepContext

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from messages.envelope import MsgType
-from workers import active, alignment, passive, paths, scoring
+from workers.vertical import active, alignment, passive, paths, scoring
 from workers.runtime import Arrival, Handler, Protocol, RoleSteps
 
 

@@ -4,7 +4,7 @@ Batched mode, two rounds per batch (seed 002, Alg. 5). Round 1: every passive pa
 *all* its lookup records on the batch at once and sends the decisions bit-packed, so the active
 party learns every decision of every row. Round 2: the active party walks every tree, taking
 its own decisions from its thresholds and the others' from the bits. Path mode, which reveals
-only the decisions on each row's path, is in ``workers.paths``.
+only the decisions on each row's path, is in ``workers.vertical.paths``.
 
 A prediction job names the trained job whose model part each worker loads from its own model
 folder, and scores the party's own data file; the scores file is written only inside the
@@ -30,10 +30,10 @@ from messages.bodies import Ack, Decisions, Metric, OpenPrediction, Step, TreeFi
 from messages.envelope import MsgType
 from messages.names import JOB_NAME_RULE, is_job_name
 from workers import DataError, ProtocolError, StageError
-from workers.active import ActiveTraining
-from workers.alignment import receive_alignment
+from workers.vertical.active import ActiveTraining
+from workers.vertical.alignment import receive_alignment
 from workers.data import PartyData, load_party_csv
-from workers.passive import LookupRecord, PassiveTraining, lookup_from_dict
+from workers.vertical.passive import LookupRecord, PassiveTraining, lookup_from_dict
 from workers.policy import PolicyError
 from workers.runtime import StepContext
 from workers.state import JobState
