@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from prefect import task
+from prefect import get_run_logger, task
+from prefect.artifacts import create_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from messages import MessageError, TransportError
@@ -162,6 +163,29 @@ def connected(config: JobConfig) -> Iterator[Coordinator]:
         detach(job)
         endpoint.delete_inbox()
         endpoint.close()
+
+
+MAX_RECOVERIES = 3
+"""Times one flow run resumes from checkpoints after a party lost its state (restarted)."""
+
+T = TypeVar("T")
+
+
+def train_with_recoveries(config: Any, train: Callable[[Any, Any], T]) -> T:
+    """Run a protocol's training body ``train(config, progress)`` on the job's connection;
+    when a party lost its state (its worker restarted), run it again: the parties resume from
+    the checkpoints they all hold."""
+    with connected(config):
+        logger = get_run_logger()
+        progress = create_progress_artifact(0.0, description=f"{config.job}: trees done (%)")
+        for attempt in range(MAX_RECOVERIES + 1):
+            try:
+                return train(config, progress)
+            except PartyError as exc:
+                if not exc.reply.state_lost or attempt == MAX_RECOVERIES:
+                    raise
+                logger.warning("%s; resuming from the parties' checkpoints", exc)
+        raise AssertionError("unreachable")
 
 
 def link(job: str) -> Coordinator:

@@ -21,11 +21,11 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import (create_progress_artifact, create_table_artifact,
-                               update_progress_artifact)
+from prefect.artifacts import create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows._tasks import PartyError, StepTimeout, close_job, connected, link, step_id
+from flows._tasks import (PartyError, StepTimeout, close_job, link, step_id,
+                          train_with_recoveries)
 from flows.config import HorizontalJobConfig
 from messages.bodies import Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished
 from messages.envelope import MsgType
@@ -33,7 +33,6 @@ from messages.horizontal import HorizontalSpec, OpenHorizontal, Round
 
 SUMMARY_POINTS_PER_BIN = 32
 """A member's quantile summary has this many points per bin (at least 256 in all)."""
-MAX_RECOVERIES = 3
 
 
 def horizontal_spec(config: HorizontalJobConfig) -> HorizontalSpec:
@@ -160,17 +159,7 @@ def horizontal(config: HorizontalJobConfig) -> dict[str, Any]:
     ``config`` is the job file's content (a deployment's parameter). Running the same job
     again continues after the last tree every party checkpointed.
     """
-    with connected(config):  # type: ignore[arg-type]
-        logger = get_run_logger()
-        progress = create_progress_artifact(0.0, description=f"{config.job}: trees done (%)")
-        for attempt in range(MAX_RECOVERIES + 1):
-            try:
-                return _train(config, progress)
-            except PartyError as exc:
-                if not exc.reply.state_lost or attempt == MAX_RECOVERIES:
-                    raise
-                logger.warning("%s; resuming from the parties' checkpoints", exc)
-        raise AssertionError("unreachable")
+    return train_with_recoveries(config, _train)
 
 
 def _train(config: HorizontalJobConfig, progress: Any) -> dict[str, Any]:

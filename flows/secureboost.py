@@ -12,11 +12,11 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import (create_progress_artifact, create_table_artifact,
-                               update_progress_artifact)
+from prefect.artifacts import create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows._tasks import PartyError, align_entities, close_job, connected, link, step_id
+from flows._tasks import (PartyError, align_entities, close_job, link, step_id,
+                          train_with_recoveries)
 from flows.config import JobConfig
 from flows.predict import traverse_level_once
 from messages.bodies import (VALIDATION_BATCH, Ack, Aligned, Checkpoint, JobSpec, OpenJob,
@@ -139,10 +139,6 @@ def save_models(job: str, parties: list[str]) -> None:
     link(job).call(parties, MsgType.SAVE_MODEL, Step(), step_id(MsgType.SAVE_MODEL))
 
 
-MAX_RECOVERIES = 3
-"""Times one flow run resumes from checkpoints after a party lost its state (restarted)."""
-
-
 @flow(name="vertical_secureboost", flow_run_name="{config.job}")
 def vertical_secureboost(config: JobConfig) -> dict[str, Any]:
     """Train a SecureBoost model between one active and several passive parties.
@@ -153,17 +149,7 @@ def vertical_secureboost(config: JobConfig) -> dict[str, Any]:
     UI) continues after the last tree every party checkpointed; so does this run when a party's
     worker restarts mid-job.
     """
-    with connected(config):
-        logger = get_run_logger()
-        progress = create_progress_artifact(0.0, description=f"{config.job}: trees done (%)")
-        for attempt in range(MAX_RECOVERIES + 1):
-            try:
-                return _train(config, progress)
-            except PartyError as exc:
-                if not exc.reply.state_lost or attempt == MAX_RECOVERIES:
-                    raise
-                logger.warning("%s; resuming from the parties' checkpoints", exc)
-        raise AssertionError("unreachable")
+    return train_with_recoveries(config, _train)
 
 
 def _train(config: JobConfig, progress: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, L
 from workers import ProtocolError, StageError, checkpoint
 from workers.horizontal.masking import unmask_sum
 from workers.horizontal.member import (PROTOCOL, STATS_SCALE, _take_current, aggregator_of,
-                                       members_of, params_of, run_of)
+                                       load_checkpoint, members_of, params_of, run_of)
 from workers.horizontal.summary import SummaryBytes, decode_summaries, merge_cuts
 from workers.horizontal.tree import SplitChooser, SummedTree
 from workers.policy import check_protocol
@@ -237,14 +237,9 @@ def _checkpoint(ctx: StepContext, job: AggregatorJob) -> None:
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     """Go back to a checkpoint every party holds."""
     job: AggregatorJob = ctx.state
-    saved = checkpoint.load(ctx.model_dir, body.checkpoint, job.digest,
-                            checkpoint.key_of(ctx.party))
-    trees = saved["trees"] if isinstance(saved, dict) else None
-    if not isinstance(trees, list) or len(trees) != body.checkpoint.trees_done:
-        raise checkpoint.CheckpointError(f"{ctx.party.name}: checkpoint after "
-                                         f"{body.checkpoint.trees_done} trees is damaged")
+    saved = load_checkpoint(ctx, job.digest, body, {"columns", "cuts", "base", "trees"})
     job.columns, job.cuts = list(saved["columns"]), list(saved["cuts"])
-    job.base, job.trees, job.run = float(saved["base"]), list(trees), body.checkpoint.run
+    job.base, job.trees, job.run = float(saved["base"]), list(saved["trees"]), body.checkpoint.run
     return MsgType.RESUMED, Resumed(trees_done=len(job.trees), n_aligned=0, n_train=0,
                                     n_valid=0, outputs=1, history=[])
 

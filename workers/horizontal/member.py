@@ -288,6 +288,7 @@ def update_histograms(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     tree = _current_tree(job, me, body)
     if body.depth != tree.depth:
         raise StageError(f"{me}: depth {body.depth} asked, the tree is at depth {tree.depth}")
+    _pair_secrets(ctx, job)  # a resumed job skipped the summaries, where they were first made
     if job.g_ints is None:
         scale: GradientScale = _take_current(ctx, MsgType.H_GRADIENT_SCALE, job.aggregator,
                                              body.tree, -1, body.attempt)
@@ -359,16 +360,21 @@ def _checkpoint(ctx: StepContext, job: MemberJob) -> None:
                     checkpoint.key_of(ctx.party))
 
 
+def load_checkpoint(ctx: StepContext, digest: str, body: ResumeJob, keys: set[str]) -> dict[str, Any]:
+    """A horizontal party's checkpoint record (``keys`` and the checkpoint's trees), checked."""
+    saved = checkpoint.load(ctx.model_dir, body.checkpoint, digest, checkpoint.key_of(ctx.party))
+    if not (isinstance(saved, dict) and keys <= set(saved) and isinstance(saved["trees"], list)
+            and len(saved["trees"]) == body.checkpoint.trees_done):
+        raise checkpoint.CheckpointError(f"{ctx.party.name}: checkpoint after "
+                                         f"{body.checkpoint.trees_done} trees is damaged")
+    return saved
+
+
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     """Go back to a checkpoint every party holds: cuts, base score, margins and trees."""
     job: MemberJob = ctx.state
-    saved = checkpoint.load(ctx.model_dir, body.checkpoint, job.digest,
-                            checkpoint.key_of(ctx.party))
-    trees = saved["trees"] if isinstance(saved, dict) else None
-    if not isinstance(trees, list) or len(trees) != body.checkpoint.trees_done:
-        raise checkpoint.CheckpointError(f"{ctx.party.name}: checkpoint after "
-                                         f"{body.checkpoint.trees_done} trees is damaged")
-    job.cuts, job.base, job.trees = list(saved["cuts"]), float(saved["base"]), list(trees)
+    saved = load_checkpoint(ctx, job.digest, body, {"cuts", "base", "margin", "trees", "history"})
+    job.cuts, job.base, job.trees = list(saved["cuts"]), float(saved["base"]), list(saved["trees"])
     job.margin, job.history = np.array(saved["margin"]), list(saved["history"])
     job.bins = apply_cuts(job.data.x, job.cuts, job.params.max_bin)
     job.run = body.checkpoint.run
