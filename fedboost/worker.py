@@ -43,7 +43,8 @@ def party_spec(config: WorkerConfig) -> PartySpec:
 def policy_of(config: PolicyConfig) -> PartyPolicy:
     """A party's policy as its worker holds it."""
     return PartyPolicy(min_key_bits=config.min_key_bits, protocols=tuple(config.protocols),
-                       obfuscator=config.obfuscator, predict_modes=tuple(config.predict_modes))
+                       obfuscator=config.obfuscator, predict_modes=tuple(config.predict_modes),
+                       roles={protocol: tuple(roles) for protocol, roles in config.roles.items()})
 
 
 def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = None) -> None:

@@ -7,7 +7,7 @@ than the policy allows is refused; it never lowers the policy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from workers import ProtocolError
@@ -34,6 +34,16 @@ class PartyPolicy:
     predict_modes: tuple[str, ...] = ("path",)
     """Prediction modes a passive party answers: ``path`` reveals only the decisions on each
     row's path; ``batched`` reveals all its decisions for every row to the active party."""
+    roles: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per protocol, the only roles this party takes (a protocol not named here: any)."""
+
+    def refuses_role(self, protocol: str, role: str) -> str:
+        """Why this policy refuses ``role`` in a job of ``protocol`` ("" if it does not)."""
+        allowed = self.roles.get(protocol)
+        if allowed is None or role in allowed:
+            return ""
+        return (f"the job gives it role {role!r} in {protocol}; its policy allows "
+                f"{', '.join(allowed)}")
 
 
 class PolicyError(ProtocolError):

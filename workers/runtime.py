@@ -462,6 +462,8 @@ class Worker:
                        f"{self.party.role!r}")
         elif role not in protocol.roles:
             problem = f"protocol {protocol.name} has no role {role!r}"
+        else:
+            problem = self.party.policy.refuses_role(protocol.name, role)
         if problem:
             log.warning("%s: refused %s of job %r: %s", self.party.name, env.kind.name, env.job,
                         problem)

@@ -120,3 +120,20 @@ def test_job_files_cannot_ask_for_less_than_1024_bits() -> None:
     with pytest.raises(ConfigError, match="key 'crypto.key_bits': Input should be greater than "
                                           "or equal to 1024"):
         config_with("breast.yaml", crypto={"key_bits": 512})
+
+
+def test_a_role_the_policy_does_not_allow_for_the_protocol_is_refused(tmp_path: Path) -> None:
+    """A worker serving every protocol still takes only the roles its policy names for each."""
+    guest = PartySpec("guest", "", str(DATA / "breast_hetero_guest.csv"), "id", "y",
+                      str(tmp_path / "guest"),
+                      policy=PartyPolicy(min_key_bits=1024, roles={"vertical_secureboost":
+                                                                   ("passive",)}))
+    hub = MemoryHub(["guest", "flow"])
+    worker = Worker(guest, hub.endpoint("guest"), PROTOCOLS, SEALERS["guest"])
+    worker.handle_bytes(SEALERS["flow"].seal(
+        Envelope("job", "s/open", "flow", "guest", MsgType.OPEN_JOB, OpenJob(SPEC))))
+    reply = _reply(hub)
+    assert reply.kind == MsgType.ERROR and reply.body.user_error
+    assert reply.body.message == ("party guest: the job gives it role 'active' in "
+                                  "vertical_secureboost; its policy allows passive")
+    assert "job" not in worker.jobs  # nothing opened; the worker goes on serving
