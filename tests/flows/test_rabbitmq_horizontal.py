@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prefect.settings import PREFECT_API_URL
 
 from fedboost.embedded import train_embedded
 from flows._tasks import PartyError
@@ -31,7 +32,7 @@ from flows.config import AnyJobConfig, load_config
 from flows.horizontal import horizontal
 from flows.secureboost import vertical_secureboost
 from messages.rabbitmq import delete_party_queues
-from tests.scenarios import DATA, REPO
+from tests.scenarios import DATA, REPO, wait_until
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
@@ -117,9 +118,12 @@ def federation(rabbit_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         path.write_text(yaml.safe_dump(worker_file))
         logs[role] = root / f"{role}.log"
         procs[role] = subprocess.Popen(
-            [*FEDBOOST, "worker", "--party", names[role], "--config", str(path)],
+            [*FEDBOOST, "worker", "--party", names[role], "--config", str(path),
+             "--health-file", str(root / f"{role}.alive")],
             stdout=logs[role].open("w"), stderr=subprocess.STDOUT, env=env, cwd=root)
     try:
+        for role in procs:  # a worker touches its health file once it serves (queues declared)
+            wait_until((root / f"{role}.alive").exists, 120, f"the {role} worker")
         yield Federation(root, rabbit_url, names, homo, root / "models", logs, procs)
     finally:
         for proc in procs.values():
@@ -180,20 +184,29 @@ def _steps(log: Path) -> list[tuple[str, str]]:
 def test_a_worker_refuses_a_protocol_its_policy_does_not_list(federation: Federation,
                                                               tmp_path: Path) -> None:
     fed = federation
-    for attempt in range(2):  # the second refusal shows the worker served on after the first
-        job = f"refused-{attempt}-{uuid.uuid4().hex[:6]}"
-        config = _load(tmp_path, _horizontal_job(fed, job, ("host_1", "host")))
-        with pytest.raises(PartyError) as refused:
-            horizontal(config)
-        message = str(refused.value)
-        assert "\n" not in message, message
-        assert refused.value.reply.party == fed.names["host"]
-        assert f"party {fed.names['host']} refuses protocol 'horizontal'" in message
-        assert "its policy allows vertical_secureboost" in message
-        assert not (fed.models / job / fed.names["host"]).exists()
+    host = fed.names["host"]
+    refusal = f"party {host} refuses protocol 'horizontal': its policy allows vertical_secureboost"
+    job = f"refused-{uuid.uuid4().hex[:6]}"
+    config = _load(tmp_path, _horizontal_job(fed, job, ("host_1", "host")))
+    with pytest.raises(PartyError) as refused:
+        horizontal(config)
+    assert refused.value.reply.party == host
+    assert refusal in str(refused.value) and "\n" not in str(refused.value)
+    assert refused.value.user_error, "the job file asks what the party refuses: not a fault"
+    assert not (fed.models / job / host).exists()
+    # the same worker answers the next job too: 'fedboost train' shows the refusal in one line
+    again = _load(tmp_path, _horizontal_job(fed, f"{job}-again", ("host_1", "host")))
+    # the CLI's flow run reports to the session's Prefect server (no second one to start)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    started = time.monotonic()
+    done = subprocess.run([*FEDBOOST, "train", str(tmp_path / f"{again.job}.yaml")], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    print(f"fedboost train refused in {time.monotonic() - started:.1f} s")
+    errors = [line for line in done.stderr.splitlines() if line.startswith("fedboost: error:")]
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert len(errors) == 1 and refusal in errors[0], done.stderr[-3000:]
     assert fed.procs["host"].poll() is None, "the host's worker stopped after a refusal"
-    refusals = [line for line in fed.logs["host"].read_text().splitlines()
-                if "refuses protocol 'horizontal'" in line]
+    refusals = [line for line in fed.logs["host"].read_text().splitlines() if refusal in line]
     assert len(refusals) == 2, refusals
 
 
@@ -205,10 +218,20 @@ def test_horizontal_and_vertical_jobs_at_once_equal_their_embedded_runs(
     h_config = _load(tmp_path / "jobs", _horizontal_job(fed, h_job, MEMBERS))
     v_config = _load(tmp_path / "jobs", _vertical_job(fed, v_job))
 
+    # Flow runs start seconds apart on a busy machine, and each job is short: the guest's
+    # worker holds its inbox until both jobs' openers are in it, so both run from the start.
+    opened = [(fed.logs["host"], v_job, "OPEN_JOB"), (fed.logs["host_1"], h_job, "H_OPEN_JOB")]
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=2) as pool:
-        h_run = pool.submit(horizontal, h_config)
-        v_run = pool.submit(vertical_secureboost, v_config)
+        os.kill(fed.procs["guest"].pid, signal.SIGSTOP)
+        try:
+            h_run = pool.submit(horizontal, h_config)
+            v_run = pool.submit(vertical_secureboost, v_config)
+            # a flow sends its opener to every party before it waits for any
+            wait_until(lambda: all((job, step) in _steps(log) for log, job, step in opened),
+                       120, "both jobs' openers")
+        finally:
+            os.kill(fed.procs["guest"].pid, signal.SIGCONT)
         h_result, v_result = h_run.result(), v_run.result()
     print(f"both jobs over RabbitMQ in {time.monotonic() - started:.1f} s")
 
@@ -238,8 +261,8 @@ def test_horizontal_and_vertical_jobs_at_once_equal_their_embedded_runs(
     member_models = set()
     for member in (fed.names[m] for m in MEMBERS):
         over_broker = (fed.models / h_job / member / "model.json").read_bytes()
-        assert over_broker == (tmp_path / "embedded" / h_job / member / "model.json").read_bytes(), \
-            f"{member}'s model differs from the embedded run's"
+        embedded = (tmp_path / "embedded" / h_job / member / "model.json").read_bytes()
+        assert over_broker == embedded, f"{member}'s model differs from the embedded run's"
         member_models.add(over_broker)
     assert len(member_models) == 1, "the members hold different models"
     assert h_result["train_auc"] == h_embedded["train_auc"]
