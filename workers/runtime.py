@@ -35,7 +35,7 @@ from messages.transport import Transport
 from workers import DataError, NotReady, ProtocolError
 from workers.answered import AnsweredRecord
 from workers.mailbox import MailKey, Mailbox
-from workers.policy import PartyPolicy
+from workers.policy import PartyPolicy, PolicyError
 
 log = logging.getLogger("fedboost.worker")
 
@@ -520,6 +520,10 @@ class Worker:
             job.pending.append(_Pending(env, first_try, str(waiting)))
             return
         except USER_ERRORS as exc:
+            reply = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name, str(exc), True)
+        except PolicyError as exc:  # the job asks what this party refuses: the job file's to change
+            log.warning("%s: refused %s of job %r: %s", self.party.name, env.kind.name, env.job,
+                        exc)
             reply = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name, str(exc), True)
         except STEP_ERRORS as exc:
             log.warning("%s: %s failed: %s", self.party.name, env.kind.name, exc)
