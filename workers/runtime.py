@@ -293,8 +293,10 @@ class Worker:
         """Serve until stopped (SIGTERM/SIGINT) or, in single-job mode, until CLOSE_JOB."""
         signal.signal(signal.SIGTERM, self.stop)
         sys.setswitchinterval(SWITCH_INTERVAL)
+        served = [p for p in sorted(self.protocols) if p in self.party.policy.protocols]
         log.info("worker %s serving %s; %d answered commands on record", self.party.name,
-                 ", ".join(sorted(self.protocols)), len(self.answered))
+                 ", ".join(served) or "no protocol (its policy lists none this worker has)",
+                 len(self.answered))
         while not self._stopping:
             data = self.transport.receive(timeout=0.5)
             if data is not None:
@@ -446,8 +448,8 @@ class Worker:
 
     def _open(self, env: Envelope, session: str) -> _Job | None:
         """A job for an opener: its protocol's steps for the role the job gives this party.
-        A protocol this worker does not serve, or a role it does not take, is answered with
-        an error naming both (and nothing is opened)."""
+        A protocol this worker does not serve or its policy does not list, or a role it does
+        not take, is answered with one line naming them (and nothing is opened)."""
         protocol = self.protocols.get(env.body.protocol)
         roles = {p.name: p.role for p in env.body.parties}
         role = roles.get(self.party.name)
@@ -455,6 +457,9 @@ class Worker:
         if protocol is None:
             problem = (f"protocol {env.body.protocol!r} is not served here (this worker serves "
                        f"{', '.join(sorted(self.protocols))})")
+        elif protocol.name not in self.party.policy.protocols:
+            problem = (f"refuses protocol {protocol.name!r}: its policy allows "
+                       f"{', '.join(self.party.policy.protocols)}")
         elif role is None:
             problem = f"the job does not name party {self.party.name}"
         elif self.party.role and role != self.party.role:
