@@ -368,13 +368,9 @@ def _worker(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from prefect import serve
 
-    from flows.config import JOB_SCHEMAS, ConfigError, load_config
-    from flows.horizontal import horizontal
-    from flows.secureboost import vertical_secureboost
+    from flows.config import ConfigError, load_config
+    from flows.protocols import TITLES, TRAINING_FLOWS
 
-    flows = {"vertical_secureboost": (vertical_secureboost, "Vertical SecureBoost"),
-             "horizontal": (horizontal, "Horizontal GBDT with secure aggregation (FedTree)")}
-    assert set(flows) == set(JOB_SCHEMAS)
     parameters: dict[str, dict[str, Any]] = {}
     for path in args.config:  # deployment parameters are stored in Prefect's database
         config = _keep_password_out(load_config(path), path)
@@ -390,10 +386,10 @@ def _serve(args: argparse.Namespace) -> int:
             name=args.name, parameters=parameters.get(protocol),
             cron=args.cron if protocol in parameters else None,
             tags=["fedboost", protocol],
-            description=f"{title} over RabbitMQ: the parameter is a job file's content "
-                        f"(protocol {protocol}, transport.kind rabbitmq); the parties' workers "
-                        f"must be running.")
-        for protocol, (flow, title) in flows.items()]
+            description=f"{TITLES[protocol]} over RabbitMQ: the parameter is a job file's "
+                        f"content (protocol {protocol}, transport.kind rabbitmq); the parties' "
+                        f"workers must be running.")
+        for protocol, flow in TRAINING_FLOWS.items()]
     serve(*deployments)
     return 0
 

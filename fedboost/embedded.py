@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from flows._tasks import DEFAULT_STEP_TIMEOUT, Coordinator, attach, detach
 from crypto.pool import default_processes
-from flows.config import AnyJobConfig, JobConfig, PartyConfig
+from flows.config import AnyJobConfig
 from messages.signing import FLOW_IDENTITY, federation_sealers
 from messages.transport import MemoryHub
 from fedboost.worker import policy_of
@@ -45,11 +45,12 @@ def party_specs(config: AnyJobConfig, out_dir: Path,
     return specs
 
 
-def processes_of(party: PartyConfig) -> int:
+def processes_of(party: Any) -> int:
     """Worker processes of a party: passive parties default to one per core (histogram shards);
-    the active party's one process spreads its crypto over the cores itself."""
-    if party.processes is not None:
-        return party.processes
+    the active party's one process spreads its crypto over the cores itself; horizontal parties
+    have one."""
+    if getattr(party, "processes", None) is not None:
+        return int(party.processes)
     return default_processes() if party.role == "passive" else 1
 
 
@@ -89,8 +90,6 @@ def train_embedded(config: AnyJobConfig, out_dir: Path, *,
 
 def protocol_flow(config: AnyJobConfig) -> Callable[[Any], dict[str, Any]]:
     """The Prefect flow that trains a job of ``config``'s protocol."""
-    if config.protocol == "horizontal":
-        from flows.horizontal import horizontal
-        return horizontal
-    from flows.secureboost import vertical_secureboost
-    return vertical_secureboost
+    from flows.protocols import TRAINING_FLOWS
+    flow: Callable[[Any], dict[str, Any]] = TRAINING_FLOWS[config.protocol]
+    return flow

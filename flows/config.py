@@ -360,7 +360,6 @@ class HorizontalPartyConfig(_Strict):
     columns: list[str] | None = None
     """Feature columns (default: all but id and label); every member's must be the same."""
     policy: PolicyConfig | None = None
-    processes: int | None = Field(None, ge=1, le=64)
 
 
 class HorizontalJobConfig(_Strict):
