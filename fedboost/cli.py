@@ -240,6 +240,8 @@ def _predict(args: argparse.Namespace) -> int:
     from flows.predict import federated_predict
 
     job_file = args.model_dir / "job.json"
+    if not job_file.exists() and (args.model_dir / "party.json").exists():
+        return _predict_with_copy(args)  # a member's own folder of a horizontal model
     try:
         raw = json.loads(job_file.read_text())
     except (OSError, ValueError) as exc:
@@ -275,13 +277,49 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _predict_member(args: argparse.Namespace, config: Any) -> int:
-    """Horizontal models are shared: a member scores its own rows locally, no federation."""
-    from boosting.tree import load_model, raw_decider
+def _predict_with_copy(args: argparse.Namespace) -> int:
+    """Score with a horizontal member's own copy of the model (``models/JOB/MEMBER`` of its
+    worker, holding model.json and party.json): ``--data CSV`` or ``--data MEMBER=CSV``."""
     from flows.config import ConfigError
+
+    try:
+        party = json.loads((args.model_dir / "party.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{args.model_dir}/party.json: cannot read it ({exc})") from None
+    if party.get("protocol") != "horizontal":
+        raise ConfigError(f"{args.model_dir}: a vertical model part scores only federatedly: "
+                          f"run fedboost predict on the run folder that holds job.json")
+    if len(args.data) != 1:
+        raise ConfigError("--data CSV: the rows to score with this member's model")
+    path = Path(args.data[0].partition("=")[2] or args.data[0])
+    return _score_member(args, args.model_dir, str(party.get("party")),
+                         str(party.get("id_column", "id")), path)
+
+
+def _score_member(args: argparse.Namespace, folder: Path, member: str, id_column: str,
+                  path: Path) -> int:
+    """Write the scores of ``path``'s rows under the model in ``folder``."""
+    from boosting.tree import load_model, raw_decider
     from workers.data import load_party_csv
     from workers.horizontal.tree import OWNER
     from workers.vertical.scoring import write_scores_csv
+
+    started = time.perf_counter()
+    model = load_model(folder / "model.json")
+    rows = load_party_csv(member, path, id_column, None, require_label=False,
+                          columns=list(model.features[OWNER]))
+    pred = model.predict(raw_decider({OWNER: rows.x}), len(rows.ids))
+    out = (args.out or args.model_dir / "scores.csv").resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_scores_csv(out, rows.ids, pred, model.params.objective)
+    print(f"scored {len(rows.ids)} rows of member {member} in {time.perf_counter() - started:.1f} s "
+          f"with its copy of the model: {out}")
+    return 0
+
+
+def _predict_member(args: argparse.Namespace, config: Any) -> int:
+    """Horizontal models are shared: a member scores its own rows locally, no federation."""
+    from flows.config import ConfigError
 
     if len(args.data) > 1:
         raise ConfigError("--data: a horizontal model scores one member's file at a time "
@@ -298,17 +336,11 @@ def _predict_member(args: argparse.Namespace, config: Any) -> int:
     if path is None:
         raise ConfigError(f"--data: member {member}'s data file is not in {args.model_dir}/job.json "
                           f"(trained over a broker): give --data {member}=CSV")
-    started = time.perf_counter()
-    model = load_model(args.model_dir / member / "model.json")
-    names = list(model.features[OWNER])
-    rows = load_party_csv(member, path, entry.id, None, require_label=False, columns=names)
-    pred = model.predict(raw_decider({OWNER: rows.x}), len(rows.ids))
-    out = (args.out or args.model_dir / "scores.csv").resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_scores_csv(out, rows.ids, pred, model.params.objective)
-    print(f"scored {len(rows.ids)} rows of member {member} in {time.perf_counter() - started:.1f} s "
-          f"with its copy of the model: {out}")
-    return 0
+    if not (args.model_dir / member / "model.json").exists():
+        raise ConfigError(f"{args.model_dir / member}: no model.json (over a broker each member's "
+                          f"worker keeps its copy: fedboost predict MODELS/{config.job}/{member} "
+                          f"--data CSV)")
+    return _score_member(args, args.model_dir / member, member, entry.id, Path(path))
 
 
 def _predict_on_workers(args: argparse.Namespace, config: JobConfig, job: str, scores_file: str,

@@ -73,6 +73,7 @@ class MemberJob:
     params: BoostParams
     data: PartyData
     data_file: str
+    id_column: str
     digest: str
     aggregator: str
     mask_key: MaskKey
@@ -126,7 +127,7 @@ def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
                         f"in its worker file's data set)")
     _check_labels(me, own.path, spec.objective, data.y)
     job = MemberJob(spec=spec, params=params_of(spec), data=data, data_file=own.path,
-                    digest=checkpoint.job_digest(spec, own.path, own.columns),
+                    id_column=own.id_column, digest=checkpoint.job_digest(spec, own.path, own.columns),
                     aggregator=aggregator_of(spec), mask_key=MaskKey.generate())
     ctx.state = job
     for peer in members_of(spec):
@@ -389,7 +390,7 @@ def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     save_model(job.model(), Path(ctx.model_dir) / "model.json")
     write_json_atomic(Path(ctx.model_dir) / "party.json", {
         "party": ctx.party.name, "role": "member", "protocol": PROTOCOL, "job": ctx.job,
-        "saved_at": time.time(), "members": members_of(job.spec)})
+        "saved_at": time.time(), "members": members_of(job.spec), "id_column": job.id_column})
     return MsgType.ACK, Ack(count=len(job.trees))
 
 
