@@ -96,7 +96,8 @@ def dp_table(args: argparse.Namespace) -> dict[str, Any]:
                      "aucs": aucs})
     print(f"\ndefault_credit_homo, 3 members, {args.trees} trees depth {args.depth} lr {args.lr} "
           f"max_bin {args.max_bin}, clip {args.clip}; test AUC on default_credit_homo_test.csv")
-    print(f"{'epsilon':>8} {'mean AUC':>9} {'std':>7}  per seed ({', '.join(map(str, args.seeds))})")
+    seeds = ", ".join(map(str, args.seeds))
+    print(f"{'epsilon':>8} {'mean AUC':>9} {'std':>7}  per seed ({seeds})")
     for row in rows:
         print(f"{_eps(row['epsilon']):>8} {row['mean_auc']:>9.4f} {row['std_auc']:>7.4f}  "
               + "  ".join(f"{a:.4f}" for a in row["aucs"]))
