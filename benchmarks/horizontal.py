@@ -16,7 +16,8 @@ default_credit_homo_test.csv; prints mean, standard deviation and the per-seed A
 unmasked runs replace ``workers.horizontal.member.mask_vector`` inside the worker processes by
 the identity (the aggregator's ``unmask_sum`` of plain vectors is their plain sum), so nothing
 else changes; the production code has no such switch. Prints seconds per tree of each, their
-ratio, and the members' seconds spent in ``mask_vector`` per tree.
+ratio (over all trees, and without the first, which also loads the histogram kernel), and
+the members' seconds spent in ``mask_vector`` per tree.
 """
 
 from __future__ import annotations
@@ -171,7 +172,9 @@ def _one_cost_run(args: argparse.Namespace, unmasked: bool) -> dict[str, float]:
         calls = [line.split() for f in logs.glob("*.masks") for line in f.read_text().splitlines()]
     hist = [float(c[3]) for c in calls if c[0] == "hist"]
     per_tree = result["tree_seconds"]
-    return {"seconds_per_tree": sum(per_tree) / len(per_tree),
+    return {"seconds_per_tree": statistics.mean(per_tree),
+            # the first tree also loads the cached histogram kernel in the fresh worker processes
+            "seconds_per_later_tree": statistics.mean(per_tree[1:] or per_tree),
             # members mask at the same time: one member's share is what a tree waits for
             "mask_seconds_per_tree": sum(hist) / len(MEMBERS) / args.trees,
             "mask_calls": len(hist),
@@ -189,20 +192,24 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
             print(f"  round {k + 1} {kind:>8}: {r['seconds_per_tree']:.3f} s/tree, "
                   f"mask_vector {1000 * r['mask_seconds_per_tree']:.1f} ms/tree per member",
                   flush=True)
-    mean = {kind: statistics.mean(r["seconds_per_tree"] for r in rs) for kind, rs in runs.items()}
-    mask = {kind: statistics.mean(r["mask_seconds_per_tree"] for r in rs)
-            for kind, rs in runs.items()}
-    ratio = mean["masked"] / mean["unmasked"]
+    def mean_of(key: str) -> dict[str, float]:
+        return {kind: statistics.mean(r[key] for r in rs) for kind, rs in runs.items()}
+
+    mean, later = mean_of("seconds_per_tree"), mean_of("seconds_per_later_tree")
+    mask = mean_of("mask_seconds_per_tree")
+    ratio, later_ratio = mean["masked"] / mean["unmasked"], later["masked"] / later["unmasked"]
     print(f"\ndefault_credit_homo, 3 members, {args.trees} trees depth {args.depth} "
           f"max_bin {args.max_bin}; {args.rounds} runs each, alternating")
-    print(f"{'':>10} {'s/tree':>8} {'best':>7} {'mask_vector ms/tree/member':>27} "
-          f"{'values masked/tree/member':>26}")
+    print(f"{'':>10} {'s/tree':>8} {'best run':>9} {'s/tree after 1st':>17} "
+          f"{'mask_vector ms/tree/member':>27} {'values masked/tree/member':>26}")
     for kind, rs in runs.items():
-        print(f"{kind:>10} {mean[kind]:>8.3f} {min(r['seconds_per_tree'] for r in rs):>7.3f} "
-              f"{1000 * mask[kind]:>27.1f} {rs[0]['mask_values_per_member_tree']:>26.0f}")
-    print(f"masked / unmasked: {ratio:.3f}x (goal <= 1.3x)")
-    return {"runs": runs, "seconds_per_tree": mean, "mask_seconds_per_tree": mask,
-            "ratio": ratio}
+        print(f"{kind:>10} {mean[kind]:>8.3f} {min(r['seconds_per_tree'] for r in rs):>9.3f} "
+              f"{later[kind]:>17.3f} {1000 * mask[kind]:>27.2f} "
+              f"{rs[0]['mask_values_per_member_tree']:>26.0f}")
+    print(f"masked / unmasked: {ratio:.3f}x over all trees, {later_ratio:.3f}x after the first "
+          f"(goal <= 1.3x)")
+    return {"runs": runs, "seconds_per_tree": mean, "seconds_per_later_tree": later,
+            "mask_seconds_per_tree": mask, "ratio": ratio, "ratio_after_first_tree": later_ratio}
 
 
 def main() -> None:
