@@ -10,7 +10,11 @@ host_1 and host_2, each on its own file, and an aggregator, in worker processes.
 
 ``--dp``: for each epsilon (``none``: no privacy, the lossless protocol) and seed
 (``params.seed`` = ``privacy.seed`` = the seed), the test AUC of the model guest saved, on
-default_credit_homo_test.csv; prints mean, standard deviation and the per-seed AUCs.
+default_credit_homo_test.csv; prints mean, standard deviation and the per-seed AUCs. Each
+tree gets ``epsilon / trees`` (sequential composition), so with 30 trees and epsilon <= 8 the
+leaves' Laplace noise (scale ``clip / (1 + lambda) / (epsilon / 60)`` before the learning rate)
+dwarfs the leaf values and the AUC stays near 0.5; it reaches the lossless AUC only near
+epsilon 1000 (then the unit hessians DP needs are the remaining difference).
 
 ``--cost``: the same job with and without masks, taking turns (``--rounds`` runs each). The
 unmasked runs replace ``workers.horizontal.member.mask_vector`` inside the worker processes by
@@ -160,7 +164,7 @@ def _measured_hub(names: list[str], unmasked: bool, log_dir: Path) -> Any:
     return hub
 
 
-def _one_cost_run(args: argparse.Namespace, unmasked: bool) -> dict[str, float]:
+def _one_cost_run(args: argparse.Namespace, unmasked: bool) -> dict[str, Any]:
     from fedboost.embedded import FLOW_ENDPOINT, train_embedded
 
     config = job_config(args.data, args)
@@ -185,7 +189,7 @@ def _one_cost_run(args: argparse.Namespace, unmasked: bool) -> dict[str, float]:
 
 def cost(args: argparse.Namespace) -> dict[str, Any]:
     """Seconds per tree with and without masks, alternating."""
-    runs: dict[str, list[dict[str, float]]] = {"masked": [], "unmasked": []}
+    runs: dict[str, list[dict[str, Any]]] = {"masked": [], "unmasked": []}
     for k in range(args.rounds):
         for kind in ("masked", "unmasked") if k % 2 == 0 else ("unmasked", "masked"):
             runs[kind].append(_one_cost_run(args, unmasked=kind == "unmasked"))
@@ -193,6 +197,7 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
             print(f"  round {k + 1} {kind:>8}: {r['seconds_per_tree']:.3f} s/tree, "
                   f"mask_vector {1000 * r['mask_seconds_per_tree']:.1f} ms/tree per member",
                   flush=True)
+
     def mean_of(key: str) -> dict[str, float]:
         return {kind: statistics.mean(r[key] for r in rs) for kind, rs in runs.items()}
 
