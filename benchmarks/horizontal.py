@@ -1,0 +1,256 @@
+"""The horizontal protocol on default_credit_homo: model quality under differential privacy, and
+what secure aggregation's masks cost.
+
+    python -m benchmarks.horizontal --dp [--seeds 0 1 2] [--epsilons 0.5 1 2 4 8 none]
+    python -m benchmarks.horizontal --cost [--rounds 3]
+    common: [--trees 30] [--depth 3] [--lr 0.3] [--max-bin 32] [--data DIR] [--json FILE]
+
+Every run is the embedded default (``fedboost.embedded.train_embedded``): members guest,
+host_1 and host_2, each on its own file, and an aggregator, in worker processes.
+
+``--dp``: for each epsilon (``none``: no privacy, the lossless protocol) and seed
+(``params.seed`` = ``privacy.seed`` = the seed), the test AUC of the model guest saved, on
+default_credit_homo_test.csv; prints mean, standard deviation and the per-seed AUCs. Each
+tree gets ``epsilon / trees`` (sequential composition), so with 30 trees and epsilon <= 8 the
+leaves' Laplace noise (scale ``clip / (1 + lambda) / (epsilon / 60)`` before the learning rate)
+dwarfs the leaf values and the AUC stays near 0.5; it reaches the lossless AUC only near
+epsilon 1000 (then the unit hessians DP needs are the remaining difference).
+
+``--cost``: the same job with and without masks, taking turns (``--rounds`` runs each). The
+unmasked runs replace ``workers.horizontal.member.mask_vector`` inside the worker processes by
+the identity (the aggregator's ``unmask_sum`` of plain vectors is their plain sum), so nothing
+else changes; the production code has no such switch. Prints seconds per tree of each, their
+ratio (over all trees, and without the first, which also loads the histogram kernel), and
+the members' seconds spent in ``mask_vector`` per tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedboost import _prefect_env
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+MEMBERS = ("guest", "host_1", "host_2")
+AGGREGATOR = "aggregator"
+
+
+def job_config(data: Path, args: argparse.Namespace, *, seed: int = 0,
+               epsilon: float | None = None) -> Any:
+    """The default_credit_homo job with the command line's tree parameters."""
+    from flows.config import HorizontalJobConfig
+
+    parties: dict[str, Any] = {
+        m: {"role": "member", "data": str(data / f"default_credit_homo_{m}.csv"), "id": "id",
+            "label": "y"} for m in MEMBERS}
+    parties[AGGREGATOR] = {"role": "aggregator"}
+    raw: dict[str, Any] = {
+        "job": f"bench-homo-s{seed}", "protocol": "horizontal", "parties": parties,
+        "params": {"n_trees": args.trees, "max_depth": args.depth,
+                   "learning_rate": args.lr, "max_bin": args.max_bin, "objective": "binary",
+                   "seed": seed}}
+    if epsilon is not None:
+        raw["privacy"] = {"epsilon": epsilon, "clip": args.clip, "seed": seed}
+    return HorizontalJobConfig.model_validate(raw)
+
+
+def test_auc(model_file: Path, test_file: Path) -> float:
+    """AUC of a member's saved model on a test file (columns id, y, features)."""
+    from boosting.metrics import auc
+    from boosting.tree import load_model, raw_decider
+    from workers.data import load_party_csv
+    from workers.horizontal.tree import OWNER
+
+    test = load_party_csv("test", str(test_file), "id", "y", require_label=True)
+    assert test.y is not None
+    model = load_model(model_file)
+    prob = model.predict(raw_decider({OWNER: test.x}), len(test.ids))
+    return auc(test.y, prob[:, -1])
+
+
+# --- --dp -----------------------------------------------------------------------------------
+
+def dp_table(args: argparse.Namespace) -> dict[str, Any]:
+    """Test AUC per epsilon and seed."""
+    from fedboost.embedded import train_embedded
+
+    rows = []
+    for epsilon in args.epsilons:
+        aucs = []
+        for seed in args.seeds:
+            config = job_config(args.data, args, seed=seed, epsilon=epsilon)
+            with tempfile.TemporaryDirectory() as out:
+                started = time.perf_counter()
+                train_embedded(config, Path(out))
+                aucs.append(test_auc(Path(out) / "guest" / "model.json",
+                                     args.data / "default_credit_homo_test.csv"))
+            print(f"  epsilon {_eps(epsilon)} seed {seed}: test AUC {aucs[-1]:.4f} "
+                  f"({time.perf_counter() - started:.0f} s)", flush=True)
+        rows.append({"epsilon": epsilon, "mean_auc": statistics.mean(aucs),
+                     "std_auc": statistics.stdev(aucs) if len(aucs) > 1 else 0.0,
+                     "aucs": aucs})
+    print(f"\ndefault_credit_homo, 3 members, {args.trees} trees depth {args.depth} lr {args.lr} "
+          f"max_bin {args.max_bin}, clip {args.clip}; test AUC on default_credit_homo_test.csv")
+    seeds = ", ".join(map(str, args.seeds))
+    print(f"{'epsilon':>8} {'mean AUC':>9} {'std':>7}  per seed ({seeds})")
+    for row in rows:
+        print(f"{_eps(row['epsilon']):>8} {row['mean_auc']:>9.4f} {row['std_auc']:>7.4f}  "
+              + "  ".join(f"{a:.4f}" for a in row["aucs"]))
+    return {"rows": rows}
+
+
+def _eps(epsilon: float | None) -> str:
+    return "none" if epsilon is None else f"{epsilon:g}"
+
+
+def _epsilon(text: str) -> float | None:
+    return None if text == "none" else float(text)
+
+
+# --- --cost ---------------------------------------------------------------------------------
+
+def _serve_measured(unmasked: bool, log: str, target: Callable[..., None],
+                    args: tuple[Any, ...]) -> None:
+    """A worker process's entry point: time every ``mask_vector`` call of the member (one line
+    per call in ``log``), with the masks left out if ``unmasked``; then serve as usual."""
+    import workers.horizontal.member as member
+
+    real = member.mask_vector
+
+    def measured(values: Any, me: str, secrets: dict[str, bytes], round: Any) -> Any:  # noqa: A002
+        start = time.perf_counter()
+        masked = values.view(np.uint64).copy() if unmasked else real(values, me, secrets, round)
+        with open(log, "a") as out:
+            out.write(f"{round.purpose} {round.tree} {values.size} "
+                      f"{time.perf_counter() - start:.6f}\n")
+        return masked
+
+    member.mask_vector = measured
+    target(*args)
+
+
+class _MeasuredContext:
+    """A multiprocessing context that starts every process through :func:`_serve_measured`."""
+
+    def __init__(self, base: Any, unmasked: bool, log_dir: Path) -> None:
+        self._base, self._unmasked, self._log_dir = base, unmasked, log_dir
+
+    def Process(self, *, target: Callable[..., None], name: str,  # noqa: N802 - mp's name
+                args: tuple[Any, ...]) -> Any:
+        log = str(self._log_dir / f"{name}.masks")
+        return self._base.Process(target=_serve_measured, name=name,
+                                  args=(self._unmasked, log, target, args))
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._base, attr)
+
+
+def _measured_hub(names: list[str], unmasked: bool, log_dir: Path) -> Any:
+    """A MemoryHub whose worker processes run :func:`_serve_measured` (spawned, as always)."""
+    from messages.transport import MemoryHub
+
+    hub = MemoryHub(names)
+    hub.context = _MeasuredContext(hub.context, unmasked, log_dir)  # type: ignore[assignment]
+    return hub
+
+
+def _one_cost_run(args: argparse.Namespace, unmasked: bool) -> dict[str, Any]:
+    from fedboost.embedded import FLOW_ENDPOINT, train_embedded
+
+    config = job_config(args.data, args)
+    with tempfile.TemporaryDirectory() as out:
+        logs = Path(out) / "masks"
+        logs.mkdir()
+        hub = _measured_hub([*config.parties, FLOW_ENDPOINT], unmasked, logs)
+        result = train_embedded(config, Path(out) / "model", hub=hub)
+        calls = [line.split() for f in logs.glob("*.masks") for line in f.read_text().splitlines()]
+    hist = [float(c[3]) for c in calls if c[0] == "hist"]
+    per_tree = result["tree_seconds"]
+    return {"seconds_per_tree": statistics.mean(per_tree),
+            # the first tree also loads the cached histogram kernel in the fresh worker processes
+            "seconds_per_later_tree": statistics.mean(per_tree[1:] or per_tree),
+            "tree_seconds": per_tree,
+            # members mask at the same time: one member's share is what a tree waits for
+            "mask_seconds_per_tree": sum(hist) / len(MEMBERS) / args.trees,
+            "mask_calls": len(hist),
+            "mask_values_per_member_tree": sum(int(c[2]) for c in calls if c[0] == "hist")
+            / len(MEMBERS) / args.trees}
+
+
+def cost(args: argparse.Namespace) -> dict[str, Any]:
+    """Seconds per tree with and without masks, alternating."""
+    runs: dict[str, list[dict[str, Any]]] = {"masked": [], "unmasked": []}
+    for k in range(args.rounds):
+        for kind in ("masked", "unmasked") if k % 2 == 0 else ("unmasked", "masked"):
+            runs[kind].append(_one_cost_run(args, unmasked=kind == "unmasked"))
+            r = runs[kind][-1]
+            print(f"  round {k + 1} {kind:>8}: {r['seconds_per_tree']:.3f} s/tree, "
+                  f"mask_vector {1000 * r['mask_seconds_per_tree']:.1f} ms/tree per member",
+                  flush=True)
+
+    def mean_of(key: str) -> dict[str, float]:
+        return {kind: statistics.mean(r[key] for r in rs) for kind, rs in runs.items()}
+
+    mean, later = mean_of("seconds_per_tree"), mean_of("seconds_per_later_tree")
+    mask = mean_of("mask_seconds_per_tree")
+    # other load on the machine comes in bursts that a median over all trees of all runs skips
+    median = {kind: statistics.median(t for r in rs for t in r["tree_seconds"])
+              for kind, rs in runs.items()}
+    ratio, later_ratio = mean["masked"] / mean["unmasked"], later["masked"] / later["unmasked"]
+    median_ratio = median["masked"] / median["unmasked"]
+    print(f"\ndefault_credit_homo, 3 members, {args.trees} trees depth {args.depth} "
+          f"max_bin {args.max_bin}; {args.rounds} runs each, alternating")
+    print(f"{'':>10} {'s/tree':>8} {'best run':>9} {'after 1st':>10} {'median tree':>12} "
+          f"{'mask_vector ms/tree/member':>27} {'values masked/tree/member':>26}")
+    for kind, rs in runs.items():
+        print(f"{kind:>10} {mean[kind]:>8.3f} {min(r['seconds_per_tree'] for r in rs):>9.3f} "
+              f"{later[kind]:>10.3f} {median[kind]:>12.3f} {1000 * mask[kind]:>27.2f} "
+              f"{rs[0]['mask_values_per_member_tree']:>26.0f}")
+    print(f"masked / unmasked (goal <= 1.3x): {ratio:.3f}x mean, {later_ratio:.3f}x after the "
+          f"first tree, {median_ratio:.3f}x median tree; mask_vector alone "
+          f"{mask['masked'] / median['unmasked']:.1%} of an unmasked tree")
+    return {"runs": runs, "seconds_per_tree": mean, "seconds_per_later_tree": later,
+            "median_tree_seconds": median, "mask_seconds_per_tree": mask, "ratio": ratio,
+            "ratio_after_first_tree": later_ratio, "ratio_median_tree": median_ratio}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--dp", action="store_true", help="test AUC against epsilon")
+    what.add_argument("--cost", action="store_true", help="seconds per tree, masks or not")
+    parser.add_argument("--trees", type=int, default=30)
+    parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=0.3)
+    parser.add_argument("--max-bin", type=int, default=32)
+    parser.add_argument("--clip", type=float, default=1.0, help="DP gradient clip")
+    parser.add_argument("--epsilons", type=_epsilon, nargs="+",
+                        default=[0.5, 1.0, 2.0, 4.0, 8.0, None])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--json", type=Path, help="also write the numbers to this file")
+    args = parser.parse_args()
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # a line per task run otherwise
+    _prefect_env.configure()
+    report = dp_table(args) if args.dp else cost(args)
+    if args.json:
+        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                    if k != "json"}
+        args.json.write_text(json.dumps({"settings": settings, **report}, indent=2,
+                                        default=lambda v: None if v is None else str(v)))
+
+
+if __name__ == "__main__":
+    main()
