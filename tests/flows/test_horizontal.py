@@ -231,3 +231,93 @@ def test_predict_cli_scores_a_horizontal_run(credit_run: Path, tmp_path: Path) -
     np.testing.assert_allclose(np.array([[float(v) for v in r[1:]] for r in rows]),
                                model.predict(raw_decider({OWNER: test.x}), len(test.ids)),
                                rtol=0, atol=1e-6)
+
+
+# -- dropout ----------------------------------------------------------------------------------
+
+
+class KillBeforeGrow:
+    """SIGKILLs one member's embedded worker process just before the flow's grow step of
+    (tree, depth): the member has sent that level's masked histograms and never answers again."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, victim: str, tree: int,
+                 depth: int) -> None:
+        self.victim, self.at, self.killed = victim, (tree, depth, 0), False
+        self.procs: list[Any] = []
+        start_workers, grow = embedded.start_workers, flows.horizontal.grow
+
+        def recording_start(*args: Any, **kwargs: Any) -> Any:
+            procs, helpers = start_workers(*args, **kwargs)
+            self.procs.extend(procs)
+            return procs, helpers
+
+        def killing_grow(job: str, members: list[str], tree: int, depth: int,
+                         attempt: int) -> None:
+            if (tree, depth, attempt) == self.at and not self.killed:
+                (proc,) = [p for p in self.procs if p.name == f"fedboost-{self.victim}"]
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.join(30)
+                assert proc.exitcode == -signal.SIGKILL
+                self.killed = True
+            grow(job, members, tree, depth, attempt)
+
+        monkeypatch.setattr(embedded, "start_workers", recording_start)
+        monkeypatch.setattr(flows.horizontal, "grow", killing_grow)
+
+
+def test_member_killed_mid_tree_is_dropped_and_the_tree_regrows_on_the_survivors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """host_2 dies after sending tree 2's depth-1 histograms: after transport.step_timeout the
+    job drops it and grows tree 2 again with guest and host_1. Trees 0-1 are the union's; tree
+    2 on is what the core grows from the survivors' rows, the same cuts and trees 0-1."""
+    k, survivors = 2, ["guest", "host_1"]
+    job = horizontal_job("homo-credit-dropout", "default_credit",
+                         params={"n_trees": 4, "max_depth": 3},
+                         transport={"kind": "memory", "step_timeout": 20})
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    killer = KillBeforeGrow(monkeypatch, "host_2", tree=k, depth=1)
+    assert main(["train", str(tmp_path / "job.yaml"), "--out", str(tmp_path / "run")]) == 0
+    assert killer.killed
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["dropped"] == ["host_2"]
+    assert metrics["members"] == ["guest", "host_1", "host_2"]
+    assert set(metrics["member_metrics"]) == set(survivors) and len(metrics["trees"]) == 4
+    assert not (tmp_path / "run" / "host_2" / "model.json").exists()
+    model = members_model(tmp_path / "run", survivors)
+
+    config = horizontal_config("homo-credit-dropout", "default_credit",
+                               params={"n_trees": k, "max_depth": 3})
+    union = pool_members(config)
+    before = train(params_of(config), [union.block], union.y, cuts=[union.cuts])
+    for t in range(k):
+        assert_same_tree(model.trees[t], before.trees[t], f"tree {t} (all members)")
+    params = BoostParams.from_dict({**config.params.model_dump(), "n_trees": 4})
+    rest = pool_members(config, members=survivors)
+    assert all(np.array_equal(a, b) for a, b in zip(rest.cuts, union.cuts, strict=True))
+    rows = binned_rows(rest, params.max_bin)
+    margin = margins_after(model.trees[:k], model.base_score[0], rows.bins, params.max_bin)
+    after = grow_centrally(params, rows, rest.y, margin, range(k, 4),
+                           lambda t: np.ones(rest.y.size, dtype=bool))
+    for t, expected in enumerate(after, start=k):
+        assert_same_tree(model.trees[t], expected, f"tree {t} (survivors)")
+    # the union's tree k differs: the test would notice a tree grown with host_2's rows
+    with_host_2 = train(BoostParams.from_dict({**config.params.model_dump(), "n_trees": k + 1}),
+                        [union.block], union.y, cuts=[union.cuts]).trees[k]
+    assert tree_view(with_host_2) != tree_view(model.trees[k]) or any(
+        abs(a.value - b.value) > 1e-6 for a, b in zip(with_host_2.nodes, model.trees[k].nodes)
+        if a.is_leaf and b.is_leaf)
+
+
+def test_below_min_members_the_job_fails_naming_the_silent_member(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """breast_homo's two members, min_members 2: host dies mid-tree and the job fails with one
+    line that names it."""
+    config = horizontal_config("homo-breast-lost", "breast", params={"n_trees": 3},
+                               transport={"kind": "memory", "step_timeout": 15})
+    killer = KillBeforeGrow(monkeypatch, "host", tree=1, depth=0)
+    with pytest.raises(MembersLost) as lost:
+        embedded.train_embedded(config, tmp_path)
+    assert killer.killed
+    message = str(lost.value)
+    assert "\n" not in message and "member(s) host did not answer" in message, message
+    assert "min_members is 2" in message and "guest" not in message.split(";")[0], message
