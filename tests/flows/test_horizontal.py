@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +193,8 @@ def credit_run(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.mark.slow
 def test_default_credit_test_auc_matches_xgboost_hist(credit_run: Path) -> None:
-    xgboost = pytest.importorskip("xgboost")
+    import xgboost  # a test dependency (xgboost-cpu)
+
     from boosting.metrics import auc
 
     test = load_party_csv("test", str(CREDIT_TEST), "id", "y", require_label=True)
@@ -216,8 +217,9 @@ def test_default_credit_test_auc_matches_xgboost_hist(credit_run: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="TODO(lead): 'fedboost predict' reads job.json as a "
-                   "vertical job; remove this mark once it scores horizontal run folders")
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="TODO(lead): 'fedboost predict' reads job.json as a vertical job; "
+                          "remove this mark once it scores horizontal run folders")
 def test_predict_cli_scores_a_horizontal_run(credit_run: Path, tmp_path: Path) -> None:
     """``fedboost predict DIR --data MEMBER=CSV --out FILE`` gives the saved model's scores."""
     out = tmp_path / "scores.csv"
