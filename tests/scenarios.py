@@ -175,3 +175,27 @@ def served_deployment(name: str, job_file: Path, api: str, cwd: Path,
             serve.wait(timeout=30)
         except subprocess.TimeoutExpired:
             serve.kill()
+
+
+HOMO = {"default_credit": ("guest", "host_1", "host_2"), "breast": ("guest", "host")}
+"""The horizontal data sets: each member's rows in DATA/<set>_homo_<member>.csv."""
+
+
+def horizontal_job(job: str, data_set: str, **overrides: Any) -> dict[str, Any]:
+    """A horizontal job mapping over a homo data set's members and one aggregator, with
+    sections replaced (or, for dicts, merged) by ``overrides``."""
+    raw: dict[str, Any] = {
+        "job": job, "protocol": "horizontal",
+        "parties": {**{m: {"role": "member", "data": str(DATA / f"{data_set}_homo_{m}.csv"),
+                           "id": "id", "label": "y"} for m in HOMO[data_set]},
+                    "aggregator": {"role": "aggregator"}},
+        "params": {"n_trees": 5, "max_depth": 3, "learning_rate": 0.3, "max_bin": 32,
+                   "objective": "binary", "seed": 0}}
+    for key, value in overrides.items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) and key in raw else value
+    return raw
+
+
+def horizontal_config(job: str, data_set: str, **overrides: Any) -> Any:
+    """:func:`horizontal_job` validated (a ``flows.config.HorizontalJobConfig``)."""
+    return parse_config(horizontal_job(job, data_set, **overrides), base=CONFIGS, source=job)

@@ -90,7 +90,10 @@ def merge_bins(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
     received: list[MemberSummaries] = [ctx.mailbox.take(MsgType.H_SUMMARIES, m) for m in members]
     stats = [_take_masked(ctx, m, "stats", -1, -1, 0, 2) for m in members]
     reference = received[0].columns
-    if len(reference) > MAX_FEATURES or any(r.columns != reference for r in received):
+    if len(reference) > MAX_FEATURES:
+        raise ProtocolError(f"{ctx.party.name}: the members' summaries have {len(reference)} "
+                            f"columns, at most {MAX_FEATURES}")
+    if any(r.columns != reference for r in received):
         for m in members:  # each member then names its own file and its difference
             ctx.send(m, MsgType.H_CUTS, SharedCuts(list(reference), [], float("nan")))
         return MsgType.ACK, Ack(count=0)

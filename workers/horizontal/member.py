@@ -199,6 +199,8 @@ def apply_bins(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
     if shared.columns != list(job.data.names):
         raise DataError(f"party {me}: file {job.data_file}: columns differ from the first "
                         f"member's: {_first_difference(list(job.data.names), shared.columns)}")
+    if not shared.cuts:  # another member's columns differ: its own error names its file
+        return MsgType.ACK, Ack(count=0)
     if not math.isfinite(shared.base_score) or len(shared.cuts) != len(job.data.names):
         raise ProtocolError(f"{me}: the aggregator sent {len(shared.cuts)} cut lists for "
                             f"{len(job.data.names)} columns")

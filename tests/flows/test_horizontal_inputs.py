@@ -1,0 +1,151 @@
+"""Bad input to a horizontal job, as a user meets it through ``fedboost train`` (in-process,
+real workers, real Prefect): each ends with exit status 1 and one line on stderr naming the
+member and its file, or the config key. And the shipped job files still load under their
+protocol's schema."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fedboost.cli import main
+from flows.config import JOB_SCHEMAS, ConfigError, load_config
+from tests.scenarios import CONFIGS, DATA, REPO, horizontal_job
+from workers import DataError
+from workers.runtime import DataSet, PartySpec
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def _edited(tmp_path: Path, member: str, edit: Callable[[list[str]], list[str]]) -> Path:
+    """A copy of breast_homo's ``member`` file with its lines edited."""
+    lines = (DATA / f"breast_homo_{member}.csv").read_text().splitlines()
+    out = tmp_path / f"edited_{member}.csv"
+    out.write_text("".join(f"{line}\n" for line in edit(lines)))
+    return out
+
+
+def _train(tmp_path: Path, capsys: pytest.CaptureFixture[str], raw: dict[str, Any]) -> str:
+    """'fedboost train' of ``raw``: exit status 1 (a fault would raise out of ``main``);
+    returns the one error line. (Prefect's log handlers may still write to an earlier test's
+    captured stream and report that on this one's: only the error lines are counted.)"""
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(raw))
+    capsys.readouterr()
+    assert main(["train", str(job_file), "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("fedboost: error:")]
+    assert len(errors) == 1, err[-3000:]
+    return errors[0]
+
+
+def _host_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+               edit: Callable[[list[str]], list[str]], **params: Any) -> tuple[str, Path]:
+    """Train breast_homo with the host's file edited; the error line and that file."""
+    host = _edited(tmp_path, "host", edit)
+    raw = horizontal_job("homo-bad-input", "breast", params={"n_trees": 2, **params})
+    raw["parties"]["host"]["data"] = str(host)
+    return _train(tmp_path, capsys, raw), host
+
+
+def _cells(edit: Callable[[list[str]], list[str]]) -> Callable[[list[str]], list[str]]:
+    """An edit of every line's comma-separated cells."""
+    return lambda lines: [",".join(edit(line.split(","))) for line in lines]
+
+
+def test_member_with_a_renamed_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line, host = _host_file(tmp_path, capsys, lambda ls: [ls[0].replace(",x3,", ",z3,"), *ls[1:]])
+    assert "party host" in line and str(host) in line, line
+    assert "columns differ" in line and "'z3'" in line and "'x3'" in line, line
+
+
+def test_member_with_columns_in_another_order(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    swap = _cells(lambda c: [*c[:2], c[3], c[2], *c[4:]])  # x0 and x1, header and rows
+    line, host = _host_file(tmp_path, capsys, swap)
+    assert "party host" in line and str(host) in line, line
+    assert "columns differ" in line and "'x1'" in line and "'x0'" in line, line
+
+
+def test_member_without_the_label_column(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    line, host = _host_file(tmp_path, capsys, _cells(lambda c: [c[0], *c[2:]]))
+    assert "party host" in line and str(host) in line and "no label column 'y'" in line, line
+
+
+def test_non_binary_label_for_binary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def spoil(lines: list[str]) -> list[str]:
+        cells = lines[7].split(",")
+        cells[1] = "2"
+        return [*lines[:7], ",".join(cells), *lines[8:]]
+
+    line, host = _host_file(tmp_path, capsys, spoil)
+    assert "party host" in line and str(host) in line, line
+    assert "binary needs labels 0/1" in line and "found 2" in line, line
+
+
+def test_empty_member_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line, host = _host_file(tmp_path, capsys, lambda ls: [])
+    assert "party host" in line and str(host) in line and "empty file" in line, line
+
+
+def test_a_data_set_the_member_does_not_have() -> None:
+    """Over a broker a member names a data set of its worker file (the embedded default gives
+    files): a name it lacks is a DataError naming the party and the name."""
+    spec = PartySpec(name="host_1", role="", data="", id_column="id", label=None,
+                     model_dir="/tmp/models",
+                     datasets={"homo": DataSet(str(DATA / "default_credit_homo_host_1.csv"),
+                                               label="y")})
+    assert spec.dataset("homo").label == "y"
+    with pytest.raises(DataError, match=r"party host_1 has no data set 'nope' .*\(it has: homo\)"):
+        spec.dataset("nope")
+
+
+@pytest.mark.parametrize(("section", "value", "key"), [
+    ("crypto", {"key_bits": 2048}, "'crypto'"),
+    ("validation", {"fraction": 0.3}, "'validation'"),
+    ("params", {"n_trees": 2, "complete_secure": True}, "'params.complete_secure'"),
+])
+def test_keys_of_the_vertical_protocol_in_a_horizontal_job(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], section: str, value: Any,
+        key: str) -> None:
+    raw = horizontal_job("homo-bad-key", "breast")
+    raw[section] = value
+    line = _train(tmp_path, capsys, raw)
+    assert f"unknown key {key}" in line and str(tmp_path / "job.yaml") in line, line
+
+
+def test_privacy_in_a_vertical_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = yaml.safe_load((CONFIGS / "breast.yaml").read_text())
+    raw["privacy"] = {"epsilon": 1.0}
+    for party in raw["parties"].values():
+        party["data"] = str((CONFIGS / party["data"]).resolve())
+    line = _train(tmp_path, capsys, raw)
+    assert "unknown key 'privacy'" in line, line
+
+
+def test_a_member_entry_with_a_vertical_role(tmp_path: Path) -> None:
+    raw = horizontal_job("homo-bad-role", "breast")
+    raw["parties"]["host"]["role"] = "passive"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"parties\.host\.role"):
+        load_config(tmp_path / "job.yaml")
+
+
+def test_every_shipped_job_file_loads_under_its_protocol() -> None:
+    """configs/*.yaml and deploy/*job*.yaml: each validates against the schema its
+    ``protocol:`` selects (vertical SecureBoost when it names none)."""
+    files = sorted(CONFIGS.glob("*.yaml")) + sorted((REPO / "deploy").glob("*job*.yaml"))
+    assert len(files) >= 9
+    protocols = set()
+    for path in files:
+        raw = yaml.safe_load(path.read_text())
+        config = load_config(path)
+        protocol = raw.get("protocol", "vertical_secureboost")
+        assert type(config) is JOB_SCHEMAS[protocol], path.name
+        protocols.add(protocol)
+    assert protocols == set(JOB_SCHEMAS)
