@@ -31,13 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     _prefect_env.configure()
     args = _parser().parse_args(argv)
     from boosting import BoostingError
-    from flows._tasks import PartyError
+    from flows._tasks import JobStopped, PartyError
     from flows.config import ConfigError
     from workers import DataError
 
     try:
         return int(args.run(args))
-    except (ConfigError, DataError, BoostingError) as exc:
+    except (ConfigError, DataError, BoostingError, JobStopped) as exc:
         print(f"fedboost: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except PartyError as exc:
@@ -156,10 +156,10 @@ class _UserErrorFilter(logging.Filter):
         self.seen: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from flows._tasks import PartyError
+        from flows._tasks import JobStopped, PartyError
 
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, PartyError) and exc.user_error:
+        if isinstance(exc, JobStopped) or (isinstance(exc, PartyError) and exc.user_error):
             self.seen.add(str(exc))
             return False
         message = record.getMessage()

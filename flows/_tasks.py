@@ -47,6 +47,11 @@ class PartyError(RuntimeError):
         return self.reply.user_error
 
 
+class JobStopped(RuntimeError):
+    """The job cannot go on, for a reason its one-line message says (e.g. too few parties
+    left): the command line prints that line, not a traceback."""
+
+
 class StepTimeout(TransportError):
     """Parties did not answer a step in time (``missing``: which)."""
 

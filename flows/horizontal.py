@@ -24,7 +24,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows._tasks import (PartyError, StepTimeout, close_job, link, step_id,
+from flows._tasks import (JobStopped, PartyError, StepTimeout, close_job, link, step_id,
                           train_with_recoveries)
 from flows.config import HorizontalJobConfig
 from messages.bodies import Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished
@@ -148,7 +148,7 @@ def save_models(job: str, parties: list[str]) -> None:
     link(job).call(parties, MsgType.SAVE_MODEL, Step(), step_id(MsgType.SAVE_MODEL))
 
 
-class MembersLost(RuntimeError):
+class MembersLost(JobStopped):
     """Too few members remain after dropouts."""
 
 

@@ -217,9 +217,6 @@ def test_default_credit_test_auc_matches_xgboost_hist(credit_run: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="TODO(lead): 'fedboost predict' reads job.json as a vertical job; "
-                          "remove this mark once it scores horizontal run folders")
 def test_predict_cli_scores_a_horizontal_run(credit_run: Path, tmp_path: Path) -> None:
     """``fedboost predict DIR --data MEMBER=CSV --out FILE`` gives the saved model's scores."""
     out = tmp_path / "scores.csv"
