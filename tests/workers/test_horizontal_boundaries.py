@@ -172,3 +172,56 @@ def test_leaf_values_for_other_leaves_are_refused_and_an_old_attempt_is_ignored(
     assert not isinstance(done, ErrorReply), done
     tree = fed.worker.jobs["job"].state.trees[0]
     assert [n.value for n in tree.nodes if n.is_leaf] == [0.25, -0.25]
+
+
+def test_the_aggregator_waits_for_every_current_message_without_consuming_any(
+        tmp_path: Path) -> None:
+    """After a dropout, stale messages of the abandoned attempt wait in the aggregator's
+    mailbox beside the new ones; agree_scale must drop them and wait for every live member's
+    new one before it takes any (it once took one member's new range, then waited for the
+    other's and never saw the first again)."""
+    hub = MemoryHub([*MEMBERS, "agg", "flow"])
+    party = PartySpec("agg", "", "", "id", None, str(tmp_path / "agg"),
+                      policy=PartyPolicy(protocols=("horizontal",)))
+    agg = Worker(party, hub.endpoint("agg"), PROTOCOLS, SEALERS["agg"])
+    keys = {m: MaskKey.generate() for m in MEMBERS}
+    steps = iter(range(100))
+
+    def command(kind: MsgType, body: Any) -> Envelope | None:
+        agg.handle_bytes(SEALERS["flow"].seal(Envelope("job", f"s/{next(steps)}", "flow", "agg",
+                                                       kind, body)))
+        data = hub.endpoint("flow").receive(timeout=0.5)
+        return None if data is None else SEALERS["flow"].open(data)
+
+    def peer(sender: str, kind: MsgType, body: Any) -> None:
+        agg.handle_bytes(SEALERS[sender].seal(Envelope("job", "s/peer", sender, "agg", kind,
+                                                       body)))
+
+    assert command(MsgType.H_OPEN_JOB, OpenHorizontal(SPEC)).kind == MsgType.OPENED
+    data = load_party_csv("a", DATA, "id", "y", require_label=True)
+    from workers.horizontal.summary import encode_summaries, summarize
+    from messages.horizontal import FeatureSummaryBytes
+    features = [FeatureSummaryBytes(s.values, s.weights, s.exact)
+                for s in encode_summaries(summarize(data.x, 256))]
+    for m in MEMBERS:
+        secrets = {p: pair_secret(keys[m], keys[p].public_bytes(), "job", m, p)
+                   for p in MEMBERS if p != m}
+        stats = mask_vector(np.array([data.y.size, int(data.y.sum())], np.int64), m, secrets,
+                            MaskRound("job", "stats", -1, -1, 0))
+        peer(m, MsgType.H_SUMMARIES, MemberSummaries(list(data.names), features))
+        peer(m, MsgType.H_MASKED, MaskedVector("stats", -1, -1, 0, stats.astype("<u8").tobytes()))
+    assert command(MsgType.H_MERGE_BINS, Round()).body.count == len(data.names)
+    # attempt 0: a and c answered, b never did; the flow restarts tree 0 as attempt 1 with a, c
+    for m in ("a", "c"):
+        peer(m, MsgType.H_GRADIENT_RANGE, GradientRange(0, 0, 0, -2, 100))
+    peer("a", MsgType.H_GRADIENT_RANGE, GradientRange(0, 1, 0, -2, 100))
+    assert command(MsgType.H_AGREE_SCALE, Round(0, -1, 1, ["a", "c"])) is None  # waits for c
+    peer("c", MsgType.H_GRADIENT_RANGE, GradientRange(0, 1, -1, -3, 50))
+    reply = SEALERS["flow"].open(hub.endpoint("flow").receive(timeout=5))
+    assert reply.kind == MsgType.ACK and reply.body.count == 150  # a's and c's rows of attempt 1
+    for m in ("a", "c"):
+        sent = []
+        while (raw := hub.endpoint(m).receive(timeout=0.5)) is not None:
+            sent.append(SEALERS[m].open(raw))
+        assert [e.body for e in sent if e.kind == MsgType.H_GRADIENT_SCALE] == \
+            [GradientScale(0, 1, 0, -2, 150)]

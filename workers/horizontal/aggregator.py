@@ -29,7 +29,8 @@ from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, L
 from workers import ProtocolError, StageError, checkpoint
 from workers.horizontal.masking import unmask_sum
 from workers.horizontal.member import (PROTOCOL, STATS_SCALE, _take_current, aggregator_of,
-                                       load_checkpoint, members_of, params_of, run_of)
+                                       load_checkpoint, members_of, params_of,
+                                       require_current, run_of)
 from workers.horizontal.summary import SummaryBytes, decode_summaries, merge_cuts
 from workers.horizontal.tree import SplitChooser, SummedTree
 from workers.policy import check_protocol
@@ -137,7 +138,7 @@ def agree_scale(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     if body.tree != len(job.trees):
         raise StageError(f"{ctx.party.name}: tree {body.tree} asked, {len(job.trees)} done")
     _check_live(ctx, job, body)
-    ctx.mailbox.require(*[(MsgType.H_GRADIENT_RANGE, m, body.tree, -1) for m in body.members])
+    require_current(ctx, MsgType.H_GRADIENT_RANGE, body.members, body.tree, -1, body.attempt)
     ranges: list[GradientRange] = [_take_current(ctx, MsgType.H_GRADIENT_RANGE, m, body.tree, -1,
                                                  body.attempt) for m in body.members]
     for m, r in zip(body.members, ranges):
@@ -193,7 +194,7 @@ def secure_sum(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     tree = _current(ctx, job, body)
     if body.depth != tree.depth:
         raise StageError(f"{ctx.party.name}: depth {body.depth} asked, tree at {tree.depth}")
-    ctx.mailbox.require(*[(MsgType.H_MASKED, m, body.tree, body.depth) for m in body.members])
+    require_current(ctx, MsgType.H_MASKED, body.members, body.tree, body.depth, body.attempt)
     n_features, n_bins = len(job.cuts), job.params.max_bin + 1
     shape = (len(tree.build), n_features, n_bins, 3)
     masked = [_take_masked(ctx, m, "hist", body.tree, body.depth, body.attempt,

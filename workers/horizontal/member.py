@@ -283,6 +283,18 @@ def _take_current(ctx: StepContext, kind: MsgType, sender: str, tree: int, depth
             return body
 
 
+def require_current(ctx: StepContext, kind: MsgType, senders: list[str], tree: int, depth: int,
+                    attempt: int) -> None:
+    """Raise ``NotReady`` unless every sender's message of this attempt is in, after dropping
+    theirs of abandoned attempts: a step that takes from several senders must not take one's
+    message and then wait for another's (a retry would then miss the first)."""
+    for sender in senders:
+        waiting = ctx.mailbox.items.get((kind, sender, tree, depth), [])
+        while waiting and waiting[0].attempt != attempt:
+            ctx.mailbox.take(kind, sender, tree, depth)
+    ctx.mailbox.require(*[(kind, s, tree, depth) for s in senders])
+
+
 def update_histograms(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     """FedTree step 2: histograms of the level's nodes over this member's rows, quantized
     with the common scale, masked, to the aggregator."""
