@@ -19,7 +19,8 @@ from workers.runtime import PartySpec
 
 T = TypeVar("T")
 FLOW_ENDPOINT = "flow"
-EMBEDDED_POLICY = PartyPolicy(min_key_bits=1024, protocols=("vertical_secureboost", "horizontal"),
+EMBEDDED_POLICY = PartyPolicy(min_key_bits=1024,
+                              protocols=("vertical_secureboost", "horizontal", "simfl"),
                               predict_modes=("path", "batched"))
 """Every party of the embedded default runs on the operator's own machine, so no other
 organisation sees its ciphertexts; 1024-bit keys are allowed there (tests, quick trials) unless

@@ -8,6 +8,7 @@ embedded default), because a transport connection is not a flow parameter.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,7 +21,7 @@ from prefect.artifacts import create_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from messages import MessageError, TransportError
-from messages.bodies import Aligned, ErrorReply, Step
+from messages.bodies import Aligned, ErrorReply, Step, TreeFinished
 from flows.config import ConfigError, JobConfig
 from messages.envelope import Envelope, MsgType
 from messages.chunks import FrameSigner
@@ -223,3 +224,22 @@ def align_entities(job: str, active: str, passives: list[str]) -> Aligned:
 def close_job(job: str, parties: list[str]) -> None:
     """Let every party release the job's state."""
     link(job).call(parties, MsgType.CLOSE_JOB, Step(), step_id(MsgType.CLOSE_JOB))
+
+
+def combine_member_metrics(replies: dict[str, TreeFinished]) -> dict[str, Any]:
+    """Training metrics over all members' rows: logloss and RMSE exactly (they add up over
+    rows); AUC as the row-weighted mean of the members' own AUCs."""
+    per_member = {m: {x.name: x.value for x in r.metrics} for m, r in replies.items()}
+    total = sum(v.get("rows", 0.0) for v in per_member.values())
+    combined: dict[str, Any] = {}
+    if total > 0:
+        # what every member reports (the builder's own extras stay under "members")
+        names = set.intersection(*(set(v) for v in per_member.values())) - {"rows"}
+        for name in sorted(names):
+            if name.endswith("_rmse"):
+                combined[name] = math.sqrt(sum(v["rows"] * v[name] ** 2
+                                               for v in per_member.values()) / total)
+            else:
+                combined[name] = sum(v["rows"] * v[name] for v in per_member.values()) / total
+    combined["members"] = per_member
+    return combined

@@ -31,7 +31,7 @@ class _Strict(BaseModel):
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}"
 """Party and data set names: 1-32 letters, digits, '_', '-'."""
-Protocol = Literal["vertical_secureboost", "horizontal"]
+Protocol = Literal["vertical_secureboost", "horizontal", "simfl"]
 
 
 class PolicyConfig(_Strict):
@@ -328,6 +328,23 @@ def _check_broker_needs(transport: TransportConfig, signing: SigningConfig | Non
                              f"(a name in the party's worker file), not both")
 
 
+def _check_row_partitioned(parties: dict[str, HorizontalPartyConfig], fewest: int,
+                           why: str) -> None:
+    """One aggregator without data, at least ``fewest`` members, each with its label."""
+    aggregators = [n for n, p in parties.items() if p.role == "aggregator"]
+    if len(aggregators) != 1:
+        raise ValueError(f"exactly one party must have role aggregator, found {len(aggregators)}")
+    for key in ("data", "dataset", "label", "columns"):
+        if getattr(parties[aggregators[0]], key) is not None:
+            raise ValueError(f"parties.{aggregators[0]}.{key}: the aggregator holds no data")
+    members = [n for n, p in parties.items() if p.role == "member"]
+    if len(members) < fewest:
+        raise ValueError(f"{len(members)} member(s): {why}")
+    for name in members:
+        if parties[name].label is None:
+            raise ValueError(f"parties.{name}.label: every member needs the label column")
+
+
 class HorizontalParamsConfig(_TreeParams):
     """Boosting parameters of the horizontal protocol."""
 
@@ -380,20 +397,9 @@ class HorizontalJobConfig(_Strict):
     @model_validator(mode="after")
     def _roles(self) -> HorizontalJobConfig:
         _check_party_names(self.parties)
-        aggregators = [n for n, p in self.parties.items() if p.role == "aggregator"]
-        if len(aggregators) != 1:
-            raise ValueError(f"exactly one party must have role aggregator, found "
-                             f"{len(aggregators)}")
-        agg = self.parties[aggregators[0]]
-        for key in ("data", "dataset", "label", "columns"):
-            if getattr(agg, key) is not None:
-                raise ValueError(f"parties.{aggregators[0]}.{key}: the aggregator holds no data")
-        if len(self.members) < self.min_members:
-            raise ValueError(f"{len(self.members)} member(s), min_members is "
-                             f"{self.min_members}: secure aggregation needs at least 2")
-        for name in self.members:
-            if self.parties[name].label is None:
-                raise ValueError(f"parties.{name}.label: every member needs the label column")
+        _check_row_partitioned(self.parties, self.min_members,
+                               f"min_members is {self.min_members}: secure aggregation needs at "
+                               f"least 2")
         _check_broker_needs(self.transport, self.signing, self.parties, self.members)
         return self
 
@@ -408,9 +414,55 @@ class HorizontalJobConfig(_Strict):
         return [n for n, p in self.parties.items() if p.role == "member"]
 
 
-AnyJobConfig = JobConfig | HorizontalJobConfig
-JOB_SCHEMAS: dict[str, type[JobConfig] | type[HorizontalJobConfig]] = {
-    "vertical_secureboost": JobConfig, "horizontal": HorizontalJobConfig}
+class LshConfig(_Strict):
+    """SimFL's p-stable LSH (the paper's defaults)."""
+
+    functions: int | None = Field(None, ge=1, le=1000)
+    """Hash functions L (default min(40, d - 1), d the number of features)."""
+    r: float = Field(4.0, gt=0.0, le=1e6)
+    """Bucket width."""
+    seed: int = Field(0, ge=0)
+    """Seed of the projections, agreed per job (never derived from data)."""
+
+
+class SimflParamsConfig(_TreeParams):
+    """Boosting parameters of SimFL, with its LSH."""
+
+    objective: Literal["binary", "regression"] = "binary"  # type: ignore[assignment]
+    lsh: LshConfig = LshConfig()
+
+
+class SimflJobConfig(_Strict):
+    """A SimFL job (seed 000): members with different rows and the same columns exchange LSH
+    values once, through an aggregator, then take turns growing trees on weighted gradients."""
+
+    job: JobName
+    protocol: Literal["simfl"]
+    parties: dict[str, HorizontalPartyConfig]
+    params: SimflParamsConfig = SimflParamsConfig()
+    transport: TransportConfig = TransportConfig()
+    signing: SigningConfig | None = None
+
+    @model_validator(mode="after")
+    def _roles(self) -> SimflJobConfig:
+        _check_party_names(self.parties)
+        _check_row_partitioned(self.parties, 2, "SimFL needs at least 2 members")
+        _check_broker_needs(self.transport, self.signing, self.parties, self.members)
+        return self
+
+    @property
+    def aggregator(self) -> str:
+        return next(n for n, p in self.parties.items() if p.role == "aggregator")
+
+    @property
+    def members(self) -> list[str]:
+        return [n for n, p in self.parties.items() if p.role == "member"]
+
+
+AnyJobConfig = JobConfig | HorizontalJobConfig | SimflJobConfig
+JOB_SCHEMAS: dict[str, type[JobConfig] | type[HorizontalJobConfig] | type[SimflJobConfig]] = {
+    "vertical_secureboost": JobConfig, "horizontal": HorizontalJobConfig,
+    "simfl": SimflJobConfig}
 """The job file's ``protocol:`` selects its schema."""
 
 

@@ -16,7 +16,6 @@ restarts with the others under fresh masks, and the job fails below ``min_member
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -24,8 +23,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows._tasks import (JobStopped, PartyError, StepTimeout, close_job, link, step_id,
-                          train_with_recoveries)
+from flows._tasks import (JobStopped, PartyError, StepTimeout, close_job,
+                          combine_member_metrics, link, step_id, train_with_recoveries)
 from flows.config import HorizontalJobConfig
 from messages.bodies import Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished
 from messages.envelope import MsgType
@@ -175,7 +174,7 @@ def _train(config: HorizontalJobConfig, progress: Any) -> dict[str, Any]:
         newest = max(shared, key=lambda c: c.trees_done)
         resumed = resume_job(job, [aggregator, *members], newest.trees_done, newest)
         done = newest.trees_done
-        history = [_combine({m: resumed[m].history[k] for m in members}) for k in range(done)]
+        history = [combine_member_metrics({m: resumed[m].history[k] for m in members}) for k in range(done)]
         logger.info("resumed after %d trees from every party's checkpoint", done)
     else:
         agree_bins(job, aggregator, members)
@@ -195,7 +194,7 @@ def _train(config: HorizontalJobConfig, progress: Any) -> dict[str, Any]:
         except StepTimeout as exc:  # the tree is complete: the silent members leave after it
             live, attempt = _drop(config, live, dropped, exc, tree, attempt, logger, restart=False)
             replies = {}
-        metrics = _combine({m: r for m, r in replies.items() if m in live})
+        metrics = combine_member_metrics({m: r for m, r in replies.items() if m in live})
         history.append(metrics)
         tree_seconds.append(time.perf_counter() - tree_start)
         update_progress_artifact(progress, 100.0 * (tree + 1) / config.params.n_trees)
@@ -258,21 +257,3 @@ def _drop(config: HorizontalJobConfig, live: list[str], dropped: list[str], exc:
                    f"tree {tree} restarts with {', '.join(live)} under fresh masks" if restart
                    else f"the tree is complete; {', '.join(live)} go on")
     return live, attempt + 1
-
-
-def _combine(replies: dict[str, TreeFinished]) -> dict[str, Any]:
-    """Training metrics over all members' rows: logloss and RMSE exactly (they add up over
-    rows); AUC as the row-weighted mean of the members' own AUCs."""
-    per_member = {m: {x.name: x.value for x in r.metrics} for m, r in replies.items()}
-    total = sum(v.get("rows", 0.0) for v in per_member.values())
-    combined: dict[str, Any] = {}
-    if total > 0:
-        names = {k for v in per_member.values() for k in v if k != "rows"}
-        for name in sorted(names):
-            if name.endswith("_rmse"):
-                combined[name] = math.sqrt(sum(v["rows"] * v[name] ** 2
-                                               for v in per_member.values()) / total)
-            else:
-                combined[name] = sum(v["rows"] * v[name] for v in per_member.values()) / total
-    combined["members"] = per_member
-    return combined

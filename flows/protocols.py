@@ -10,10 +10,12 @@ from typing import Any
 from flows.config import JOB_SCHEMAS
 from flows.horizontal import horizontal
 from flows.secureboost import vertical_secureboost
+from flows.simfl import simfl
 
 TRAINING_FLOWS: dict[str, Any] = {"vertical_secureboost": vertical_secureboost,
-                                  "horizontal": horizontal}
+                                  "horizontal": horizontal, "simfl": simfl}
 """protocol -> its Prefect flow (each takes the job's config as its one parameter)."""
 TITLES = {"vertical_secureboost": "Vertical SecureBoost",
-          "horizontal": "Horizontal GBDT with secure aggregation (FedTree)"}
+          "horizontal": "Horizontal GBDT with secure aggregation (FedTree)",
+          "simfl": "SimFL: similarity-based horizontal boosting"}
 assert set(TRAINING_FLOWS) == set(JOB_SCHEMAS) == set(TITLES)

@@ -11,6 +11,7 @@ import msgpack
 from messages import DecodeError, UnknownMessageType
 from messages import bodies as b
 from messages import horizontal as h
+from messages import simfl as s
 from messages.codec import from_wire, to_wire
 from messages.names import JOB_NAME_RULE, is_job_name
 
@@ -91,6 +92,21 @@ class MsgType(IntEnum):
     H_SPLITS = 326
     H_LEAVES = 327
 
+    # SimFL (messages.simfl): commands 340-359, peer messages 360-379
+    S_OPEN_JOB = 340
+    S_MEMBER_KEY = 341
+    S_HASH_ROWS = 342
+    S_MATCH_ROWS = 343
+    S_STORE_SIMILAR = 344
+    S_SEND_GRADIENTS = 345
+    S_BUILD_TREE = 346
+    S_RECEIVE_TREE = 347
+    S_PREPARE_REPLY = 350
+    S_ROW_HASHES = 360
+    S_SIMILAR = 361
+    S_GRADIENTS = 362
+    S_TREE = 363
+
 
 BODY_TYPES: dict[MsgType, type] = {
     MsgType.OPEN_JOB: b.OpenJob,
@@ -128,6 +144,15 @@ BODY_TYPES: dict[MsgType, type] = {
     MsgType.H_SPLITS: h.LevelSplits,
     MsgType.H_LEAVES: h.LeafValues,
 }
+BODY_TYPES.update({
+    MsgType.S_OPEN_JOB: s.OpenSimfl, MsgType.S_HASH_ROWS: s.Prepare,
+    MsgType.S_PREPARE_REPLY: s.MemberKey, MsgType.S_ROW_HASHES: s.RowHashes,
+    MsgType.S_SIMILAR: s.SimilarRows, MsgType.S_GRADIENTS: s.SimilarGradients,
+    MsgType.S_TREE: s.SharedTree})
+SIMFL_STEPS = frozenset({MsgType.S_MEMBER_KEY, MsgType.S_MATCH_ROWS, MsgType.S_STORE_SIMILAR,
+                         MsgType.S_SEND_GRADIENTS, MsgType.S_BUILD_TREE, MsgType.S_RECEIVE_TREE})
+for _kind in SIMFL_STEPS:
+    BODY_TYPES[_kind] = b.Step
 HORIZONTAL_STEPS = frozenset(
     {MsgType.H_SUMMARIZE, MsgType.H_MERGE_BINS, MsgType.H_APPLY_BINS, MsgType.H_COMPUTE_GRADIENTS,
      MsgType.H_AGREE_SCALE, MsgType.H_UPDATE_HISTOGRAMS, MsgType.H_SECURE_SUM,
@@ -143,9 +168,11 @@ STEP_COMMANDS = frozenset(
 )
 for _kind in STEP_COMMANDS:
     BODY_TYPES[_kind] = b.Step
-OPENERS = frozenset({MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION, MsgType.H_OPEN_JOB})
+OPENERS = frozenset({MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION, MsgType.H_OPEN_JOB,
+                     MsgType.S_OPEN_JOB})
 """Commands that open a job at a party: their bodies name the protocol and every party's role."""
-COMMANDS = STEP_COMMANDS | HORIZONTAL_STEPS | OPENERS | {MsgType.RESUME_JOB}
+COMMANDS = (STEP_COMMANDS | HORIZONTAL_STEPS | SIMFL_STEPS | OPENERS
+            | {MsgType.RESUME_JOB, MsgType.S_HASH_ROWS})
 WORK = frozenset({MsgType.HISTOGRAM_SHARD, MsgType.TREE_CIPHERTEXTS})
 """What a party's coordinating process hands to its own helper processes: shards of a step, and
 the data those shards share (a tree's ciphertexts)."""

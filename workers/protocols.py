@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from workers.horizontal.steps import HORIZONTAL
-from workers.vertical.steps import VERTICAL
 from workers.runtime import Protocol
+from workers.simfl.steps import SIMFL
+from workers.vertical.steps import VERTICAL
 
-PROTOCOLS: dict[str, Protocol] = {protocol.name: protocol for protocol in (VERTICAL, HORIZONTAL)}
+PROTOCOLS: dict[str, Protocol] = {protocol.name: protocol
+                                  for protocol in (VERTICAL, HORIZONTAL, SIMFL)}
