@@ -237,7 +237,11 @@ def _bucket_ids(
 
 
 @numba.njit(cache=True, nogil=True)
-def _most_similar_kernel(query_buckets, candidate_buckets, picks, counts):  # type: ignore[no-untyped-def]
+def _most_similar_kernel(  # type: ignore[no-untyped-def]
+    query_buckets, candidate_buckets, picks, counts
+):
+    # Per query row: count equal bucket ids per candidate (contiguous per function, so the inner
+    # loop vectorises), then take the floor(pick * ties)-th of the candidates at the maximum.
     n_queries, functions = query_buckets.shape
     n_candidates = candidate_buckets.shape[1]
     chosen = np.empty(n_queries, dtype=np.int64)
