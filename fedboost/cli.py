@@ -228,7 +228,7 @@ def _run_training(config: Any, out: Path) -> int:
     _write_json(out / "metrics.json", result)
     resumed = (f" (resumed after {result['resumed_after']} trees)" if result["resumed_after"]
                else "")
-    rows = "rows" if config.protocol == "horizontal" else "aligned rows"
+    rows = "aligned rows" if config.protocol == "vertical_secureboost" else "rows"
     print(f"trained {result['n_trees']} trees{resumed} on {result['n_aligned']} {rows} in "
           f"{result['train_seconds']:.1f} s: {_metrics_summary(result)}; model in {out}/")
     return 0
@@ -236,7 +236,7 @@ def _run_training(config: Any, out: Path) -> int:
 
 def _predict(args: argparse.Namespace) -> int:
     from fedboost.embedded import party_specs, run_embedded
-    from flows.config import ConfigError, HorizontalJobConfig, JobConfig, validate_job
+    from flows.config import ConfigError, JobConfig, validate_job
     from flows.predict import federated_predict
 
     job_file = args.model_dir / "job.json"
@@ -247,9 +247,8 @@ def _predict(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{job_file}: not a fedboost model folder ({exc})") from None
     config = validate_job(raw, str(job_file))
-    if isinstance(config, HorizontalJobConfig):
+    if not isinstance(config, JobConfig):  # horizontal and SimFL models are every member's
         return _predict_member(args, config)
-    assert isinstance(config, JobConfig)
     data: dict[str, Path] = {}
     for item in args.data:
         party, sep, path = item.partition("=")
@@ -278,7 +277,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _predict_with_copy(args: argparse.Namespace) -> int:
-    """Score with a horizontal member's own copy of the model (``models/JOB/MEMBER`` of its
+    """Score with a member's own copy of a shared model (``models/JOB/MEMBER`` of its
     worker, holding model.json and party.json): ``--data CSV`` or ``--data MEMBER=CSV``."""
     from flows.config import ConfigError
 
@@ -286,7 +285,7 @@ def _predict_with_copy(args: argparse.Namespace) -> int:
         party = json.loads((args.model_dir / "party.json").read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{args.model_dir}/party.json: cannot read it ({exc})") from None
-    if party.get("protocol") != "horizontal":
+    if party.get("protocol") not in ("horizontal", "simfl"):
         raise ConfigError(f"{args.model_dir}: a vertical model part scores only federatedly: "
                           f"run fedboost predict on the run folder that holds job.json")
     if len(args.data) != 1:
@@ -477,15 +476,17 @@ def _centralized(args: argparse.Namespace) -> int:
     from boosting.train import TreeReport, train
     from boosting.tree import save_model
     from fedboost.joined import join_parties, pool_members
-    from flows.config import HorizontalJobConfig, load_config
+    from flows.config import JobConfig, load_config
 
     config = load_config(args.config)
     out = args.out or Path("runs") / f"{config.job}-centralized"
-    params = BoostParams.from_dict(config.params.model_dump())
+    params = BoostParams.from_dict(config.params.model_dump(exclude={"lsh"}))
     cuts = None
-    if isinstance(config, HorizontalJobConfig):  # the union of the members' rows, shared cuts
+    if not isinstance(config, JobConfig):  # the union of the members' rows (ALL-IN)
         pooled = pool_members(config)
-        blocks, y, valid, cuts = [pooled.block], pooled.y, None, [pooled.cuts]
+        # horizontal: the cuts its members share; SimFL's builders each bin with their own
+        cuts = [pooled.cuts] if config.protocol == "horizontal" else None
+        blocks, y, valid = [pooled.block], pooled.y, None
         n_rows, n_valid = len(pooled.ids), 0
     else:
         joined = join_parties(config)

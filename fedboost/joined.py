@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from boosting.train import FeatureBlock
-from flows.config import HorizontalJobConfig, JobConfig
+from flows.config import HorizontalJobConfig, JobConfig, SimflJobConfig
 from workers import DataError
 from workers.vertical.alignment import holdout_mask
 from workers.data import PartyData, load_party_csv
@@ -72,7 +72,7 @@ class PooledRows:
     cuts: list[np.ndarray]
 
 
-def pool_members(config: HorizontalJobConfig,
+def pool_members(config: HorizontalJobConfig | SimflJobConfig,
                  members: list[str] | None = None) -> PooledRows:
     """Load every member's file (or those of ``members``) and stack the rows."""
     from flows.horizontal import summary_size
