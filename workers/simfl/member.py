@@ -299,7 +299,8 @@ def build_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     assert job.margin is not None
     job.margin[:, 0] += node_values(tree)[grower.node_of_row]
     tree_bytes = len(msgpack.packb(to_wire(shared), use_bin_type=True))
-    return MsgType.TREE_FINISHED, _finish(ctx, job, tree, [Metric("tree_bytes", float(tree_bytes)),
+    mine = _checked_tree(shared, len(job.data.names), job.params.max_depth, me)  # as all hold it
+    return MsgType.TREE_FINISHED, _finish(ctx, job, mine, [Metric("tree_bytes", float(tree_bytes)),
                                                           Metric("gradient_bytes", float(received))])
 
 
