@@ -26,11 +26,13 @@ import pytest
 import yaml
 from prefect.settings import PREFECT_API_URL
 
+from boosting.tree import load_model
 from fedboost.embedded import train_embedded
 from flows._tasks import PartyError
 from flows.config import AnyJobConfig, load_config
 from flows.horizontal import horizontal
 from flows.secureboost import vertical_secureboost
+from flows.simfl import simfl
 from messages.rabbitmq import delete_party_queues
 from tests.scenarios import DATA, REPO, wait_until
 
@@ -81,17 +83,18 @@ def _worker_files(root: Path, url: str, names: dict[str, str],
         "guest": {"party": names["guest"], "data": str(DATA / "breast_hetero_guest.csv"),
                   "id": "id", "label": "y", "datasets": homo_set,
                   "policy": {"min_key_bits": 1024,
-                             "protocols": ["vertical_secureboost", "horizontal"]}, **common},
+                             "protocols": ["vertical_secureboost", "horizontal", "simfl"]},
+                  **common},
         # vertical only, and no role either: a horizontal job reaches its policy's refusal
         "host": {"party": names["host"], "data": str(DATA / "breast_hetero_host.csv"),
                  "id": "id", "policy": {"min_key_bits": 1024,
                                         "protocols": ["vertical_secureboost"]}, **common},
         **{member: {"party": names[member], "role": "member",
                     "datasets": {"homo": {"data": str(homo[member]), "id": "id", "label": "y"}},
-                    "policy": {"protocols": ["horizontal"]}, **common}
+                    "policy": {"protocols": ["horizontal", "simfl"]}, **common}
            for member in ("host_1", "host_2")},
         "aggregator": {"party": names["aggregator"], "role": "aggregator",
-                       "policy": {"protocols": ["horizontal"]}, **common},
+                       "policy": {"protocols": ["horizontal", "simfl"]}, **common},
     }
 
 
@@ -275,3 +278,27 @@ def test_horizontal_and_vertical_jobs_at_once_equal_their_embedded_runs(
     lookups = [json.loads((d / host / "lookup.json").read_text())["records"]
                for d in (fed.models / v_job, tmp_path / "embedded" / v_job)]
     assert lookups[0] == lookups[1]
+
+
+def test_a_simfl_job_over_the_same_workers_equals_its_embedded_run(
+        federation: Federation, tmp_path: Path) -> None:
+    """The third protocol on the same five workers: SimFL's members name their data set, the
+    aggregator matches their hash values, the trees are the embedded run's."""
+    fed = federation
+    job = f"simfl-{uuid.uuid4().hex[:6]}"
+
+    def simfl_job(embedded: bool) -> dict[str, Any]:
+        raw = _horizontal_job(fed, job, MEMBERS, embedded=embedded)
+        raw["protocol"] = "simfl"
+        raw["params"] = {**HORIZONTAL_PARAMS, "lsh": {"r": 4.0, "seed": 1}}
+        return raw
+
+    over_broker = simfl(_load(tmp_path / "broker", simfl_job(False)))
+    embedded_out = tmp_path / "embedded"
+    embedded = train_embedded(_load(tmp_path / "embedded-job", simfl_job(True)), embedded_out)
+    assert over_broker["preprocess_reused"] is False
+    assert over_broker["train_auc"] == embedded["train_auc"]
+    for member in MEMBERS:
+        name = fed.names[member]
+        assert load_model(fed.models / job / name / "model.json") == \
+            load_model(embedded_out / name / "model.json"), member
