@@ -229,7 +229,8 @@ def close_job(job: str, parties: list[str]) -> None:
 def combine_member_metrics(replies: dict[str, TreeFinished]) -> dict[str, Any]:
     """Training metrics over all members' rows: logloss and RMSE exactly (they add up over
     rows); AUC as the row-weighted mean of the members' own AUCs."""
-    per_member = {m: {x.name: x.value for x in r.metrics} for m, r in replies.items()}
+    # in name order: the sums do not depend on the order the replies arrived in
+    per_member = {m: {x.name: x.value for x in replies[m].metrics} for m in sorted(replies)}
     total = sum(v.get("rows", 0.0) for v in per_member.values())
     combined: dict[str, Any] = {}
     if total > 0:

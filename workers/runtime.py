@@ -470,10 +470,11 @@ class Worker:
         else:
             problem = self.party.policy.refuses_role(protocol.name, role)
         if problem:
-            log.warning("%s: refused %s of job %r: %s", self.party.name, env.kind.name, env.job,
-                        problem)
-            self._reply(env, MsgType.ERROR, ErrorReply(self.party.name, env.kind.name,
-                                                       f"party {self.party.name}: {problem}",
+            # "party X refuses ..." reads as one sentence; other problems follow "party X: "
+            said = (f"party {self.party.name} {problem}" if problem.startswith("refuses ")
+                    else f"party {self.party.name}: {problem}")
+            log.warning("refused %s of job %r: %s", env.kind.name, env.job, said)
+            self._reply(env, MsgType.ERROR, ErrorReply(self.party.name, env.kind.name, said,
                                                        True))
             return None
         return _Job(protocol.roles[role], frozenset(roles), session=session)
