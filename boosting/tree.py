@@ -56,6 +56,44 @@ class Tree:
     """Which output (class) this tree adds to."""
 
 
+def trees_to_arrays(trees: list[Tree] | tuple[Tree, ...]) -> dict[str, Any]:
+    """Trees as a few flat arrays (and the owner names), for checkpoints: packing one array
+    per field instead of a dataclass per node keeps a checkpoint after tree 500 fast."""
+    nodes = [n for t in trees for n in t.nodes]
+    owners = sorted({n.owner for n in nodes})
+    return {
+        "sizes": np.array([len(t.nodes) for t in trees], dtype=np.int64),
+        "outputs": np.array([t.output for t in trees], dtype=np.int64),
+        "ints": np.array([(n.id, n.left, n.right, n.feature, n.bin, n.record_id,
+                           owners.index(n.owner)) for n in nodes], dtype=np.int64).reshape(-1, 7),
+        "threshold": np.array([n.threshold for n in nodes], dtype=np.float64),
+        "value": np.array([n.value for n in nodes], dtype=np.float64),
+        "missing_left": np.array([n.missing_left for n in nodes], dtype=bool),
+        "owners": owners}
+
+
+def trees_from_arrays(packed: dict[str, Any]) -> list[Tree]:
+    """The trees :func:`trees_to_arrays` packed."""
+    trees, start = [], 0
+    owners = list(packed["owners"])
+    for size, output in zip(packed["sizes"].tolist(), packed["outputs"].tolist()):
+        rows = range(start, start + size)
+        trees.append(Tree(nodes=tuple(
+            TreeNode(id=i, left=left, right=right, owner=owners[o], feature=f, bin=b,
+                     threshold=_float(packed["threshold"][k]), missing_left=bool(
+                         packed["missing_left"][k]), record_id=r, value=float(packed["value"][k]))
+            for k, (i, left, right, f, b, r, o) in zip(rows, packed["ints"][start:start + size]
+                                                        .tolist())), output=output))
+        start += size
+    return trees
+
+
+def _float(value: Any) -> float:
+    """NaN as ``math.nan`` itself (the node default), so unpacked trees equal the originals."""
+    number = float(value)
+    return math.nan if math.isnan(number) else number
+
+
 Decide = Callable[[TreeNode, IntArray], np.ndarray]
 """Given an internal node and row indices reaching it, the mask of those rows going left."""
 

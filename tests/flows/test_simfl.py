@@ -155,3 +155,28 @@ def test_fewer_than_two_members_is_a_config_error(tmp_path: Path) -> None:
         load_config(job)
     assert main(["train", str(job)]) == 1
     json.dumps(raw)  # the job file itself is plain data
+
+
+def test_a_run_that_died_mid_job_resumes_to_the_uninterrupted_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import flows.simfl
+
+    config = _config("simfl-resume")
+    reference = train_embedded(config, tmp_path / "reference")
+    share = flows.simfl.share
+
+    def dies_at_tree_4(job: str, others: list[str], builder: str, tree: int) -> Any:
+        if tree == 4:
+            raise KeyboardInterrupt("the flow's machine went down")
+        return share(job, others, builder, tree)
+
+    monkeypatch.setattr(flows.simfl, "share", dies_at_tree_4)
+    with pytest.raises(KeyboardInterrupt):
+        train_embedded(config, tmp_path / "run")
+    monkeypatch.setattr(flows.simfl, "share", share)
+    resumed = train_embedded(config, tmp_path / "run")
+    assert resumed["resumed_after"] == 4 and resumed["trees_trained"] == 2
+    for member in MEMBERS:
+        assert load_model(tmp_path / "run" / member / "model.json") == \
+            load_model(tmp_path / "reference" / member / "model.json")
+    assert resumed["train_auc"] == reference["train_auc"]

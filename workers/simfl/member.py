@@ -30,7 +30,7 @@ from boosting.metrics import evaluate
 from boosting.params import BoostParams
 from boosting.train import BinnedBlock, grow_tree
 from boosting.tree import (Model, Tree, TreeNode, leaf_values, node_values, raw_decider,
-                           save_model, write_json_atomic)
+                           save_model, trees_from_arrays, trees_to_arrays, write_json_atomic)
 from messages.bodies import Ack, Metric, Opened, Resumed, ResumeJob, Step, TreeFinished
 from messages.codec import to_wire
 from messages.envelope import MsgType
@@ -100,6 +100,9 @@ class SimflMember:
     base: float = 0.0
     margin: FloatArray | None = None
     trees: list[Tree] = field(default_factory=list)
+    packed: list[dict[str, Any]] = field(default_factory=list)
+    """Each tree as flat arrays (``boosting.tree.trees_to_arrays``): what checkpoints hold, so
+    that a checkpoint after tree 500 costs arrays, not a dataclass per node."""
     history: list[TreeFinished] = field(default_factory=list)
     prep_key: str = ""
 
@@ -349,6 +352,7 @@ def _finish(ctx: StepContext, job: SimflMember, tree: Tree,
             extra: list[Metric]) -> TreeFinished:
     """Append the tree, checkpoint, report metrics over this member's own rows."""
     job.trees.append(tree)
+    job.packed.append(trees_to_arrays([tree]))
     assert job.margin is not None
     pred = transform(job.params.objective, job.margin)
     metrics = [Metric(k, v) for k, v in evaluate(job.params.objective, job.y, pred,
@@ -358,7 +362,9 @@ def _finish(ctx: StepContext, job: SimflMember, tree: Tree,
     checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.prep_key,
                     {"handles": job.handles, "similar": list(job.similar.values()),
                      "members": list(job.similar), "base": job.base, "margin": job.margin,
-                     "trees": job.trees, "history": job.history},
+                     "trees": job.packed,
+                     "history": [[[m.name, m.value] for m in done.metrics]
+                                 for done in job.history]},
                     checkpoint.key_of(ctx.party))
     return done
 
@@ -377,7 +383,10 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     job.similar = dict(zip(saved["members"], (np.asarray(s, np.uint64)
                                               for s in saved["similar"])))
     job.base, job.margin = float(saved["base"]), np.array(saved["margin"])
-    job.trees, job.history = list(saved["trees"]), list(saved["history"])
+    job.packed = list(saved["trees"])
+    job.trees = [tree for packed in job.packed for tree in trees_from_arrays(packed)]
+    job.history = [TreeFinished([Metric(str(n), float(v)) for n, v in metrics])
+                   for metrics in saved["history"]]
     job.prep_key = body.checkpoint.run
     return MsgType.RESUMED, Resumed(trees_done=len(job.trees), n_aligned=job.y.size,
                                     n_train=job.y.size, n_valid=0, outputs=1,
