@@ -88,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     worker.set_defaults(run=_worker)
     serve = sub.add_parser("serve", help="serve every protocol's training flow as a Prefect "
-                           "deployment (vertical_secureboost/NAME, horizontal/NAME)")
+                           "deployment (vertical_secureboost/NAME, horizontal/NAME, "
+                           "simfl/NAME)")
     serve.add_argument("--name", default="fedboost", help="deployment name (default fedboost)")
     serve.add_argument("--config", type=Path, action="append", default=[],
                        help="a job file whose content becomes its protocol's deployment's default "
