@@ -112,9 +112,13 @@ def test_deployment_run_through_the_prefect_api(federation: Federation, prefect_
     serve_log = tmp_path / "serve.log"
     with served_deployment("test", federation.job_file, prefect_server, REPO,
                            serve_log) as deployment:
-        # one runner serves every protocol; the horizontal one has no default job here
-        horizontal = httpx.get(f"{prefect_server}/deployments/name/horizontal/test", timeout=5)
-        assert horizontal.status_code == 200 and horizontal.json()["parameters"] == {}
+        # one runner serves every protocol (registered one after the other); the others have
+        # no default job here
+        for protocol in ("horizontal", "simfl"):
+            url = f"{prefect_server}/deployments/name/{protocol}/test"
+            wait_until(lambda: httpx.get(url, timeout=5).status_code == 200, 60,
+                       f"the {protocol} deployment")
+            assert httpx.get(url, timeout=5).json()["parameters"] == {}
         parameters = deployment["parameters"]
         parameters["config"]["job"] = f"{federation.config.job}-deployed"
         parameters["config"]["params"]["n_trees"] = 1
