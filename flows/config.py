@@ -379,7 +379,24 @@ class HorizontalPartyConfig(_Strict):
     policy: PolicyConfig | None = None
 
 
-class HorizontalJobConfig(_Strict):
+class _MembersAndAggregator:
+    """The parties of a job whose members hold rows and one aggregator holds none (the
+    schema's own ``parties`` field)."""
+
+    @property
+    def aggregator(self) -> str:
+        """Name of the aggregator."""
+        parties: dict[str, HorizontalPartyConfig] = getattr(self, "parties")
+        return next(n for n, p in parties.items() if p.role == "aggregator")
+
+    @property
+    def members(self) -> list[str]:
+        """Names of the members, in file order."""
+        parties: dict[str, HorizontalPartyConfig] = getattr(self, "parties")
+        return [n for n, p in parties.items() if p.role == "member"]
+
+
+class HorizontalJobConfig(_MembersAndAggregator, _Strict):
     """A horizontal training job (FedTree): members with different rows and the same columns,
     one aggregator that sums their masked histograms and grows the trees."""
 
@@ -403,17 +420,6 @@ class HorizontalJobConfig(_Strict):
         _check_broker_needs(self.transport, self.signing, self.parties, self.members)
         return self
 
-    @property
-    def aggregator(self) -> str:
-        """Name of the aggregator."""
-        return next(n for n, p in self.parties.items() if p.role == "aggregator")
-
-    @property
-    def members(self) -> list[str]:
-        """Names of the members, in file order."""
-        return [n for n, p in self.parties.items() if p.role == "member"]
-
-
 class LshConfig(_Strict):
     """SimFL's p-stable LSH (the paper's defaults)."""
 
@@ -432,7 +438,7 @@ class SimflParamsConfig(_TreeParams):
     lsh: LshConfig = LshConfig()
 
 
-class SimflJobConfig(_Strict):
+class SimflJobConfig(_MembersAndAggregator, _Strict):
     """A SimFL job (seed 000): members with different rows and the same columns exchange LSH
     values once, through an aggregator, then take turns growing trees on weighted gradients."""
 
@@ -449,14 +455,6 @@ class SimflJobConfig(_Strict):
         _check_row_partitioned(self.parties, 2, "SimFL needs at least 2 members")
         _check_broker_needs(self.transport, self.signing, self.parties, self.members)
         return self
-
-    @property
-    def aggregator(self) -> str:
-        return next(n for n, p in self.parties.items() if p.role == "aggregator")
-
-    @property
-    def members(self) -> list[str]:
-        return [n for n, p in self.parties.items() if p.role == "member"]
 
 
 AnyJobConfig = JobConfig | HorizontalJobConfig | SimflJobConfig

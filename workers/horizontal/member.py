@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +22,7 @@ from boosting.fixedpoint import peak_exponent, quantize_at
 from boosting.losses import gradients, transform
 from boosting.metrics import evaluate
 from boosting.params import BoostParams
-from boosting.tree import Model, Tree, node_values, save_model, write_json_atomic
+from boosting.tree import Model, Tree, node_values
 from messages.bodies import Ack, Metric, Opened, Resumed, ResumeJob, Step, TreeFinished
 from messages.envelope import MsgType
 from messages.horizontal import (FeatureSummaryBytes, GradientRange, GradientScale, HorizontalSpec,
@@ -37,6 +35,7 @@ from workers.horizontal.summary import encode_summaries, summarize
 from workers.horizontal.tree import OWNER, MemberTree, assemble
 from workers.policy import check_protocol
 from workers.runtime import StepContext
+from workers.shared_model import save_member_model
 
 PROTOCOL = "horizontal"
 STATS_SCALE = 2.0 ** 24
@@ -401,11 +400,7 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
 def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     """Every member keeps the whole model (horizontal models are shared)."""
     job: MemberJob = ctx.state
-    save_model(job.model(), Path(ctx.model_dir) / "model.json")
-    write_json_atomic(Path(ctx.model_dir) / "party.json", {
-        "party": ctx.party.name, "role": "member", "protocol": PROTOCOL, "job": ctx.job,
-        "saved_at": time.time(), "members": members_of(job.spec), "id_column": job.id_column})
-    return MsgType.ACK, Ack(count=len(job.trees))
+    return save_member_model(ctx, job.model(), PROTOCOL, members_of(job.spec), job.id_column)
 
 
 def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from boosting.metrics import evaluate
 from boosting.params import BoostParams
 from boosting.train import BinnedBlock, grow_tree
 from boosting.tree import (Model, Tree, TreeNode, leaf_values, node_values, raw_decider,
-                           save_model, trees_from_arrays, trees_to_arrays, write_json_atomic)
+                           trees_from_arrays, trees_to_arrays)
 from messages.bodies import Ack, Metric, Opened, Resumed, ResumeJob, Step, TreeFinished
 from messages.codec import to_wire
 from messages.envelope import MsgType
@@ -41,6 +40,7 @@ from workers.data import PartyData, load_party_csv
 from workers.horizontal.tree import OWNER
 from workers.policy import check_protocol
 from workers.runtime import StepContext
+from workers.shared_model import save_member_model
 from workers.simfl.lsh import DEFAULT_R, LshFunctions, default_functions
 
 PROTOCOL = "simfl"
@@ -396,11 +396,7 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
 def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     """Every member keeps all the trees."""
     job: SimflMember = ctx.state
-    save_model(job.model(), Path(ctx.model_dir) / "model.json")
-    write_json_atomic(Path(ctx.model_dir) / "party.json", {
-        "party": ctx.party.name, "role": "member", "protocol": PROTOCOL, "job": ctx.job,
-        "saved_at": time.time(), "members": members_of(job.spec), "id_column": job.id_column})
-    return MsgType.ACK, Ack(count=len(job.trees))
+    return save_member_model(ctx, job.model(), PROTOCOL, members_of(job.spec), job.id_column)
 
 
 def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
