@@ -35,33 +35,11 @@ from workers.horizontal.summary import encode_summaries, summarize
 from workers.horizontal.tree import OWNER, MemberTree, assemble
 from workers.policy import check_protocol
 from workers.runtime import StepContext
-from workers.shared_model import save_member_model
+from workers.row_partitioned import aggregator_of, members_of, params_of, save_member_model
 
 PROTOCOL = "horizontal"
 STATS_SCALE = 2.0 ** 24
 """Fixed point of a regression member's label sum (the secure sum adds integers)."""
-
-
-def params_of(spec: HorizontalSpec) -> BoostParams:
-    """Boosting parameters from a horizontal job spec."""
-    return BoostParams(n_trees=spec.n_trees, max_depth=spec.max_depth,
-                       learning_rate=spec.learning_rate, max_bin=spec.max_bin,
-                       objective=spec.objective,  # type: ignore[arg-type]
-                       reg_lambda=spec.reg_lambda, gamma=spec.gamma,
-                       min_child_weight=spec.min_child_weight,
-                       min_samples_leaf=spec.min_samples_leaf, subsample=spec.subsample,
-                       seed=spec.seed)
-
-
-def members_of(spec: HorizontalSpec) -> list[str]:
-    return [p.name for p in spec.parties if p.role == "member"]
-
-
-def aggregator_of(spec: HorizontalSpec) -> str:
-    aggregators = [p.name for p in spec.parties if p.role == "aggregator"]
-    if len(aggregators) != 1:
-        raise ProtocolError(f"a horizontal job needs one aggregator, names {aggregators}")
-    return aggregators[0]
 
 
 @dataclass(slots=True)
@@ -126,7 +104,8 @@ def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
                         f"in its worker file's data set)")
     _check_labels(me, own.path, spec.objective, data.y)
     job = MemberJob(spec=spec, params=params_of(spec), data=data, data_file=own.path,
-                    id_column=own.id_column, digest=checkpoint.job_digest(spec, own.path, own.columns),
+                    id_column=own.id_column,
+                    digest=checkpoint.job_digest(spec, own.path, own.columns),
                     aggregator=aggregator_of(spec), mask_key=MaskKey.generate())
     ctx.state = job
     for peer in members_of(spec):
@@ -374,7 +353,8 @@ def _checkpoint(ctx: StepContext, job: MemberJob) -> None:
                     checkpoint.key_of(ctx.party))
 
 
-def load_checkpoint(ctx: StepContext, digest: str, body: ResumeJob, keys: set[str]) -> dict[str, Any]:
+def load_checkpoint(ctx: StepContext, digest: str, body: ResumeJob,
+                    keys: set[str]) -> dict[str, Any]:
     """A horizontal party's checkpoint record (``keys`` and the checkpoint's trees), checked."""
     saved = checkpoint.load(ctx.model_dir, body.checkpoint, digest, checkpoint.key_of(ctx.party))
     if not (isinstance(saved, dict) and keys <= set(saved) and isinstance(saved["trees"], list)

@@ -40,33 +40,12 @@ from workers.data import PartyData, load_party_csv
 from workers.horizontal.tree import OWNER
 from workers.policy import check_protocol
 from workers.runtime import StepContext
-from workers.shared_model import save_member_model
+from workers.row_partitioned import aggregator_of, members_of, params_of, save_member_model
 from workers.simfl.lsh import DEFAULT_R, LshFunctions, default_functions
 
 PROTOCOL = "simfl"
 MAX_ROWS = 1 << 26
 """Rows one member may declare (the aggregator's and builder's allocations are bounded)."""
-
-
-def params_of(spec: SimflSpec) -> BoostParams:
-    return BoostParams(n_trees=spec.n_trees, max_depth=spec.max_depth,
-                       learning_rate=spec.learning_rate, max_bin=spec.max_bin,
-                       objective=spec.objective,  # type: ignore[arg-type]
-                       reg_lambda=spec.reg_lambda, gamma=spec.gamma,
-                       min_child_weight=spec.min_child_weight,
-                       min_samples_leaf=spec.min_samples_leaf, subsample=spec.subsample,
-                       seed=spec.seed)
-
-
-def members_of(spec: SimflSpec) -> list[str]:
-    return [p.name for p in spec.parties if p.role == "member"]
-
-
-def aggregator_of(spec: SimflSpec) -> str:
-    found = [p.name for p in spec.parties if p.role == "aggregator"]
-    if len(found) != 1:
-        raise ProtocolError(f"a SimFL job needs one aggregator, names {found}")
-    return found[0]
 
 
 def builder_of(spec: SimflSpec, tree: int) -> str:
@@ -303,8 +282,8 @@ def build_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     job.margin[:, 0] += node_values(tree)[grower.node_of_row]
     tree_bytes = len(msgpack.packb(to_wire(shared), use_bin_type=True))
     mine = _checked_tree(shared, len(job.data.names), job.params.max_depth, me)  # as all hold it
-    return MsgType.TREE_FINISHED, _finish(ctx, job, mine, [Metric("tree_bytes", float(tree_bytes)),
-                                                          Metric("gradient_bytes", float(received))])
+    sizes = [Metric("tree_bytes", float(tree_bytes)), Metric("gradient_bytes", float(received))]
+    return MsgType.TREE_FINISHED, _finish(ctx, job, mine, sizes)
 
 
 def receive_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
