@@ -20,6 +20,10 @@ from boosting.params import BoostParams
 
 MODEL_FORMAT = "fedboost-model"
 MODEL_VERSION = 1
+ENSEMBLES = ("boosting", "forest")
+"""How a model's trees combine: boosting adds margins and transforms them (sigmoid, softmax);
+a forest's leaves hold class frequencies (or means) already divided by its number of trees, so
+their sum is the prediction itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +135,8 @@ class Model:
     trees: tuple[Tree, ...]
     features: dict[str, tuple[str, ...]]
     """Feature names per owner party, in each owner's local column order."""
+    ensemble: str = "boosting"
+    """One of :data:`ENSEMBLES`."""
 
     def raw_predict(self, decide: Decide, n_rows: int) -> FloatArray:
         """Margins (rows x outputs) given a decision function."""
@@ -141,7 +147,19 @@ class Model:
 
     def predict(self, decide: Decide, n_rows: int) -> FloatArray:
         """Probabilities (classification) or values (regression), rows x outputs."""
-        return transform(self.params.objective, self.raw_predict(decide, n_rows))
+        return self.finish(self.raw_predict(decide, n_rows))
+
+    def finish(self, margin: FloatArray) -> FloatArray:
+        """Predictions from summed leaf values (what :meth:`raw_predict` returns)."""
+        return finish_margin(self.ensemble, self.params.objective, margin)
+
+
+def finish_margin(ensemble: str, objective: str, margin: FloatArray) -> FloatArray:
+    """Boosting: the objective's transform of the margin. Forest: the sum of the trees'
+    pre-divided leaf values is already the averaged probability (or mean)."""
+    if ensemble == "forest":
+        return margin
+    return transform(objective, margin)
 
 
 def raw_decider(columns: dict[str, FloatArray]) -> Decide:
@@ -164,6 +182,7 @@ def model_to_dict(model: Model) -> dict[str, Any]:
         "params": model.params.to_dict(),
         "base_score": list(model.base_score),
         "n_classes": model.n_classes,
+        "ensemble": model.ensemble,
         "features": {k: list(v) for k, v in model.features.items()},
         "trees": [
             {"output": t.output, "nodes": [_node_to_dict(n) for n in t.nodes]} for t in model.trees
@@ -198,7 +217,14 @@ def model_from_dict(raw: dict[str, Any]) -> Model:
         n_classes=int(raw["n_classes"]),
         trees=tuple(trees),
         features={k: tuple(v) for k, v in raw["features"].items()},
+        ensemble=_ensemble(raw.get("ensemble", "boosting")),  # files before forests: boosting
     )
+
+
+def _ensemble(value: Any) -> str:
+    if value not in ENSEMBLES:
+        raise BoostingError(f"unknown ensemble {value!r}: one of {', '.join(ENSEMBLES)}")
+    return str(value)
 
 
 def save_model(model: Model, path: Path) -> None:

@@ -23,6 +23,7 @@ from boosting.metrics import evaluate
 from boosting.params import BoostParams
 from boosting.split import SplitCandidate
 from boosting.train import allowed_blocks
+from boosting._typing import FloatArray
 from boosting.tree import Model, Tree, node_values, save_model, write_json_atomic
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
@@ -92,6 +93,10 @@ class ActiveTraining:
     @property
     def outputs(self) -> int:
         return n_outputs(self.params.objective, self.n_classes)
+
+    def finish(self, margin: FloatArray) -> FloatArray:
+        """Predictions from margins (what validation scoring sums)."""
+        return transform(self.params.objective, margin)
 
     def model(self, features: dict[str, tuple[str, ...]]) -> Model:
         return Model(self.params, tuple(float(b) for b in self.base), self.n_classes,

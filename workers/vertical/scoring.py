@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from boosting.binning import goes_left_raw
-from boosting.losses import transform
 from boosting.metrics import evaluate
 from boosting.tree import Model, TreeNode, load_model, open_private
 from messages.bodies import Ack, Decisions, Metric, OpenPrediction, Step, TreeFinished
@@ -210,7 +209,7 @@ def evaluate_validation(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     if state.data.y is None:
         raise StageError(f"{state.party}: no labels to validate against")
     y = state.data.y[state.valid_rows]
-    pred = transform(run.params.objective, _scored_margin(run))
+    pred = run.finish(_scored_margin(run))
     metrics = evaluate(run.params.objective, y, pred, "valid")
     return MsgType.TREE_FINISHED, TreeFinished([Metric(k, v) for k, v in metrics.items()])
 
@@ -219,7 +218,7 @@ def write_scores(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     """Write id and prediction(s) of every scored row to the scores file."""
     state: JobState = ctx.state
     run: ActiveScoring = state.role_state
-    pred = transform(run.model.params.objective, _scored_margin(run))
+    pred = run.model.finish(_scored_margin(run))
     ids = [state.data.ids[r] for r in state.require_aligned()[0]]
     # checked at open_prediction: inside the model folder
     write_scores_csv(run.scores_path, ids, pred, run.model.params.objective)
