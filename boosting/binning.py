@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from boosting import BoostingError
-from boosting._typing import BinMatrix, FloatArray
+from boosting._typing import BinMatrix, FloatArray, IntArray
 
 
 def quantile_cuts(column: FloatArray, max_bin: int) -> FloatArray:
@@ -92,6 +92,15 @@ def goes_left_raw(values: FloatArray, threshold: float, missing_left: bool) -> n
     missing = np.isnan(values)
     with np.errstate(invalid="ignore"):
         return np.where(missing, missing_left, values <= threshold)
+
+
+def goes_left_table(x: FloatArray, features: IntArray, thresholds: FloatArray,
+                    missing_left: np.ndarray) -> np.ndarray:
+    """Many lookup records on many rows at once: records x rows, True where row ``i`` goes
+    left at record ``r`` (feature ``features[r]`` of ``x``, rows x features)."""
+    values = x[:, features].T
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isnan(values), missing_left[:, None], values <= thresholds[:, None])
 
 
 def split_threshold(cuts: FloatArray, bin_threshold: int) -> float:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedboost import _prefect_env
+from fedboost.serving import add_command as add_serve_model
 
 if TYPE_CHECKING:  # flows are imported late: Prefect's settings come first
     from flows.config import JobConfig
@@ -96,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
                             "parameter (repeat: one per protocol)")
     serve.add_argument("--cron", help="optional schedule, e.g. '0 2 * * *'")
     serve.set_defaults(run=_serve)
+    add_serve_model(sub)
     defs = sub.add_parser("definitions", help="write RabbitMQ users and permissions per party")
     defs.add_argument("--party", action="append", required=True, metavar="NAME[=@FILE]",
                       help="a party (repeat per party); its broker password comes from "

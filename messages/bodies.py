@@ -402,3 +402,58 @@ class PathDecisions:
     depth: int
     n_pairs: int
     bits: bytes
+
+
+# ---- the scoring service (fedboost serve-model) ---------------------------------------------
+MAX_SCORING_ROWS = 65_536
+"""Rows one scoring round may ask for: what a party accepts, whatever a session says."""
+
+
+@dataclass(frozen=True, slots=True)
+class OpenScoring:
+    """Command: open a scoring session over the model of trained job ``model_job``.
+
+    Each party loads its part of that model from its own model folder and indexes the rows of
+    its data set (``PartyInfo.dataset``) by id, once; the session then scores rows by id in
+    rounds (``ScoreRows``) until it is closed. ``protocol`` is the trained job's protocol (its
+    model parts are what the session loads): a party's policy must list it, and must allow
+    ``batched`` prediction (``policy.predict_modes``) at a passive party.
+    """
+
+    parties: list[PartyInfo]
+    model_job: str
+    max_rows: int
+    protocol: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreRows:
+    """Command, one scoring round: the rows with these ids, in this order (seed 002, Alg. 5:
+    passive parties evaluate all their nodes and send the bits to the active party, which
+    finishes the traversal). The active party waits at most ``wait_seconds`` for them."""
+
+    round: int
+    ids: list[str]
+    wait_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RowsFound:
+    """A passive party's reply to ``ScoreRows``: the positions (in the round's ids) of ids it
+    has no row for; empty when its decisions went to the active party."""
+
+    round: int
+    unknown: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Scores:
+    """The active party's reply to ``ScoreRows``: rows x outputs of predictions (float64,
+    little-endian, row-major), or, when some id is unknown to it, the positions of those ids
+    (and no values); ``incomplete`` names passive parties that could not score the round."""
+
+    round: int
+    n_outputs: int
+    values: bytes
+    unknown: list[int]
+    incomplete: list[str]

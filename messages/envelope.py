@@ -107,6 +107,12 @@ class MsgType(IntEnum):
     S_GRADIENTS = 362
     S_TREE = 363
 
+    # the scoring service (fedboost serve-model): 400-419
+    OPEN_SCORING = 400
+    SCORE_ROWS = 401
+    ROWS_FOUND = 402
+    SCORES = 403
+
 
 BODY_TYPES: dict[MsgType, type] = {
     MsgType.OPEN_JOB: b.OpenJob,
@@ -143,6 +149,10 @@ BODY_TYPES: dict[MsgType, type] = {
     MsgType.H_GRADIENT_SCALE: h.GradientScale,
     MsgType.H_SPLITS: h.LevelSplits,
     MsgType.H_LEAVES: h.LeafValues,
+    MsgType.OPEN_SCORING: b.OpenScoring,
+    MsgType.SCORE_ROWS: b.ScoreRows,
+    MsgType.ROWS_FOUND: b.RowsFound,
+    MsgType.SCORES: b.Scores,
 }
 BODY_TYPES.update({
     MsgType.S_OPEN_JOB: s.OpenSimfl, MsgType.S_HASH_ROWS: s.Prepare,
@@ -169,9 +179,14 @@ STEP_COMMANDS = frozenset(
 for _kind in STEP_COMMANDS:
     BODY_TYPES[_kind] = b.Step
 OPENERS = frozenset({MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION, MsgType.H_OPEN_JOB,
-                     MsgType.S_OPEN_JOB})
+                     MsgType.S_OPEN_JOB, MsgType.OPEN_SCORING})
 """Commands that open a job at a party: their bodies name the protocol and every party's role."""
-COMMANDS = (STEP_COMMANDS | HORIZONTAL_STEPS | SIMFL_STEPS | OPENERS
+UNRECORDED = frozenset({MsgType.SCORE_ROWS})
+"""Commands a worker answers without putting them on its durable record of answered commands
+(an fsync each): a scoring service sends thousands a second. Answering one again sends the
+same decisions to the same active party, which already has them; recent replays are still
+refused by their nonce, and after a worker restart the session they name is no longer open."""
+COMMANDS = (STEP_COMMANDS | HORIZONTAL_STEPS | SIMFL_STEPS | OPENERS | UNRECORDED
             | {MsgType.RESUME_JOB, MsgType.S_HASH_ROWS})
 WORK = frozenset({MsgType.HISTOGRAM_SHARD, MsgType.TREE_CIPHERTEXTS})
 """What a party's coordinating process hands to its own helper processes: shards of a step, and

@@ -65,6 +65,11 @@ FLOW_QUEUE_ARGUMENTS = {"x-expires": 24 * 3600 * 1000}
 _COMPLETED_IDS = 100_000
 
 
+def _nothing() -> None:
+    """What ``RabbitTransport.wake`` asks the connection's thread to run: it only interrupts
+    the wait."""
+
+
 def queue_of(participant: str) -> str:
     """The inbox queue of a party (``host``) or of a flow run (``flow.<id>``)."""
     return QUEUE_PREFIX + participant
@@ -216,6 +221,8 @@ class RabbitTransport:
         self._inbox_tag: str | None = None
         self._publisher: WorkPublisher | None = None
         """Hands out work shards in the background (made on the first shard)."""
+        self._woken = False
+        """Set by ``wake`` (another thread): the waiting ``receive`` returns."""
         self._connect(first=True)
 
     # ---- connection -------------------------------------------------------------------------
@@ -338,10 +345,23 @@ class RabbitTransport:
         finally:
             self._chunks.pause()  # time spent handling a message does not age partials
 
+    def wake(self) -> None:
+        """Make a ``receive`` waiting in another thread return None now (the one method another
+        thread may call): a process that also takes work from elsewhere, such as the scoring
+        service's requests, need not poll the broker."""
+        self._woken = True
+        connection = self._connection
+        if connection is not None:
+            try:
+                connection.add_callback_threadsafe(_nothing)
+            except (*_CONNECTION_ERRORS, px.ConnectionWrongStateError):
+                pass  # closed or lost: the receiving thread sees the flag when it comes back
+
     def _receive(self, deadline: float) -> bytes | None:
         while not self._ready:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or self._woken:
+                self._woken = False
                 return None
             try:
                 self._connection.process_data_events(time_limit=min(left, 1.0))

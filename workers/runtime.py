@@ -29,7 +29,7 @@ from boosting import BoostingError
 from crypto import CryptoError
 from messages import DecodeError, MessageError
 from messages.bodies import ErrorReply
-from messages.envelope import COMMANDS, OPENERS, WORK, Envelope, MsgType
+from messages.envelope import COMMANDS, OPENERS, UNRECORDED, WORK, Envelope, MsgType
 from messages.signing import CLOCK_SKEW_SECONDS, Sealer, is_flow
 from messages.transport import Transport
 from workers import DataError, NotReady, ProtocolError
@@ -391,7 +391,7 @@ class Worker:
             log.warning("%s: rejected %s from %r: commands come from flows", self.party.name,
                         env.kind.name, env.sender)
             return
-        if env.kind in COMMANDS and self._replayed(env):
+        if env.kind in COMMANDS and env.kind not in UNRECORDED and self._replayed(env):
             return  # before anything: a replayed opener must not even replace the open job
         session = session_of(env.task)
         if env.kind in OPENERS and (env.job not in self.jobs
@@ -540,12 +540,16 @@ class Worker:
                                               f"internal error: {exc!r}", False)
         if ctx.state is not None:
             job.state = ctx.state
-        job.done.add(env.task)
-        if env.kind in COMMANDS:
-            self._record(env)
         waited = f" (first tried {time.monotonic() - since:.3f}s ago)" if since else ""
-        log.info("%s job=%s step=%s task=%s %.3fs%s", self.party.name, env.job, env.kind.name,
-                 env.task, time.perf_counter() - start, waited)
+        if env.kind in UNRECORDED:  # many a second: no line each at INFO
+            log.debug("%s job=%s step=%s task=%s %.4fs%s", self.party.name, env.job,
+                      env.kind.name, env.task, time.perf_counter() - start, waited)
+        else:
+            job.done.add(env.task)
+            if env.kind in COMMANDS:
+                self._record(env)
+            log.info("%s job=%s step=%s task=%s %.3fs%s", self.party.name, env.job,
+                     env.kind.name, env.task, time.perf_counter() - start, waited)
         if reply is not None:
             self._reply(env, *reply)
         if env.kind == MsgType.CLOSE_JOB:

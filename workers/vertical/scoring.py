@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from boosting.binning import goes_left_raw
+from boosting.binning import goes_left_raw, goes_left_table
 from boosting.metrics import evaluate
 from boosting.tree import Model, TreeNode, load_model, open_private
 from messages.bodies import Ack, Decisions, Metric, OpenPrediction, Step, TreeFinished
@@ -137,15 +137,18 @@ def evaluate_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         ctx.mailbox.require((MsgType.ALIGNED_ROWS, state.active, -1, -1))
         receive_alignment(ctx)
     x = score_x(state)[state.batch_rows(body.tree)]
-    records = lookup_records(state)
-    ids = sorted(records)
-    bits = np.zeros((len(ids), x.shape[0]), dtype=bool)
-    for k, rid in enumerate(ids):
-        r = records[rid]
-        bits[k] = goes_left_raw(x[:, r.feature], r.threshold, r.missing_left)
-    ctx.send(state.active, MsgType.DECISIONS, Decisions(
-        batch=body.tree, records=ids, n_rows=int(x.shape[0]), bits=np.packbits(bits).tobytes()))
+    ctx.send(state.active, MsgType.DECISIONS, all_decisions(lookup_records(state), x, body.tree))
     return MsgType.ACK, Ack(count=int(x.shape[0]))
+
+
+def all_decisions(records: dict[int, LookupRecord], x: np.ndarray, batch: int) -> Decisions:
+    """Every record's decision on every row of ``x`` (own features), bit-packed record-major."""
+    ids = sorted(records)
+    bits = goes_left_table(x, np.array([records[r].feature for r in ids], dtype=np.int64),
+                           np.array([records[r].threshold for r in ids], dtype=np.float64),
+                           np.array([records[r].missing_left for r in ids], dtype=bool))
+    return Decisions(batch=batch, records=ids, n_rows=int(x.shape[0]),
+                     bits=np.packbits(bits).tobytes())
 
 
 def model_of(state: JobState) -> Model:
@@ -170,11 +173,8 @@ def finish_traversal(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     received: dict[str, tuple[dict[int, int], np.ndarray]] = {}
     for passive in state.passives:
         msg: Decisions = ctx.mailbox.take(MsgType.DECISIONS, passive, body.tree)
-        if msg.n_rows != n or len(msg.bits) != (len(msg.records) * n + 7) // 8:
-            raise ProtocolError(f"{passive} sent decisions of the wrong shape for batch {body.tree}")
-        bits = np.unpackbits(np.frombuffer(msg.bits, dtype=np.uint8), count=len(msg.records) * n)
         received[passive] = ({r: k for k, r in enumerate(msg.records)},
-                             bits.reshape(len(msg.records), n).astype(bool))
+                             decision_bits(passive, msg, n))
 
     def decide(node: TreeNode, rows: np.ndarray) -> np.ndarray:
         if node.owner == state.party:
@@ -186,6 +186,14 @@ def finish_traversal(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
 
     store_margin(state, batch, model.raw_predict(decide, n))
     return MsgType.ACK, Ack(count=n)
+
+
+def decision_bits(passive: str, msg: Decisions, n: int) -> np.ndarray:
+    """A passive party's decisions as a records x rows boolean matrix, checked for shape."""
+    if msg.n_rows != n or len(msg.bits) != (len(msg.records) * n + 7) // 8:
+        raise ProtocolError(f"{passive} sent decisions of the wrong shape for batch {msg.batch}")
+    bits = np.unpackbits(np.frombuffer(msg.bits, dtype=np.uint8), count=len(msg.records) * n)
+    return bits.reshape(len(msg.records), n).astype(bool)
 
 
 def store_margin(state: JobState, batch: slice, margin: np.ndarray) -> None:

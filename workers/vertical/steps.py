@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from messages.envelope import MsgType
-from workers.vertical import active, alignment, passive, paths, scoring
+from workers.vertical import active, alignment, passive, paths, scoring, serving
 from workers.runtime import Arrival, Handler, Protocol, RoleSteps
 
 
@@ -25,6 +25,7 @@ ACTIVE_HANDLERS: dict[MsgType, Handler] = {
     MsgType.CLOSE_JOB: active.close_job,
     MsgType.RESUME_JOB: active.resume_job,
     MsgType.TRAVERSE_LEVEL: paths.traverse_level,
+    **serving.ACTIVE_STEPS,
 }
 
 PASSIVE_HANDLERS: dict[MsgType, Handler] = {
@@ -41,6 +42,7 @@ PASSIVE_HANDLERS: dict[MsgType, Handler] = {
     MsgType.CLOSE_JOB: passive.close_job,
     MsgType.RESUME_JOB: passive.resume_job,
     MsgType.TRAVERSE_LEVEL: paths.answer_level,
+    **serving.PASSIVE_STEPS,
 }
 
 PASSIVE_ARRIVALS: dict[MsgType, Arrival] = {

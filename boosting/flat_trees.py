@@ -1,0 +1,104 @@
+"""A model's trees as flat arrays, to route a batch of rows through every tree at once.
+
+``Model.raw_predict`` walks node by node, one numpy call per node: fine for a scores file,
+too slow for a scoring service (a forest of 50 trees of depth 10 has tens of thousands of
+nodes). Here every internal node gets a column of a decision matrix (node x row, True = left),
+and all (row, tree) pairs move down one level per step: ``depth`` steps in all. The margins
+add the trees' leaf values in tree order onto the base score, exactly as ``raw_predict`` does,
+so both give the same floats; ``Model.finish`` turns them into predictions for either ensemble.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from boosting._typing import FloatArray, IntArray
+from boosting.tree import Model, TreeNode
+
+
+@dataclass(frozen=True, slots=True)
+class FlatTrees:
+    """Every node of every tree, numbered globally (tree after tree)."""
+
+    left: IntArray
+    """Global index of the left child (-1 for leaves)."""
+    right: IntArray
+    value: FloatArray
+    """Leaf value (0 for internal nodes)."""
+    column: IntArray
+    """Row of the decision matrix this internal node reads (-1 for leaves)."""
+    roots: IntArray
+    """Global index of each tree's root."""
+    outputs: IntArray
+    """Which output (class) each tree adds to."""
+    internal: tuple[TreeNode, ...]
+    """The internal nodes in decision-matrix order."""
+    depth: int
+    """Edges on the longest root-to-leaf path."""
+
+
+def flatten(model: Model) -> FlatTrees:
+    """Number every node of ``model`` globally and give each internal node a decision row."""
+    left: list[int] = []
+    right: list[int] = []
+    value: list[float] = []
+    column: list[int] = []
+    roots: list[int] = []
+    internal: list[TreeNode] = []
+    depth = 0
+    for tree in model.trees:
+        offset = len(left)
+        index = {node.id: offset + k for k, node in enumerate(tree.nodes)}
+        roots.append(index[tree.nodes[0].id])
+        level = {tree.nodes[0].id: 0}
+        for node in tree.nodes:  # parents before children
+            if node.is_leaf:
+                left.append(-1)
+                right.append(-1)
+                column.append(-1)
+            else:
+                left.append(index[node.left])
+                right.append(index[node.right])
+                column.append(len(internal))
+                internal.append(node)
+                level[node.left] = level[node.right] = level[node.id] + 1
+                depth = max(depth, level[node.id] + 1)
+            value.append(node.value)
+    return FlatTrees(left=np.array(left, dtype=np.int64), right=np.array(right, dtype=np.int64),
+                     value=np.array(value, dtype=np.float64),
+                     column=np.array(column, dtype=np.int64),
+                     roots=np.array(roots, dtype=np.int64),
+                     outputs=np.array([t.output for t in model.trees], dtype=np.int64),
+                     internal=tuple(internal), depth=depth)
+
+
+def route(flat: FlatTrees, goes_left: np.ndarray) -> IntArray:
+    """The leaf (global index) each row reaches in each tree: rows x trees.
+
+    ``goes_left`` is internal nodes x rows (``flat.internal`` order), True where the row goes
+    left at that node.
+    """
+    n_rows = goes_left.shape[1]
+    rows = np.arange(n_rows)[:, None]
+    position = np.broadcast_to(flat.roots, (n_rows, flat.roots.size)).copy()
+    for _ in range(flat.depth):
+        column = flat.column[position]
+        inner = column >= 0
+        if not inner.any():
+            break
+        left = goes_left[np.where(inner, column, 0), rows]
+        position = np.where(inner, np.where(left, flat.left[position], flat.right[position]),
+                            position)
+    return position
+
+
+def margins(model: Model, flat: FlatTrees, leaves: IntArray) -> FloatArray:
+    """Rows x outputs: the base score plus each tree's leaf value, added in tree order (the
+    same sums as ``Model.raw_predict``)."""
+    margin = np.tile(np.array(model.base_score), (leaves.shape[0], 1))
+    values = flat.value[leaves]
+    for k, output in enumerate(flat.outputs.tolist()):
+        margin[:, output] += values[:, k]
+    return margin
