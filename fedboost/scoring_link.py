@@ -139,7 +139,8 @@ class ScoringLink:
         self.problem, self._reopen = "", False
         self.stats.opened_at = time.time()
 
-    def _close(self) -> None:
+    def close_session(self) -> None:
+        """Let every party drop the session (best effort: a party that is gone is logged)."""
         try:
             self.coordinator.timeout = min(self.coordinator.timeout, 5.0)
             self.coordinator.call(self.plan.parties, MsgType.CLOSE_JOB, Step(),
@@ -180,7 +181,7 @@ class ScoringLink:
         for request in [*self._queue, *(r for x in self._in_flight.values() for r in x.requests)]:
             self._finish(request, ScoringFailure(503, "the scoring service is shutting down"))
         self._queue.clear()
-        self._close()
+        self.close_session()
 
     def _wait(self) -> float:
         if not self._in_flight:

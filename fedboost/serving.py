@@ -45,7 +45,8 @@ def serve_model(args: argparse.Namespace) -> int:
 
     from fedboost.scoring_api import ModelInfo, make_app
     from fedboost.scoring_link import ScoringLink, SessionPlan
-    from flows._tasks import StepTimeout
+    from flows._tasks import PartyError, StepTimeout, broker_coordinator
+    from messages import TransportError
     from flows.config import ConfigError
 
     if not 1 <= args.max_ids <= args.round_rows or args.in_flight < 1 or args.timeout <= 0:
@@ -57,13 +58,16 @@ def serve_model(args: argparse.Namespace) -> int:
                        passives=list(config.passives),
                        datasets=_datasets(config, args.dataset),
                        max_rows=args.round_rows, timeout=args.timeout)
-    coordinator = _coordinator(config, plan)
+    coordinator = broker_coordinator(config, plan.job, plan.timeout)
     link = ScoringLink(plan, coordinator, max_in_flight=args.in_flight)
     try:
         try:
             link.open()
-        except StepTimeout as exc:
-            raise ConfigError(f"cannot open the scoring session: {exc}") from None
+        except (PartyError, TransportError) as exc:
+            link.close_session()  # at the parties that did open it
+            if isinstance(exc, StepTimeout):
+                raise ConfigError(f"cannot open the scoring session: {exc}") from None
+            raise
         link.start()
         info = ModelInfo(config.job, config.params.objective,
                          "forest" if "forest" in config.protocol else "boosting")
@@ -109,28 +113,3 @@ def _datasets(config: Any, given: list[str]) -> dict[str, str]:
                               f"{', '.join(datasets)}")
         datasets[party] = name
     return datasets
-
-
-def _coordinator(config: Any, plan: Any) -> Any:
-    """The service's signed endpoint on the broker (as a flow run's: ``flows._tasks``)."""
-    from flows._tasks import Coordinator
-    from flows.config import ConfigError
-    from messages import MessageError
-    from messages.chunks import FrameSigner
-    from messages.rabbitmq import RabbitTransport
-    from messages.signing import FLOW_IDENTITY, Sealer
-
-    if config.signing is None:
-        raise ConfigError(f"job {config.job!r}: signing.key_dir is required over RabbitMQ")
-    try:
-        sealer = Sealer.from_folder(config.signing.key_dir, FLOW_IDENTITY,
-                                    end_to_end=config.signing.end_to_end)
-    except MessageError as exc:
-        raise ConfigError(f"job {config.job!r}: {exc}") from None
-    transport = config.transport
-    endpoint = RabbitTransport(f"flow.{plan.job}.{uuid.uuid4().hex[:8]}", transport.amqp_url(),
-                               party=False, chunk_bytes=transport.chunk_bytes,
-                               frames=FrameSigner(sealer),
-                               partial_seconds=transport.partial_seconds,
-                               tls=transport.tls_options())
-    return Coordinator(job=plan.job, transport=endpoint, sealer=sealer, timeout=plan.timeout)

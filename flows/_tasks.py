@@ -144,24 +144,12 @@ def connected(config: JobConfig) -> Iterator[Coordinator]:
     if transport.kind != "rabbitmq":
         raise TransportError(f"job {job!r}: transport {transport.kind!r} has no running workers "
                              f"to reach; run it with 'fedboost train', or use rabbitmq")
-    if config.signing is None:
-        raise ConfigError(f"job {job!r}: signing.key_dir is required over RabbitMQ")
-    try:
-        sealer = Sealer.from_folder(config.signing.key_dir, FLOW_IDENTITY,
-                                    end_to_end=config.signing.end_to_end)
-    except MessageError as exc:
-        raise ConfigError(f"job {job!r}: {exc}") from None
     if holds_password(transport.url):
         log.warning("flow %s: transport.url holds the broker password, and Prefect stores it "
                     "with this run's parameters: give it through FEDBOOST_AMQP_URL or "
                     "transport.password_file", job)
-    endpoint = RabbitTransport(f"flow.{job}.{uuid.uuid4().hex[:8]}", transport.amqp_url(),
-                               party=False, chunk_bytes=transport.chunk_bytes,
-                               frames=FrameSigner(sealer),
-                               partial_seconds=transport.partial_seconds,
-                               tls=transport.tls_options())
-    coordinator = Coordinator(job=job, transport=endpoint, sealer=sealer,
-                              timeout=transport.step_timeout)
+    coordinator = broker_coordinator(config, job, transport.step_timeout)
+    endpoint: Any = coordinator.transport
     attach(coordinator)
     try:
         yield coordinator
@@ -169,6 +157,25 @@ def connected(config: JobConfig) -> Iterator[Coordinator]:
         detach(job)
         endpoint.delete_inbox()
         endpoint.close()
+
+
+def broker_coordinator(config: Any, job: str, timeout: float) -> Coordinator:
+    """A flow endpoint of its own on the job's broker (reply queue ``flow.<job>.<id>``), signing
+    with the flow key of ``config.signing``; the caller deletes its queue and closes it."""
+    if config.signing is None:
+        raise ConfigError(f"job {job!r}: signing.key_dir is required over RabbitMQ")
+    try:
+        sealer = Sealer.from_folder(config.signing.key_dir, FLOW_IDENTITY,
+                                    end_to_end=config.signing.end_to_end)
+    except MessageError as exc:
+        raise ConfigError(f"job {job!r}: {exc}") from None
+    transport = config.transport
+    endpoint = RabbitTransport(f"flow.{job}.{uuid.uuid4().hex[:8]}", transport.amqp_url(),
+                               party=False, chunk_bytes=transport.chunk_bytes,
+                               frames=FrameSigner(sealer),
+                               partial_seconds=transport.partial_seconds,
+                               tls=transport.tls_options())
+    return Coordinator(job=job, transport=endpoint, sealer=sealer, timeout=timeout)
 
 
 MAX_RECOVERIES = 3

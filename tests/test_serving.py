@@ -230,6 +230,20 @@ def test_concurrent_single_row_requests_are_micro_batched(federation: Federation
     assert max(r.json()["rows_in_round"] for r in replies) > 1
 
 
+def test_a_session_that_cannot_open_stops_serve_model_with_one_line(
+        federation: Federation, capsys: pytest.CaptureFixture[str]) -> None:
+    bureau = federation.name("bureau")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("FEDBOOST_AMQP_URL", federation.url)
+        code = main(["serve-model", str(federation.runs), "--port", str(_free_port()),
+                     "--dataset", f"{bureau}=nowhere", "--timeout", "10"])
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"fedboost: error: party {bureau} has no data set 'nowhere' in its worker "
+                       f"file (it has: applicants)")
+    assert httpx.get(f"{federation.base}/healthz").status_code == 200  # the other goes on
+
+
 def test_a_passive_worker_that_is_down_gets_a_503_naming_it(federation: Federation) -> None:
     ids = _ids()[:3]
     telco = federation.workers["telco"]
