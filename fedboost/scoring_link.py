@@ -215,13 +215,13 @@ class ScoringLink:
     def _send_round(self, requests: list[_Request], ids: list[str]) -> None:
         self._number += 1
         task = f"{self.coordinator.session}/score_rows/r{self._number}"
-        body = ScoreRows(round=self._number, ids=ids, wait_seconds=self.plan.timeout)
+        body = ScoreRows(round=self._number, ids=ids, wait_seconds=float(self.plan.timeout))
         sealer = self.coordinator.sealer
-        try:
-            for party in self.plan.parties:
+        try:  # the active party last: it waits for the others' decisions anyway
+            for party in [*self.plan.passives, self.plan.active]:
                 env = Envelope(job=self.plan.job, task=task, sender=self.transport.name,
                                recipient=party, kind=MsgType.SCORE_ROWS, body=body)
-                self.transport.send(party, sealer.seal(env))
+                self.transport.send(party, sealer.seal(env), persistent=False)
         except MessageError as exc:
             for request in requests:
                 self._finish(request, ScoringFailure(503, f"cannot reach the parties: {exc}"))

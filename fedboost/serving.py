@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ def serve_model(args: argparse.Namespace) -> int:
     """Open the scoring session, serve HTTP until interrupted, close the session."""
     import uvicorn
 
+    from workers.runtime import SWITCH_INTERVAL
+
     from fedboost.scoring_api import ModelInfo, make_app
     from fedboost.scoring_link import ScoringLink, SessionPlan
     from flows._tasks import PartyError, StepTimeout, broker_coordinator
@@ -60,6 +63,9 @@ def serve_model(args: argparse.Namespace) -> int:
                        max_rows=args.round_rows, timeout=args.timeout)
     coordinator = broker_coordinator(config, plan.job, plan.timeout)
     link = ScoringLink(plan, coordinator, max_in_flight=args.in_flight)
+    # the HTTP thread and the link's thread hand requests and scores to each other: at
+    # Python's default a thread waits up to 5 ms for the other to give up the GIL
+    sys.setswitchinterval(SWITCH_INTERVAL)
     try:
         try:
             link.open()

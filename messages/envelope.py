@@ -112,6 +112,8 @@ class MsgType(IntEnum):
     SCORE_ROWS = 401
     ROWS_FOUND = 402
     SCORES = 403
+    ROUND_DECISIONS = 404
+    """A passive party's decisions for one scoring round (body ``Decisions``), to the active."""
 
 
 BODY_TYPES: dict[MsgType, type] = {
@@ -153,6 +155,7 @@ BODY_TYPES: dict[MsgType, type] = {
     MsgType.SCORE_ROWS: b.ScoreRows,
     MsgType.ROWS_FOUND: b.RowsFound,
     MsgType.SCORES: b.Scores,
+    MsgType.ROUND_DECISIONS: b.Decisions,
 }
 BODY_TYPES.update({
     MsgType.S_OPEN_JOB: s.OpenSimfl, MsgType.S_HASH_ROWS: s.Prepare,
@@ -186,6 +189,11 @@ UNRECORDED = frozenset({MsgType.SCORE_ROWS})
 (an fsync each): a scoring service sends thousands a second. Answering one again sends the
 same decisions to the same active party, which already has them; recent replays are still
 refused by their nonce, and after a worker restart the session they name is no longer open."""
+TRANSIENT = frozenset({MsgType.SCORE_ROWS, MsgType.ROUND_DECISIONS, MsgType.ROWS_FOUND,
+                       MsgType.SCORES})
+"""Kinds the broker need not write to disk: a scoring round is worth nothing after its timeout,
+and one lost with the broker is answered 503 and asked again (a persistent message waits for
+the broker's fsync: about 0.5 ms more per hop on loopback, and a long tail)."""
 COMMANDS = (STEP_COMMANDS | HORIZONTAL_STEPS | SIMFL_STEPS | OPENERS | UNRECORDED
             | {MsgType.RESUME_JOB, MsgType.S_HASH_ROWS})
 WORK = frozenset({MsgType.HISTOGRAM_SHARD, MsgType.TREE_CIPHERTEXTS})

@@ -472,14 +472,15 @@ class RabbitTransport:
 
     # ---- sending ----------------------------------------------------------------------------
 
-    def send(self, recipient: str, data: bytes) -> None:
-        """Deliver ``data`` to ``recipient``'s inbox (chunked if large).
+    def send(self, recipient: str, data: bytes, *, persistent: bool = True) -> None:
+        """Deliver ``data`` to ``recipient``'s inbox (chunked if large); ``persistent=False``:
+        never written to the broker's disk (lost if the broker restarts).
 
         A party's queue that does not exist yet is waited for (its worker may be starting); a
         flow run's queue that does not exist means the run is over, and the reply is dropped.
         """
         self._publish(queue_of(recipient), recipient, data,
-                      wait_for_queue=not recipient.startswith("flow."))
+                      wait_for_queue=not recipient.startswith("flow."), persistent=persistent)
 
     def submit_work(self, data: bytes, *, before_ack: bool = True) -> None:
         """Queue a shard of work for this party's helper processes; returns at once (a thread
@@ -519,13 +520,13 @@ class RabbitTransport:
                                            before_ack=before_ack))
 
     def _publish(self, queue: str, recipient: str, data: bytes, *,
-                 wait_for_queue: bool) -> None:
+                 wait_for_queue: bool, persistent: bool = True) -> None:
         if not isinstance(data, bytes):
             raise TypeError("transports carry bytes only")
         if len(data) > self.max_message_bytes:
             raise TransportError(f"{self.name}: message of {len(data)} bytes to {recipient} "
                                  f"exceeds the {self.max_message_bytes}-byte limit")
-        chunks = chunk_messages(queue, data, self.chunk_bytes)
+        chunks = chunk_messages(queue, data, self.chunk_bytes, persistent=persistent)
         if len(chunks) > 1 and self.frames is not None:
             first = chunks[0][2]
             signed = self.frames.headers(Manifest(first.message_id, first.headers["fb-sha256"],

@@ -26,8 +26,9 @@ class Transport(Protocol):
 
     name: str
 
-    def send(self, recipient: str, data: bytes) -> None:
-        """Deliver ``data`` to ``recipient``'s inbox."""
+    def send(self, recipient: str, data: bytes, *, persistent: bool = True) -> None:
+        """Deliver ``data`` to ``recipient``'s inbox (``persistent=False``: a broker need not
+        keep it across its own restart)."""
 
     def receive(self, timeout: float) -> bytes | None:
         """Next message for this process, or None after ``timeout`` seconds."""
@@ -122,8 +123,8 @@ class MemoryTransport:
         self._source = work if helper else inboxes[name]
         self._n_helpers = n_helpers
 
-    def send(self, recipient: str, data: bytes) -> None:
-        """Put ``data`` in the recipient's inbox."""
+    def send(self, recipient: str, data: bytes, *, persistent: bool = True) -> None:
+        """Put ``data`` in the recipient's inbox (in memory: every message is transient)."""
         try:
             inbox = self._inboxes[recipient]
         except KeyError:

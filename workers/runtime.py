@@ -29,7 +29,8 @@ from boosting import BoostingError
 from crypto import CryptoError
 from messages import DecodeError, MessageError
 from messages.bodies import ErrorReply
-from messages.envelope import COMMANDS, OPENERS, UNRECORDED, WORK, Envelope, MsgType
+from messages.envelope import (COMMANDS, OPENERS, TRANSIENT, UNRECORDED, WORK, Envelope,
+                               MsgType)
 from messages.signing import CLOCK_SKEW_SECONDS, Sealer, is_flow
 from messages.transport import Transport
 from workers import DataError, NotReady, ProtocolError
@@ -203,7 +204,8 @@ class Protocol:
 def _mail_key(env: Envelope) -> MailKey:
     tree = getattr(env.body, "tree", -1)
     depth = getattr(env.body, "depth", -1)
-    if env.kind in (MsgType.DECISIONS, MsgType.DECISION_REQUEST, MsgType.PATH_DECISIONS):
+    if env.kind in (MsgType.DECISIONS, MsgType.DECISION_REQUEST, MsgType.PATH_DECISIONS,
+                    MsgType.ROUND_DECISIONS):
         tree = env.body.batch
     if env.kind == MsgType.PSI_POINTS:
         depth = env.body.stage
@@ -561,7 +563,10 @@ class Worker:
         def send(recipient: str, kind: MsgType, body: Any, task: str) -> None:
             env = Envelope(job=job, task=task, sender=self.party.name, recipient=recipient,
                            kind=kind, body=body)
-            self.transport.send(recipient, self.sealer.seal(env))
+            if kind in TRANSIENT:
+                self.transport.send(recipient, self.sealer.seal(env), persistent=False)
+            else:
+                self.transport.send(recipient, self.sealer.seal(env))
         return send
 
     def _reply(self, env: Envelope, kind: MsgType, body: Any) -> None:

@@ -137,18 +137,33 @@ def evaluate_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         ctx.mailbox.require((MsgType.ALIGNED_ROWS, state.active, -1, -1))
         receive_alignment(ctx)
     x = score_x(state)[state.batch_rows(body.tree)]
-    ctx.send(state.active, MsgType.DECISIONS, all_decisions(lookup_records(state), x, body.tree))
+    table = LookupArrays.of(lookup_records(state))
+    ctx.send(state.active, MsgType.DECISIONS, table.decisions(x, body.tree))
     return MsgType.ACK, Ack(count=int(x.shape[0]))
 
 
-def all_decisions(records: dict[int, LookupRecord], x: np.ndarray, batch: int) -> Decisions:
-    """Every record's decision on every row of ``x`` (own features), bit-packed record-major."""
-    ids = sorted(records)
-    bits = goes_left_table(x, np.array([records[r].feature for r in ids], dtype=np.int64),
-                           np.array([records[r].threshold for r in ids], dtype=np.float64),
-                           np.array([records[r].missing_left for r in ids], dtype=bool))
-    return Decisions(batch=batch, records=ids, n_rows=int(x.shape[0]),
-                     bits=np.packbits(bits).tobytes())
+@dataclass(frozen=True, slots=True)
+class LookupArrays:
+    """A lookup table as arrays (records in id order), to decide all of them on many rows."""
+
+    records: list[int]
+    features: np.ndarray
+    thresholds: np.ndarray
+    missing_left: np.ndarray
+
+    @classmethod
+    def of(cls, records: dict[int, LookupRecord]) -> LookupArrays:
+        ids = sorted(records)
+        return cls(ids, np.array([records[r].feature for r in ids], dtype=np.int64),
+                   np.array([records[r].threshold for r in ids], dtype=np.float64),
+                   np.array([records[r].missing_left for r in ids], dtype=bool))
+
+    def decisions(self, x: np.ndarray, batch: int) -> Decisions:
+        """Every record's decision on every row of ``x`` (own features), bit-packed
+        record-major."""
+        bits = goes_left_table(x, self.features, self.thresholds, self.missing_left)
+        return Decisions(batch=batch, records=self.records, n_rows=int(x.shape[0]),
+                         bits=np.packbits(bits).tobytes())
 
 
 def model_of(state: JobState) -> Model:

@@ -32,8 +32,8 @@ from workers.data import PartyData, load_party_csv
 from workers.policy import PolicyError
 from workers.runtime import StepContext
 from workers.state import JobState
-from workers.vertical.passive import LookupRecord, lookup_from_dict
-from workers.vertical.scoring import all_decisions, decision_bits, model_folder
+from workers.vertical.passive import lookup_from_dict
+from workers.vertical.scoring import LookupArrays, decision_bits, model_folder
 
 STALE_ROUNDS = 256
 """Decisions of rounds this far behind the one being finished are dropped (their round was
@@ -57,7 +57,7 @@ class RowIndex:
 class PassiveSession:
     """A passive party's lookup table and rows, for the session's lifetime."""
 
-    records: dict[int, LookupRecord]
+    table: LookupArrays
     index: RowIndex
     max_rows: int
 
@@ -109,7 +109,8 @@ def open_scoring(ctx: StepContext, body: OpenScoring) -> tuple[MsgType, Any]:
         except (OSError, ValueError, KeyError) as exc:
             raise DataError(f"party {me}: cannot read {path}: {exc}") from None
         index = _index(me, own.path, data, expected)
-        role_state = PassiveSession(records=records, index=index, max_rows=body.max_rows)
+        role_state = PassiveSession(table=LookupArrays.of(records), index=index,
+                                    max_rows=body.max_rows)
     state = JobState(kind="score", party=me, active=actives[0], passives=passives, data=data,
                      data_file=own.path)
     state.role_state = role_state
@@ -182,8 +183,8 @@ def score_rows_passive(ctx: StepContext, body: ScoreRows) -> tuple[MsgType, Any]
     if unknown:  # the active party must not wait for decisions that will not come
         decisions = Decisions(batch=body.round, records=[], n_rows=0, bits=b"")
     else:
-        decisions = all_decisions(run.records, run.index.x[rows], body.round)
-    ctx.send(state.active, MsgType.DECISIONS, decisions)
+        decisions = run.table.decisions(run.index.x[rows], body.round)
+    ctx.send(state.active, MsgType.ROUND_DECISIONS, decisions)
     return MsgType.ROWS_FOUND, RowsFound(round=body.round, unknown=unknown)
 
 
@@ -192,7 +193,8 @@ def score_rows_active(ctx: StepContext, body: ScoreRows) -> tuple[MsgType, Any]:
     state, run = _session(ctx, ActiveSession)
     _check_round(body, run.max_rows)
     _await_decisions(ctx, state, run, body)
-    received = {p: ctx.mailbox.take(MsgType.DECISIONS, p, body.round) for p in state.passives}
+    received = {p: ctx.mailbox.take(MsgType.ROUND_DECISIONS, p, body.round)
+                for p in state.passives}
     _drop_stale(ctx, body.round)
     rows, unknown = run.index.find(body.ids)
     incomplete = sorted(p for p, msg in received.items() if msg.n_rows == 0)
@@ -215,7 +217,7 @@ def score_rows_active(ctx: StepContext, body: ScoreRows) -> tuple[MsgType, Any]:
 def _await_decisions(ctx: StepContext, state: JobState, run: ActiveSession,
                      body: ScoreRows) -> None:
     """Wait (``NotReady``) for every passive party's decisions, at most ``wait_seconds``."""
-    keys = [(MsgType.DECISIONS, p, body.round, -1) for p in state.passives]
+    keys = [(MsgType.ROUND_DECISIONS, p, body.round, -1) for p in state.passives]
     missing = [k[1] for k in keys if not ctx.mailbox.items.get(k)]
     if not missing:
         run.waiting.pop(body.round, None)
@@ -239,7 +241,7 @@ def _record_rows(passive: str, sent: list[int], needed: np.ndarray) -> np.ndarra
 
 def _drop_stale(ctx: StepContext, current: int) -> None:
     for key in [k for k in ctx.mailbox.items
-                if k[0] == MsgType.DECISIONS and k[2] < current - STALE_ROUNDS]:
+                if k[0] == MsgType.ROUND_DECISIONS and k[2] < current - STALE_ROUNDS]:
         while ctx.mailbox.items.get(key):
             ctx.mailbox.take(*key)
 
