@@ -140,11 +140,12 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _service(work: Path, run: Path, url: str, case: str) -> Iterator[str]:
+def _service(work: Path, run: Path, url: str, case: str, in_flight: int = 2) -> Iterator[str]:
     port = _free_port()
     log = work / f"serve-{case}.log"
     proc = subprocess.Popen([*FEDBOOST, "serve-model", str(run), "--port", str(port),
-                             "--max-ids", str(BATCH), "--round-rows", "4096"],
+                             "--max-ids", str(BATCH), "--round-rows", "4096",
+                             "--in-flight", str(in_flight)],
                             stdout=log.open("w"), stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONPATH": str(REPO), "FEDBOOST_AMQP_URL": url},
                             cwd=work)
@@ -236,6 +237,8 @@ def main() -> None:
     parser.add_argument("--singles", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--in-flight", type=int, default=2,
+                        help="serve-model --in-flight: scoring rounds out at once")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = (args.work or Path(tmp)).resolve()
@@ -269,7 +272,7 @@ def run_cases(work: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]
         files = _worker_files(work, args.url, bits, [job["protocol"]])
         with _workers(work, files, args.url):
             run = _train(work, case, job, args.url)
-            with _service(work, run, args.url, case) as base:
+            with _service(work, run, args.url, case, args.in_flight) as base:
                 results[case] = _measure(base, ids, args)
         print(f"{case}: {results[case]}", flush=True)
     return results

@@ -98,9 +98,23 @@ def goes_left_table(x: FloatArray, features: IntArray, thresholds: FloatArray,
                     missing_left: np.ndarray) -> np.ndarray:
     """Many lookup records on many rows at once: records x rows, True where row ``i`` goes
     left at record ``r`` (feature ``features[r]`` of ``x``, rows x features)."""
-    values = x[:, features].T
+    values = np.ascontiguousarray(x.T)[features]  # records x rows, each record's row contiguous
     with np.errstate(invalid="ignore"):
-        return np.where(np.isnan(values), missing_left[:, None], values <= thresholds[:, None])
+        left = values <= thresholds[:, None]  # a missing value compares False: right
+    ask = np.flatnonzero(missing_left)
+    left[ask] |= np.isnan(values[ask])
+    return left
+
+
+def goes_left_rows(x: FloatArray, features: IntArray, thresholds: FloatArray,
+                   missing_left: np.ndarray) -> np.ndarray:
+    """The same decisions laid out rows x records (a row's decisions side by side)."""
+    values = x[:, features]
+    with np.errstate(invalid="ignore"):
+        left = values <= thresholds
+    ask = np.flatnonzero(missing_left)
+    left[:, ask] |= np.isnan(values[:, ask])
+    return left
 
 
 def split_threshold(cuts: FloatArray, bin_threshold: int) -> float:

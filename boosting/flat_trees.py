@@ -2,7 +2,7 @@
 
 ``Model.raw_predict`` walks node by node, one numpy call per node: fine for a scores file,
 too slow for a scoring service (a forest of 50 trees of depth 10 has tens of thousands of
-nodes). Here every internal node gets a column of a decision matrix (node x row, True = left),
+nodes). Here every internal node gets a column of a decision matrix (row x node, True = left),
 and all (row, tree) pairs move down one level per step: ``depth`` steps in all. The margins
 add the trees' leaf values in tree order onto the base score, exactly as ``raw_predict`` does,
 so both give the same floats; ``Model.finish`` turns them into predictions for either ensemble.
@@ -23,12 +23,13 @@ class FlatTrees:
     """Every node of every tree, numbered globally (tree after tree)."""
 
     left: IntArray
-    """Global index of the left child (-1 for leaves)."""
+    """Global index of the left child; a leaf's children are the leaf itself, so rows that
+    reached it stay whatever they read."""
     right: IntArray
     value: FloatArray
     """Leaf value (0 for internal nodes)."""
     column: IntArray
-    """Row of the decision matrix this internal node reads (-1 for leaves)."""
+    """Column of the decision matrix the node reads (leaves: 0, read in vain)."""
     roots: IntArray
     """Global index of each tree's root."""
     outputs: IntArray
@@ -55,9 +56,9 @@ def flatten(model: Model) -> FlatTrees:
         level = {tree.nodes[0].id: 0}
         for node in tree.nodes:  # parents before children
             if node.is_leaf:
-                left.append(-1)
-                right.append(-1)
-                column.append(-1)
+                left.append(len(left))
+                right.append(len(right))
+                column.append(0)
             else:
                 left.append(index[node.left])
                 right.append(index[node.right])
@@ -77,20 +78,19 @@ def flatten(model: Model) -> FlatTrees:
 def route(flat: FlatTrees, goes_left: np.ndarray) -> IntArray:
     """The leaf (global index) each row reaches in each tree: rows x trees.
 
-    ``goes_left`` is internal nodes x rows (``flat.internal`` order), True where the row goes
-    left at that node.
+    ``goes_left`` is rows x internal nodes (``flat.internal`` order), True where the row goes
+    left at that node: each row's decisions side by side, so a row's steps through all trees
+    read one small block of memory.
     """
-    n_rows = goes_left.shape[1]
-    rows = np.arange(n_rows)[:, None]
+    n_rows, n_columns = goes_left.shape
     position = np.broadcast_to(flat.roots, (n_rows, flat.roots.size)).copy()
-    for _ in range(flat.depth):
-        column = flat.column[position]
-        inner = column >= 0
-        if not inner.any():
-            break
-        left = goes_left[np.where(inner, column, 0), rows]
-        position = np.where(inner, np.where(left, flat.left[position], flat.right[position]),
-                            position)
+    if n_columns == 0:  # every tree is a single leaf
+        return position
+    decisions = np.ascontiguousarray(goes_left).reshape(-1)
+    row_start = (np.arange(n_rows, dtype=np.int64) * n_columns)[:, None]
+    for _ in range(flat.depth):  # flat 1-D gathers: much faster than 2-D fancy indexing
+        left = decisions.take(row_start + flat.column.take(position))
+        position = np.where(left, flat.left.take(position), flat.right.take(position))
     return position
 
 

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from boosting.binning import goes_left_raw, goes_left_table
+from boosting.binning import goes_left_raw, goes_left_rows, goes_left_table
 from boosting.flat_trees import flatten, margins, route
 from boosting.tree import Model, raw_decider
 from tests.scenarios import config_with, train_centralized
@@ -17,7 +17,7 @@ from tests.scenarios import config_with, train_centralized
 def _goes_left(model: Model, columns: dict[str, np.ndarray]) -> np.ndarray:
     flat = flatten(model)
     return np.array([goes_left_raw(columns[n.owner][:, n.feature], n.threshold, n.missing_left)
-                     for n in flat.internal]).reshape(len(flat.internal), -1)
+                     for n in flat.internal]).reshape(len(flat.internal), -1).T
 
 
 @pytest.mark.parametrize("name, params", [
@@ -59,3 +59,4 @@ def test_a_table_of_decisions_equals_one_decision_at_a_time() -> None:
     for r in range(4):
         assert np.array_equal(table[r], goes_left_raw(x[:, features[r]], thresholds[r],
                                                       bool(missing_left[r])))
+    assert np.array_equal(goes_left_rows(x, features, thresholds, missing_left), table.T)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from boosting.binning import goes_left_table
+from boosting.binning import goes_left_rows
 from boosting.flat_trees import FlatTrees, flatten, margins, route
 from boosting.tree import Model, load_model
 from messages.bodies import (MAX_SCORING_ROWS, Ack, Decisions, OpenScoring, RowsFound, Scores,
@@ -202,13 +202,13 @@ def score_rows_active(ctx: StepContext, body: ScoreRows) -> tuple[MsgType, Any]:
     if unknown or incomplete:
         return MsgType.SCORES, Scores(body.round, n_outputs, b"", unknown, incomplete)
     x = run.index.x[rows]
-    goes_left = np.empty((len(run.flat.internal), len(body.ids)), dtype=bool)
-    goes_left[run.own_nodes] = goes_left_table(x, run.own_features, run.own_thresholds,
-                                               run.own_missing_left)
+    goes_left = np.empty((len(body.ids), len(run.flat.internal)), dtype=bool)
+    goes_left[:, run.own_nodes] = goes_left_rows(x, run.own_features, run.own_thresholds,
+                                                 run.own_missing_left)
     for passive, msg in received.items():
         nodes, records = run.passive_nodes[passive]
-        goes_left[nodes] = decision_bits(passive, msg, len(body.ids))[
-            _record_rows(passive, msg.records, records)]
+        bits = decision_bits(passive, msg, len(body.ids))  # records x rows, as sent
+        goes_left[:, nodes] = bits[_record_rows(passive, msg.records, records)].T
     margin = margins(run.model, run.flat, route(run.flat, goes_left))
     values = run.model.finish(margin).astype("<f8").tobytes()
     return MsgType.SCORES, Scores(body.round, n_outputs, values, [], [])
