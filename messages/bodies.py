@@ -438,6 +438,19 @@ class ScoreRows:
 
 
 @dataclass(frozen=True, slots=True)
+class RoundDecisions:
+    """A passive party's decisions for one scoring round, to the active party: ``records``
+    are its lookup record ids (uint32 little-endian, ascending: bytes, not a list, so a forest's
+    thousands of records cost no per-item decoding), bit ``r * n_rows + i`` row i at record r;
+    no records and no rows when it could not score the round (an unknown id)."""
+
+    round: int
+    records: bytes
+    n_rows: int
+    bits: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class RowsFound:
     """A passive party's reply to ``ScoreRows``: the positions (in the round's ids) of ids it
     has no row for; empty when its decisions went to the active party."""

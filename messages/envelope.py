@@ -113,7 +113,7 @@ class MsgType(IntEnum):
     ROWS_FOUND = 402
     SCORES = 403
     ROUND_DECISIONS = 404
-    """A passive party's decisions for one scoring round (body ``Decisions``), to the active."""
+    """A passive party's decisions for one scoring round, to the active party."""
 
 
 BODY_TYPES: dict[MsgType, type] = {
@@ -155,7 +155,7 @@ BODY_TYPES: dict[MsgType, type] = {
     MsgType.SCORE_ROWS: b.ScoreRows,
     MsgType.ROWS_FOUND: b.RowsFound,
     MsgType.SCORES: b.Scores,
-    MsgType.ROUND_DECISIONS: b.Decisions,
+    MsgType.ROUND_DECISIONS: b.RoundDecisions,
 }
 BODY_TYPES.update({
     MsgType.S_OPEN_JOB: s.OpenSimfl, MsgType.S_HASH_ROWS: s.Prepare,

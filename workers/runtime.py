@@ -204,9 +204,10 @@ class Protocol:
 def _mail_key(env: Envelope) -> MailKey:
     tree = getattr(env.body, "tree", -1)
     depth = getattr(env.body, "depth", -1)
-    if env.kind in (MsgType.DECISIONS, MsgType.DECISION_REQUEST, MsgType.PATH_DECISIONS,
-                    MsgType.ROUND_DECISIONS):
+    if env.kind in (MsgType.DECISIONS, MsgType.DECISION_REQUEST, MsgType.PATH_DECISIONS):
         tree = env.body.batch
+    if env.kind == MsgType.ROUND_DECISIONS:
+        tree = env.body.round
     if env.kind == MsgType.PSI_POINTS:
         depth = env.body.stage
     return (env.kind, env.sender, tree, depth)

@@ -72,6 +72,12 @@ SAMPLES = {
     MsgType.TREE_CIPHERTEXTS: b.TreeCiphertexts(1, 0, 2, b"\x05", b"\x02" * 24),
     MsgType.DECISION_REQUEST: b.DecisionRequest(0, 2, b"\x01\0\0\0", b"\x07\0\0\0"),
     MsgType.PATH_DECISIONS: b.PathDecisions(0, 2, 1, b"\x80"),
+    MsgType.OPEN_SCORING: b.OpenScoring([b.PartyInfo("g", "active", "applicants")], "trained",
+                                        4096, "vertical_secureboost"),
+    MsgType.SCORE_ROWS: b.ScoreRows(7, ["25115", "2346"], 10.0),
+    MsgType.ROUND_DECISIONS: b.RoundDecisions(7, b"\x01\0\0\0", 2, b"\x80"),
+    MsgType.ROWS_FOUND: b.RowsFound(7, [1]),
+    MsgType.SCORES: b.Scores(7, 1, b"\0" * 16, [], []),
 }
 
 

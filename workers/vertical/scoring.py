@@ -188,8 +188,8 @@ def finish_traversal(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     received: dict[str, tuple[dict[int, int], np.ndarray]] = {}
     for passive in state.passives:
         msg: Decisions = ctx.mailbox.take(MsgType.DECISIONS, passive, body.tree)
-        received[passive] = ({r: k for k, r in enumerate(msg.records)},
-                             decision_bits(passive, msg, n))
+        received[passive] = ({r: k for k, r in enumerate(msg.records)}, decision_bits(
+            passive, msg.bits, len(msg.records), msg.n_rows, n, body.tree))
 
     def decide(node: TreeNode, rows: np.ndarray) -> np.ndarray:
         if node.owner == state.party:
@@ -203,12 +203,14 @@ def finish_traversal(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=n)
 
 
-def decision_bits(passive: str, msg: Decisions, n: int) -> np.ndarray:
-    """A passive party's decisions as a records x rows boolean matrix, checked for shape."""
-    if msg.n_rows != n or len(msg.bits) != (len(msg.records) * n + 7) // 8:
-        raise ProtocolError(f"{passive} sent decisions of the wrong shape for batch {msg.batch}")
-    bits = np.unpackbits(np.frombuffer(msg.bits, dtype=np.uint8), count=len(msg.records) * n)
-    return bits.reshape(len(msg.records), n).astype(bool)
+def decision_bits(passive: str, packed: bytes, n_records: int, n_rows: int, n: int,
+                  batch: int) -> np.ndarray:
+    """A passive party's decisions on ``n`` rows as a records x rows boolean matrix, checked
+    for shape (``n_rows`` and the bytes are what it sent)."""
+    if n_rows != n or len(packed) != (n_records * n + 7) // 8:
+        raise ProtocolError(f"{passive} sent decisions of the wrong shape for batch {batch}")
+    bits = np.unpackbits(np.frombuffer(packed, dtype=np.uint8), count=n_records * n)
+    return bits.reshape(n_records, n).astype(bool)
 
 
 def store_margin(state: JobState, batch: slice, margin: np.ndarray) -> None:

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from boosting.binning import goes_left_rows
+from boosting.binning import goes_left_rows, goes_left_table
 from boosting.flat_trees import FlatTrees, flatten, margins, route
 from boosting.tree import Model, load_model
-from messages.bodies import (MAX_SCORING_ROWS, Ack, Decisions, OpenScoring, RowsFound, Scores,
-                             ScoreRows)
+from messages.bodies import (MAX_SCORING_ROWS, Ack, OpenScoring, RoundDecisions, RowsFound,
+                             Scores, ScoreRows)
 from messages.envelope import MsgType
 from workers import DataError, ProtocolError, StageError
 from workers.data import PartyData, load_party_csv
@@ -58,6 +58,8 @@ class PassiveSession:
     """A passive party's lookup table and rows, for the session's lifetime."""
 
     table: LookupArrays
+    records: bytes
+    """The table's record ids as every round sends them (uint32 little-endian)."""
     index: RowIndex
     max_rows: int
 
@@ -109,8 +111,9 @@ def open_scoring(ctx: StepContext, body: OpenScoring) -> tuple[MsgType, Any]:
         except (OSError, ValueError, KeyError) as exc:
             raise DataError(f"party {me}: cannot read {path}: {exc}") from None
         index = _index(me, own.path, data, expected)
-        role_state = PassiveSession(table=LookupArrays.of(records), index=index,
-                                    max_rows=body.max_rows)
+        table = LookupArrays.of(records)
+        role_state = PassiveSession(table=table, index=index, max_rows=body.max_rows,
+                                    records=np.array(table.records, dtype="<u4").tobytes())
     state = JobState(kind="score", party=me, active=actives[0], passives=passives, data=data,
                      data_file=own.path)
     state.role_state = role_state
@@ -181,9 +184,13 @@ def score_rows_passive(ctx: StepContext, body: ScoreRows) -> tuple[MsgType, Any]
     _check_round(body, run.max_rows)
     rows, unknown = run.index.find(body.ids)
     if unknown:  # the active party must not wait for decisions that will not come
-        decisions = Decisions(batch=body.round, records=[], n_rows=0, bits=b"")
+        decisions = RoundDecisions(round=body.round, records=b"", n_rows=0, bits=b"")
     else:
-        decisions = run.table.decisions(run.index.x[rows], body.round)
+        table = run.table
+        bits = goes_left_table(run.index.x[rows], table.features, table.thresholds,
+                               table.missing_left)
+        decisions = RoundDecisions(round=body.round, records=run.records, n_rows=len(rows),
+                                   bits=np.packbits(bits).tobytes())
     ctx.send(state.active, MsgType.ROUND_DECISIONS, decisions)
     return MsgType.ROWS_FOUND, RowsFound(round=body.round, unknown=unknown)
 
@@ -207,8 +214,10 @@ def score_rows_active(ctx: StepContext, body: ScoreRows) -> tuple[MsgType, Any]:
                                                  run.own_missing_left)
     for passive, msg in received.items():
         nodes, records = run.passive_nodes[passive]
-        bits = decision_bits(passive, msg, len(body.ids))  # records x rows, as sent
-        goes_left[:, nodes] = bits[_record_rows(passive, msg.records, records)].T
+        sent = _sent_records(passive, msg)
+        bits = decision_bits(passive, msg.bits, sent.size, msg.n_rows, len(body.ids),
+                             body.round)  # records x rows, as sent
+        goes_left[:, nodes] = bits[_record_rows(passive, sent, records)].T
     margin = margins(run.model, run.flat, route(run.flat, goes_left))
     values = run.model.finish(margin).astype("<f8").tobytes()
     return MsgType.SCORES, Scores(body.round, n_outputs, values, [], [])
@@ -230,9 +239,15 @@ def _await_decisions(ctx: StepContext, state: JobState, run: ActiveSession,
     ctx.mailbox.require(*keys)
 
 
-def _record_rows(passive: str, sent: list[int], needed: np.ndarray) -> np.ndarray:
-    """Where each needed lookup record is among the records a passive party sent."""
-    order = np.asarray(sent, dtype=np.int64)
+def _sent_records(passive: str, msg: RoundDecisions) -> np.ndarray:
+    if len(msg.records) % 4:
+        raise ProtocolError(f"{passive} sent record ids of {len(msg.records)} bytes")
+    return np.frombuffer(msg.records, dtype="<u4").astype(np.int64)
+
+
+def _record_rows(passive: str, order: np.ndarray, needed: np.ndarray) -> np.ndarray:
+    """Where each needed lookup record is among the (ascending) records a passive party
+    sent."""
     at = np.searchsorted(order, needed)
     if at.size and (at.max() >= order.size or not np.array_equal(order[at], needed)):
         raise ProtocolError(f"{passive} sent no decision for some of its records")
