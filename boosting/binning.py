@@ -106,17 +106,6 @@ def goes_left_table(x: FloatArray, features: IntArray, thresholds: FloatArray,
     return left
 
 
-def goes_left_rows(x: FloatArray, features: IntArray, thresholds: FloatArray,
-                   missing_left: np.ndarray) -> np.ndarray:
-    """The same decisions laid out rows x records (a row's decisions side by side)."""
-    values = x[:, features]
-    with np.errstate(invalid="ignore"):
-        left = values <= thresholds
-    ask = np.flatnonzero(missing_left)
-    left[:, ask] |= np.isnan(values[:, ask])
-    return left
-
-
 def split_threshold(cuts: FloatArray, bin_threshold: int) -> float:
     """Raw threshold equivalent to "bin <= bin_threshold" (bins past the last cut are empty)."""
     return float(cuts[min(bin_threshold, cuts.size - 1)])

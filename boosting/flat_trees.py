@@ -75,12 +75,41 @@ def flatten(model: Model) -> FlatTrees:
                      internal=tuple(internal), depth=depth)
 
 
-def route(flat: FlatTrees, goes_left: np.ndarray) -> IntArray:
+@dataclass(frozen=True, slots=True)
+class OwnSplits:
+    """The splits one party decides on its own raw rows, by global node index (feature -1:
+    another party's node, or a leaf)."""
+
+    feature: IntArray
+    threshold: FloatArray
+    missing_left: np.ndarray
+
+    @classmethod
+    def of(cls, flat: FlatTrees, owner: str) -> OwnSplits:
+        """``owner``'s nodes of ``flat`` (none for an empty name: every decision is given)."""
+        feature = np.full(flat.left.size, -1, dtype=np.int64)
+        threshold = np.zeros(flat.left.size)
+        missing_left = np.zeros(flat.left.size, dtype=bool)
+        inner = np.flatnonzero(flat.column >= 0)
+        inner = inner[flat.left[inner] != inner]  # leaves point at themselves
+        for index in inner:
+            node = flat.internal[flat.column[index]]
+            if owner and node.owner == owner:
+                feature[index] = node.feature
+                threshold[index] = node.threshold
+                missing_left[index] = node.missing_left
+        return cls(feature, threshold, missing_left)
+
+
+def route(flat: FlatTrees, goes_left: np.ndarray, own: OwnSplits | None = None,
+          x: FloatArray | None = None) -> IntArray:
     """The leaf (global index) each row reaches in each tree: rows x trees.
 
     ``goes_left`` is rows x internal nodes (``flat.internal`` order), True where the row goes
     left at that node: each row's decisions side by side, so a row's steps through all trees
-    read one small block of memory.
+    read one small block of memory. With ``own`` and the raw rows ``x``, the nodes of ``own``
+    are decided on ``x`` only where rows reach them (their columns of ``goes_left`` are not
+    read): a party that walks the trees need not decide every node of its own on every row.
     """
     n_rows, n_columns = goes_left.shape
     position = np.broadcast_to(flat.roots, (n_rows, flat.roots.size)).copy()
@@ -88,8 +117,18 @@ def route(flat: FlatTrees, goes_left: np.ndarray) -> IntArray:
         return position
     decisions = np.ascontiguousarray(goes_left).reshape(-1)
     row_start = (np.arange(n_rows, dtype=np.int64) * n_columns)[:, None]
+    values = None if x is None else np.ascontiguousarray(x)
     for _ in range(flat.depth):  # flat 1-D gathers: much faster than 2-D fancy indexing
         left = decisions.take(row_start + flat.column.take(position))
+        if own is not None and values is not None:
+            feature = own.feature.take(position)
+            mine = feature >= 0
+            value = values.reshape(-1).take(
+                np.arange(n_rows)[:, None] * values.shape[1] + np.maximum(feature, 0))
+            with np.errstate(invalid="ignore"):
+                own_left = value <= own.threshold.take(position)
+            own_left |= np.isnan(value) & own.missing_left.take(position)
+            left = np.where(mine, own_left, left)
         position = np.where(left, flat.left.take(position), flat.right.take(position))
     return position
 

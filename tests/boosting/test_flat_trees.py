@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from boosting.binning import goes_left_raw, goes_left_rows, goes_left_table
-from boosting.flat_trees import flatten, margins, route
+from boosting.binning import goes_left_raw, goes_left_table
+from boosting.flat_trees import OwnSplits, flatten, margins, route
 from boosting.tree import Model, raw_decider
 from tests.scenarios import config_with, train_centralized
 
@@ -35,6 +35,14 @@ def test_flat_routing_gives_raw_predicts_margins_exactly(name: str, params: dict
     assert np.array_equal(got, model.raw_predict(raw_decider(columns), n))
     forest = dataclasses.replace(model, ensemble="forest")  # the same trees, summed as a forest
     assert np.array_equal(forest.finish(got), forest.raw_predict(raw_decider(columns), n))
+    # a party deciding its own nodes as rows reach them: its columns are never read
+    owner = joined.blocks[0].owner
+    others = _goes_left(model, columns)
+    mine = np.array([n.owner == owner for n in flat.internal])
+    assert mine.any() and not mine.all()
+    others[:, mine] = ~others[:, mine]  # wrong on purpose
+    leaves = route(flat, others, OwnSplits.of(flat, owner), columns[owner])
+    assert np.array_equal(margins(model, flat, leaves), got)
 
 
 def _depths(model: Model) -> list[int]:
@@ -59,4 +67,3 @@ def test_a_table_of_decisions_equals_one_decision_at_a_time() -> None:
     for r in range(4):
         assert np.array_equal(table[r], goes_left_raw(x[:, features[r]], thresholds[r],
                                                       bool(missing_left[r])))
-    assert np.array_equal(goes_left_rows(x, features, thresholds, missing_left), table.T)

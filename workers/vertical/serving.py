@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from boosting.binning import goes_left_rows, goes_left_table
-from boosting.flat_trees import FlatTrees, flatten, margins, route
+from boosting.binning import goes_left_table
+from boosting.flat_trees import FlatTrees, OwnSplits, flatten, margins, route
 from boosting.tree import Model, load_model
 from messages.bodies import (MAX_SCORING_ROWS, Ack, OpenScoring, RoundDecisions, RowsFound,
                              Scores, ScoreRows)
@@ -72,12 +72,8 @@ class ActiveSession:
     flat: FlatTrees
     index: RowIndex
     max_rows: int
-    own_nodes: np.ndarray
-    """Decision rows (``flat.internal`` order) of the nodes this party owns, and their
-    features, thresholds and missing-value directions."""
-    own_features: np.ndarray
-    own_thresholds: np.ndarray
-    own_missing_left: np.ndarray
+    own: OwnSplits
+    """The nodes this party owns: decided on its rows as the rows reach them."""
     passive_nodes: dict[str, tuple[np.ndarray, np.ndarray]]
     """Per passive party: decision rows of its nodes and their lookup record ids."""
     waiting: dict[int, float] = field(default_factory=dict)
@@ -150,20 +146,14 @@ def _active_session(me: str, model: Model, index: RowIndex, passives: list[str],
     if strangers:
         raise ProtocolError(f"party {me}: the model has nodes of {', '.join(strangers)}, which "
                             f"the session does not name")
-    own = [k for k, node in enumerate(flat.internal) if node.owner == me]
     nodes = flat.internal
     passive_nodes = {}
     for passive in passives:
         mine = [k for k, node in enumerate(nodes) if node.owner == passive]
         passive_nodes[passive] = (np.array(mine, dtype=np.int64),
                                   np.array([nodes[k].record_id for k in mine], dtype=np.int64))
-    return ActiveSession(
-        model=model, flat=flat, index=index, max_rows=max_rows,
-        own_nodes=np.array(own, dtype=np.int64),
-        own_features=np.array([nodes[k].feature for k in own], dtype=np.int64),
-        own_thresholds=np.array([nodes[k].threshold for k in own], dtype=np.float64),
-        own_missing_left=np.array([nodes[k].missing_left for k in own], dtype=bool),
-        passive_nodes=passive_nodes)
+    return ActiveSession(model=model, flat=flat, index=index, max_rows=max_rows,
+                         own=OwnSplits.of(flat, me), passive_nodes=passive_nodes)
 
 
 def _session(ctx: StepContext, kind: type) -> tuple[JobState, Any]:
@@ -209,16 +199,14 @@ def score_rows_active(ctx: StepContext, body: ScoreRows) -> tuple[MsgType, Any]:
     if unknown or incomplete:
         return MsgType.SCORES, Scores(body.round, n_outputs, b"", unknown, incomplete)
     x = run.index.x[rows]
-    goes_left = np.empty((len(body.ids), len(run.flat.internal)), dtype=bool)
-    goes_left[:, run.own_nodes] = goes_left_rows(x, run.own_features, run.own_thresholds,
-                                                 run.own_missing_left)
+    goes_left = np.zeros((len(body.ids), len(run.flat.internal)), dtype=bool)
     for passive, msg in received.items():
         nodes, records = run.passive_nodes[passive]
         sent = _sent_records(passive, msg)
         bits = decision_bits(passive, msg.bits, sent.size, msg.n_rows, len(body.ids),
                              body.round)  # records x rows, as sent
         goes_left[:, nodes] = bits[_record_rows(passive, sent, records)].T
-    margin = margins(run.model, run.flat, route(run.flat, goes_left))
+    margin = margins(run.model, run.flat, route(run.flat, goes_left, run.own, x))
     values = run.model.finish(margin).astype("<f8").tobytes()
     return MsgType.SCORES, Scores(body.round, n_outputs, values, [], [])
 
