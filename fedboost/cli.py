@@ -229,7 +229,8 @@ def _run_training(config: Any, out: Path) -> int:
     _write_json(out / "metrics.json", result)
     resumed = (f" (resumed after {result['resumed_after']} trees)" if result["resumed_after"]
                else "")
-    rows = "aligned rows" if config.protocol == "vertical_secureboost" else "rows"
+    rows = ("aligned rows" if config.protocol in ("vertical_secureboost", "vertical_random_forest")
+            else "rows")
     print(f"trained {result['n_trees']} trees{resumed} on {result['n_aligned']} {rows} in "
           f"{result['train_seconds']:.1f} s: {_metrics_summary(result)}; model in {out}/")
     return 0

@@ -20,7 +20,8 @@ from workers.runtime import PartySpec
 T = TypeVar("T")
 FLOW_ENDPOINT = "flow"
 EMBEDDED_POLICY = PartyPolicy(min_key_bits=1024,
-                              protocols=("vertical_secureboost", "horizontal", "simfl"),
+                              protocols=("vertical_secureboost", "horizontal", "simfl",
+                                         "vertical_random_forest"),
                               predict_modes=("path", "batched"))
 """Every party of the embedded default runs on the operator's own machine, so no other
 organisation sees its ciphertexts; 1024-bit keys are allowed there (tests, quick trials) unless

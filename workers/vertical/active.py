@@ -98,6 +98,10 @@ class ActiveTraining:
         """Predictions from margins (what validation scoring sums)."""
         return transform(self.params.objective, margin)
 
+    def scoring_model(self) -> Model:
+        """The trees so far, for scoring the validation rows."""
+        return self.model({})
+
     def model(self, features: dict[str, tuple[str, ...]]) -> Model:
         return Model(self.params, tuple(float(b) for b in self.base), self.n_classes,
                      tuple(self.trees), features)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from boosting.binning import apply_cuts, fit_cuts, goes_left, split_threshold
+from boosting.binning import apply_cuts, fit_cuts, goes_left, goes_left_raw, split_threshold
 from boosting.grow import smaller_child
 from boosting.params import BoostParams
 from boosting.tree import write_json_atomic
@@ -56,6 +56,18 @@ class LookupRecord:
     bin: int
     threshold: float
     missing_left: bool
+    flip: bool = False
+    """The split's children were shown to the active party in swapped order (the vertical
+    forest, seed 002): its "left" child is this record's right one."""
+
+
+def records_go_left(x: np.ndarray, records: list[LookupRecord]) -> np.ndarray:
+    """Per record and row, whether the row goes to the child the active party calls left
+    (records x rows; ``x``: rows x this party's features)."""
+    bits = np.zeros((len(records), x.shape[0]), dtype=bool)
+    for k, r in enumerate(records):
+        bits[k] = goes_left_raw(x[:, r.feature], r.threshold, r.missing_left) ^ r.flip
+    return bits
 
 
 @dataclass(slots=True)
@@ -497,7 +509,8 @@ def lookup_to_dict(party: str, job: str, names: tuple[str, ...],
     return {"format": LOOKUP_FORMAT, "version": LOOKUP_VERSION, "party": party, "job": job,
             "features": list(names),
             "records": {str(k): {"feature": r.feature, "bin": r.bin, "threshold": r.threshold,
-                                 "missing_left": r.missing_left} for k, r in records.items()}}
+                                 "missing_left": r.missing_left, "flip": r.flip}
+                        for k, r in records.items()}}
 
 
 def lookup_from_dict(raw: dict[str, Any]) -> tuple[tuple[str, ...], dict[int, LookupRecord]]:
@@ -506,6 +519,7 @@ def lookup_from_dict(raw: dict[str, Any]) -> tuple[tuple[str, ...], dict[int, Lo
         raise ProtocolError(f"not a {LOOKUP_FORMAT} v{LOOKUP_VERSION} file")
     records = {int(k): LookupRecord(feature=int(v["feature"]), bin=int(v["bin"]),
                                     threshold=float(v["threshold"]),
-                                    missing_left=bool(v["missing_left"]))
+                                    missing_left=bool(v["missing_left"]),
+                                    flip=bool(v.get("flip", False)))
                for k, v in raw["records"].items()}
     return tuple(raw["features"]), records

@@ -183,9 +183,9 @@ def answer_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     request: DecisionRequest = ctx.mailbox.take(MsgType.DECISION_REQUEST, state.active,
                                                 body.tree, body.depth)
     rows, records = _checked_pairs(state, request, x.shape[0])
-    feature, threshold, missing_left = records
+    feature, threshold, missing_left, flip = records
     values = x[rows, feature]
-    bits = goes_left_raw(values, threshold, missing_left).astype(bool)
+    bits = goes_left_raw(values, threshold, missing_left).astype(bool) ^ flip
     ctx.send(state.active, MsgType.PATH_DECISIONS, PathDecisions(
         batch=body.tree, depth=body.depth, n_pairs=int(rows.size),
         bits=np.packbits(bits).tobytes()))
@@ -193,8 +193,9 @@ def answer_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
 
 
 def _checked_pairs(state: JobState, request: DecisionRequest,
-                   n_rows: int) -> tuple[IntArray, tuple[IntArray, FloatArray, np.ndarray]]:
-    """The request's rows and the (feature, threshold, missing_left) of its records, or a
+                   n_rows: int
+                   ) -> tuple[IntArray, tuple[IntArray, FloatArray, np.ndarray, np.ndarray]]:
+    """The request's rows and the (feature, threshold, missing_left, flip) of its records, or a
     ``ProtocolError`` for anything outside the job."""
     own = lookup_records(state)
     where = f"decision request for batch {request.batch} level {request.depth}"
@@ -218,4 +219,5 @@ def _checked_pairs(state: JobState, request: DecisionRequest,
     feature = np.array([r.feature for r in table], dtype=np.int64)[index]
     threshold = np.array([r.threshold for r in table])[index]
     missing_left = np.array([r.missing_left for r in table], dtype=bool)[index]
-    return rows, (feature, threshold, missing_left)
+    flip = np.array([r.flip for r in table], dtype=bool)[index]
+    return rows, (feature, threshold, missing_left, flip)

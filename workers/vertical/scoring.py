@@ -32,7 +32,8 @@ from workers import DataError, ProtocolError, StageError
 from workers.vertical.active import ActiveTraining
 from workers.vertical.alignment import receive_alignment
 from workers.data import PartyData, load_party_csv
-from workers.vertical.passive import LookupRecord, PassiveTraining, lookup_from_dict
+from workers.vertical.passive import (LookupRecord, lookup_from_dict,
+                                      records_go_left)
 from workers.policy import PolicyError
 from workers.runtime import StepContext
 from workers.state import JobState
@@ -121,9 +122,9 @@ def score_x(state: JobState) -> np.ndarray:
 
 def lookup_records(state: JobState) -> dict[int, LookupRecord]:
     """The passive party's lookup table (training or saved)."""
-    run = state.role_state
-    if isinstance(run, (PassiveTraining, PassiveScoring)):
-        return run.records
+    records = getattr(state.role_state, "records", None)  # any protocol's passive role
+    if isinstance(records, dict):
+        return records
     raise StageError(f"{state.party} holds no lookup table")
 
 
@@ -139,10 +140,7 @@ def evaluate_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     x = score_x(state)[state.batch_rows(body.tree)]
     records = lookup_records(state)
     ids = sorted(records)
-    bits = np.zeros((len(ids), x.shape[0]), dtype=bool)
-    for k, rid in enumerate(ids):
-        r = records[rid]
-        bits[k] = goes_left_raw(x[:, r.feature], r.threshold, r.missing_left)
+    bits = records_go_left(x, [records[rid] for rid in ids])
     ctx.send(state.active, MsgType.DECISIONS, Decisions(
         batch=body.tree, records=ids, n_rows=int(x.shape[0]), bits=np.packbits(bits).tobytes()))
     return MsgType.ACK, Ack(count=int(x.shape[0]))
@@ -153,8 +151,10 @@ def model_of(state: JobState) -> Model:
     run = state.role_state
     if isinstance(run, ActiveScoring):
         return run.model
-    if isinstance(run, ActiveTraining):
-        return run.model({})
+    scoring_model = getattr(run, "scoring_model", None)  # a training role of any protocol
+    if callable(scoring_model):
+        model: Model = scoring_model()
+        return model
     raise StageError(f"{state.party} holds no model")
 
 
