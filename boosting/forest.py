@@ -44,6 +44,12 @@ def tree_rng(seed: int, tree: int) -> np.random.Generator:
     return np.random.default_rng([seed, tree])
 
 
+def node_rng(seed: int, tree: int, depth: int, first_row: int) -> np.random.Generator:
+    """The generator of one node's feature draw, named by its first row: nodes of a level are
+    disjoint, and which child a passive party showed first (at random) does not change it."""
+    return np.random.default_rng([seed, tree, depth, first_row])
+
+
 def bootstrap_weights(rng: np.random.Generator, n_rows: int, bootstrap: bool) -> IntArray:
     """How often each training row is in the tree's sample (n draws with replacement), or
     every row once."""

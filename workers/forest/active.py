@@ -21,7 +21,8 @@ import numpy as np
 from boosting._typing import FloatArray, IntArray
 from boosting.binning import apply_cuts, fit_cuts, goes_left, split_threshold
 from boosting.forest import (ForestSplit, best_bin_split, bootstrap_weights, draw_features,
-                             features_per_node, label_channels, leaf_value, tree_rng)
+                             features_per_node, label_channels, leaf_value, node_rng,
+                             tree_rng)
 from boosting.losses import check_labels, n_outputs
 from boosting.params import BoostParams
 from boosting.tree import Model, Tree, TreeNode, save_model, write_json_atomic
@@ -64,7 +65,6 @@ class GrowingTree:
 
     tree: int
     work: int
-    rng: np.random.Generator
     weights: IntArray
     node_of_row: IntArray
     """Node of each training row in the sample (-1: not drawn)."""
@@ -261,9 +261,9 @@ def grow_level(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     if body.depth == 0:
         for other in [w for w in run.growing if w % MAX_TREES == tree]:
             run.growing.pop(other)  # an earlier attempt of this tree
-        rng = tree_rng(run.spec.seed, tree)
-        weights = bootstrap_weights(rng, run.y.size, run.spec.bootstrap)
-        grown = GrowingTree(tree, body.work, rng, weights,
+        weights = bootstrap_weights(tree_rng(run.spec.seed, tree), run.y.size,
+                                    run.spec.bootstrap)
+        grown = GrowingTree(tree, body.work, weights,
                             np.where(weights > 0, 0, -1).astype(np.int64))
         run.growing[body.work] = grown
         candidates = [0]
@@ -282,7 +282,8 @@ def grow_level(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     k = features_per_node(run.spec.max_features, len(features))
     grown.own_features, grown.asked = {}, {p: {} for p in state.passives}
     for node in grown.level:
-        drawn = [features[i] for i in draw_features(grown.rng, len(features), k)]
+        rng = node_rng(run.spec.seed, tree, body.depth, int(_rows_of(grown, node)[0]))
+        drawn = [features[i] for i in draw_features(rng, len(features), k)]
         grown.own_features[node] = np.array([f for o, f in drawn if o == state.party],
                                             dtype=np.int64)
         for passive in state.passives:
