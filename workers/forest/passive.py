@@ -42,6 +42,8 @@ from workers.state import JobState
 from workers.vertical.alignment import receive_alignment
 from workers.vertical.passive import LookupRecord, lookup_to_dict
 
+MAX_DRAWS = 32
+"""Most times a bootstrap draws one row (n draws of n rows: P(32 or more) is about 1e-36)."""
 RECORDS_PER_TREE = 65_536
 """Record ids of tree t are t * RECORDS_PER_TREE + k: unique in the forest's lookup table."""
 
@@ -182,10 +184,16 @@ def _start_tree(run: PassiveForest, request: LevelRequest, n_rows: int) -> TreeW
             raise ProtocolError(f"tree {tree}: sample weights for {len(request.weights) // 2} "
                                 f"rows, this party has {n_rows}")
         weights = np.frombuffer(request.weights, dtype="<u2").astype(np.int64)
-        # a bootstrap draws n rows; without bootstrap every row once: no row weighs more
-        if int(weights.sum()) != n_rows or (not run.spec.bootstrap and weights.max() > 1):
+        # a bootstrap draws n rows, about 63% of them distinct, none more than a few times;
+        # without bootstrap every row once. Anything else concentrates a sample on few rows.
+        distinct = int((weights > 0).sum())
+        if int(weights.sum()) != n_rows or weights.max() > MAX_DRAWS \
+                or (not run.spec.bootstrap and weights.max() > 1) \
+                or (n_rows >= 100 and distinct < n_rows // 2):
             raise ProtocolError(f"tree {tree}: the sample weights do not draw {n_rows} rows "
-                                f"as the job's bootstrap={run.spec.bootstrap} does")
+                                f"as the job's bootstrap={run.spec.bootstrap} does "
+                                f"({distinct} distinct rows, a row drawn up to "
+                                f"{int(weights.max())} times)")
     else:  # a tree this party takes no part in (Completely SecureBoost's first one)
         weights = np.zeros(n_rows, dtype=np.int64)
     work = TreeWork(request.tree, weights, np.where(weights > 0, 0, -1).astype(np.int64),
@@ -235,7 +243,7 @@ def _histograms(party: str, run: PassiveForest, work: TreeWork, request: LevelRe
             raise ProtocolError(f"{party}: node {req.node}: features {features} out of range "
                                 f"or repeated")
         rows = np.flatnonzero(work.node_of_row == req.node)
-        if int(work.weights[rows].sum()) < 2 * run.spec.min_samples_leaf:
+        if rows.size < 2 * run.spec.min_samples_leaf:  # distinct rows: weights can repeat one
             raise ProtocolError(f"{party}: node {req.node} holds fewer than two leaves' "
                                 f"{run.spec.min_samples_leaf} rows: refused")
         drawn = np.repeat(rows, work.weights[rows])  # a row drawn k times is summed k times
