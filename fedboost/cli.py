@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.set_defaults(run=_worker)
     serve = sub.add_parser("serve", help="serve every protocol's training flow as a Prefect "
                            "deployment (vertical_secureboost/NAME, horizontal/NAME, "
-                           "simfl/NAME)")
+                           "simfl/NAME, vertical_random_forest/NAME)")
     serve.add_argument("--name", default="fedboost", help="deployment name (default fedboost)")
     serve.add_argument("--config", type=Path, action="append", default=[],
                        help="a job file whose content becomes its protocol's deployment's default "
@@ -478,9 +478,13 @@ def _centralized(args: argparse.Namespace) -> int:
     from boosting.train import TreeReport, train
     from boosting.tree import save_model
     from fedboost.joined import join_parties, pool_members
-    from flows.config import JobConfig, load_config
+    from flows.config import ConfigError, JobConfig, load_config
 
     config = load_config(args.config)
+    if config.protocol == "vertical_random_forest":
+        raise ConfigError(f"{args.config}: 'fedboost centralized' trains boosted trees; a "
+                          f"forest's reference is scikit-learn's RandomForestClassifier on the "
+                          f"joined, identically binned data (tests/flows/test_forest.py)")
     out = args.out or Path("runs") / f"{config.job}-centralized"
     params = BoostParams.from_dict(config.params.model_dump(exclude={"lsh"}))
     cuts = None
