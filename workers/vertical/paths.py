@@ -150,9 +150,18 @@ def _pairs(walk: PathWalk, k: int) -> tuple[IntArray, IntArray, IntArray]:
     return np.concatenate(trees), np.concatenate(rows), np.concatenate(records)
 
 
+def _distinct(rows: IntArray, records: IntArray) -> tuple[IntArray, IntArray, IntArray]:
+    """Each (row, record) pair once, and where each pair of the request is among them: trees
+    that share a record (a multiclass forest's outputs share one structure) ask it once."""
+    pairs, inverse = np.unique(np.stack([rows, records], axis=1).reshape(-1, 2), axis=0,
+                               return_inverse=True)
+    return pairs[:, 0], pairs[:, 1], inverse.reshape(-1)
+
+
 def _ask_owners(ctx: StepContext, state: JobState, walk: PathWalk) -> None:
     for k, passive in enumerate(state.passives):
         _, rows, records = _pairs(walk, k)
+        rows, records, _ = _distinct(rows, records)
         ctx.send(passive, MsgType.DECISION_REQUEST, DecisionRequest(
             batch=walk.batch, depth=walk.depth, rows=rows.astype("<u4").tobytes(),
             records=records.astype("<u4").tobytes()))
@@ -161,13 +170,14 @@ def _ask_owners(ctx: StepContext, state: JobState, walk: PathWalk) -> None:
 def _take_answer(ctx: StepContext, state: JobState, walk: PathWalk,
                  k: int) -> tuple[IntArray, IntArray, np.ndarray]:
     passive = state.passives[k]
-    trees, rows, _ = _pairs(walk, k)
+    trees, rows, records = _pairs(walk, k)
+    asked, _, inverse = _distinct(rows, records)
     msg: PathDecisions = ctx.mailbox.take(MsgType.PATH_DECISIONS, passive, walk.batch, walk.depth)
-    if msg.n_pairs != rows.size or len(msg.bits) != (rows.size + 7) // 8:
+    if msg.n_pairs != asked.size or len(msg.bits) != (asked.size + 7) // 8:
         raise ProtocolError(f"{passive} answered {msg.n_pairs} decisions for batch {walk.batch} "
-                            f"level {walk.depth}, {rows.size} were asked")
-    bits = np.unpackbits(np.frombuffer(msg.bits, dtype=np.uint8), count=rows.size).astype(bool)
-    return trees, rows, bits
+                            f"level {walk.depth}, {asked.size} were asked")
+    bits = np.unpackbits(np.frombuffer(msg.bits, dtype=np.uint8), count=asked.size).astype(bool)
+    return trees, rows, bits[inverse]
 
 
 def answer_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
