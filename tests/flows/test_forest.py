@@ -161,3 +161,14 @@ def test_one_tree_without_sampling_is_the_exact_cart_tree(name: str, tmp_path: P
     print(f"{name}: {same.mean():.1%} of {same.size} validation rows predicted alike")
     assert same.mean() >= 0.99  # equal gains may be broken in another order
     assert y_valid.size == same.size
+
+
+def test_complete_secure_keeps_the_first_tree_with_the_lender(tmp_path: Path) -> None:
+    config = _default_credit_forest(n_trees=3, max_depth=4, complete_secure=True)
+    train_embedded(config, tmp_path)
+    model = load_model(tmp_path / "guest" / "model.json")
+    owners = [{n.owner for n in t.nodes if not n.is_leaf} for t in model.trees]
+    assert owners[0] == {"guest"}  # grown on the lender's features alone
+    assert any("host" in o for o in owners[1:])
+    lookup = json.loads((tmp_path / "host" / "lookup.json").read_text())
+    assert lookup["records"] and all(int(k) // 65_536 != 0 for k in lookup["records"])

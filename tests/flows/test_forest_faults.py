@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,3 +97,33 @@ def test_passive_worker_killed_mid_forest_and_restarted(forest_federation: Fores
         update={"kind": "memory"})})
     reference = train_embedded(memory, tmp_path / "reference")
     assert metrics["valid_auc"] == pytest.approx(reference["valid_auc"], abs=1e-12)
+
+
+def test_trees_of_a_frozen_party_are_dropped_and_the_forest_saved(
+        forest_federation: ForestFederation) -> None:
+    """The host is frozen (SIGSTOP) past the step timeout: the trees in flight fail, are not
+    retried (tree_retries 0) and are dropped; once it thaws the other trees grow, and the
+    forest is saved with them because min_trees allows it."""
+    fed = forest_federation
+    job_file = fed.write_job("freeze-host")
+    raw = yaml.safe_load(job_file.read_text())
+    raw["params"].update(tree_retries=0, min_trees=3)
+    raw["transport"]["step_timeout"] = 15
+    job_file.write_text(yaml.safe_dump(raw))
+    job = raw["job"]
+    flow = fed.train(job_file)
+    started = re.compile(rf"job={re.escape(job)} step=F_LEVEL task=\S+/f_level/w1/d1 ")
+    _wait_for(lambda: bool(started.search(fed.log(fed.host))), "tree 1 at depth 1")
+    host = fed.procs[fed.host]
+    host.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(20)
+    finally:
+        host.send_signal(signal.SIGCONT)
+    output = _finish(flow)
+    metrics = yaml.safe_load((fed.root / "runs" / job / "metrics.json").read_text())
+    assert metrics["dropped"] >= 1 and len(metrics["trees_dropped"]) == metrics["dropped"]
+    assert metrics["n_trees"] == N_TREES - metrics["dropped"] >= 3
+    assert "dropped after 1 attempts" in output, output[-3000:]
+    model = yaml.safe_load((fed.models / job / fed.guest / "model.json").read_text())
+    assert len(model["trees"]) == metrics["n_trees"]
