@@ -31,7 +31,7 @@ from messages.names import JOB_NAME_RULE, is_job_name
 from workers import DataError, ProtocolError, StageError
 from workers.vertical.active import ActiveTraining
 from workers.vertical.alignment import receive_alignment
-from workers.data import PartyData, load_party_csv
+from workers.data import load_categories, load_party_data
 from workers.vertical.passive import LookupRecord, PassiveTraining, lookup_from_dict
 from workers.policy import PolicyError
 from workers.runtime import StepContext
@@ -86,8 +86,6 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
     is_active = ctx.party.name == actives[0]
     scores = scores_path(directory, body.scores_file) if is_active else directory
     own = ctx.party.dataset_in(body.parties)
-    data = load_party_csv(ctx.party.name, own.path, own.id_column, own.label,
-                          require_label=False)
     if is_active:
         model = load_model(directory / "model.json")
         expected = model.features.get(ctx.party.name, ())
@@ -99,12 +97,10 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
         except (OSError, ValueError, KeyError) as exc:
             raise DataError(f"party {ctx.party.name}: cannot read {path}: {exc}") from None
         role_state = PassiveScoring(records=records)
-    missing = [n for n in expected if n not in data.names]
-    if missing:
-        raise DataError(f"party {ctx.party.name}: file {own.path}: missing model feature "
-                        f"column(s) {', '.join(missing)}")
-    columns = [data.names.index(n) for n in expected]
-    data = PartyData(ids=data.ids, names=tuple(expected), x=data.x[:, columns], y=data.y)
+    # the model part's features in its order, categories coded as in training
+    data = load_party_data(ctx.party.name, own.path, own.id_column, own.label,
+                           require_label=False, columns=list(expected),
+                           categories=load_categories(directory))
     state = JobState(kind="predict", party=ctx.party.name, active=actives[0], passives=passives,
                      data=data, predict_batch=body.batch_size)
     state.role_state = role_state
