@@ -113,7 +113,8 @@ def _floats(column: Any) -> FloatArray:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    filled = pc.fill_null(column.cast(pa.float64()), float("nan"))
+    # unsafe: integers above 2^53 round, as any float64 feature does (ids keep their text)
+    filled = pc.fill_null(column.cast(pa.float64(), safe=False), float("nan"))
     return np.asarray(filled.to_numpy(), dtype=np.float64)
 
 
