@@ -225,6 +225,7 @@ def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
     """The same model trained in one place on the joined data (vertical) or the union of the
     members' rows (horizontal: with the cuts they share): the lossless reference. ``out``
     defaults to ``runs/<job>-centralized``; ``on_tree`` sees each tree's report."""
+    _prefect_env.configure()  # the horizontal reference imports the flow's summary size
     from boosting.params import BoostParams
     from boosting.train import train as train_core
     from boosting.tree import save_model

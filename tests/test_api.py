@@ -116,3 +116,18 @@ def test_readme_example_runs(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "valid_auc" in done.stdout and (tmp_path / "runs" / "breast" / "scores.csv").is_file()
+
+
+def test_a_broker_password_is_cut_out_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedboost.api import keep_password_out
+    from flows.config import AMQP_URL_ENV, parse_config
+
+    monkeypatch.setenv(AMQP_URL_ENV, "amqp://u:kept@h:5672/%2F")  # restored after the test
+    raw = {**_job(), "transport": {"kind": "rabbitmq", "url": "amqp://u:secret@h:5672/%2F"},
+           "signing": {"key_dir": "keys"}}
+    config = parse_config(raw, base=CONFIGS, source="job.yaml")
+    with pytest.warns(fedboost.FedboostWarning, match="job.yaml: transport.url holds the broker "
+                                                      "password") as caught:
+        stripped = keep_password_out(config, "job.yaml")
+    assert len(caught) == 1 and "secret" not in stripped.model_dump_json()
+    assert "FEDBOOST_AMQP_URL" in str(caught[0].message)
