@@ -31,10 +31,10 @@ from messages.names import JOB_NAME_RULE, is_job_name
 from workers import DataError, ProtocolError, StageError
 from workers.vertical.active import ActiveTraining
 from workers.vertical.alignment import receive_alignment
-from workers.data import load_categories, load_party_data
+from workers.data import PartyData, load_categories, load_party_data
 from workers.vertical.passive import LookupRecord, PassiveTraining, lookup_from_dict
 from workers.policy import PolicyError
-from workers.runtime import StepContext
+from workers.runtime import DataSet, StepContext
 from workers.state import JobState
 
 
@@ -97,15 +97,19 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
         except (OSError, ValueError, KeyError) as exc:
             raise DataError(f"party {ctx.party.name}: cannot read {path}: {exc}") from None
         role_state = PassiveScoring(records=records)
-    # the model part's features in its order, categories coded as in training
-    data = load_party_data(ctx.party.name, own.path, own.id_column, own.label,
-                           require_label=False, columns=list(expected),
-                           categories=load_categories(directory))
+    data = rows_to_score(ctx.party.name, own, directory, expected)
     state = JobState(kind="predict", party=ctx.party.name, active=actives[0], passives=passives,
                      data=data, predict_batch=body.batch_size)
     state.role_state = role_state
     ctx.state = state
     return MsgType.ACK, Ack(count=len(data.ids))
+
+
+def rows_to_score(party: str, own: DataSet, folder: Path, features: tuple[str, ...]) -> PartyData:
+    """A data set's rows with the features of the model part in ``folder``, in its order, and
+    its categorical columns coded as in training (a category training never saw: missing)."""
+    return load_party_data(party, own.path, own.id_column, own.label, require_label=False,
+                           columns=list(features), categories=load_categories(folder))
 
 
 def score_x(state: JobState) -> np.ndarray:
