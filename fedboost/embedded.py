@@ -39,7 +39,9 @@ def party_specs(config: AnyJobConfig, out_dir: Path,
         specs.append(PartySpec(name=name, role=party.role, data=str(path or ""),
                                id_column=party.id,
                                label=party.label, model_dir=str(out_dir / name),
-                               columns=party.columns, processes=processes_of(party),
+                               columns=party.columns,
+                               categorical=getattr(party, "categorical", None),
+                               processes=processes_of(party),
                                policy=(policy_of(party.policy) if party.policy
                                        else EMBEDDED_POLICY),
                                # beside the model parts, never inside one (a part may be shared)

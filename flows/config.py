@@ -64,6 +64,9 @@ class PartyConfig(_Strict):
     label: str | None = None
     columns: list[str] | None = None
     """Feature columns this party contributes (default: all but id and label)."""
+    categorical: list[str] | None = None
+    """Feature columns of text this party encodes itself (codes of its sorted distinct values,
+    kept with its model part); any other column must hold numbers."""
     policy: PolicyConfig | None = None
     """The party's policy where this file starts its worker (``fedboost worker --config
     job.yaml``: default ``PolicyConfig()``; the embedded default, where one operator runs every
@@ -567,6 +570,8 @@ class DataSetConfig(_Strict):
     id: str = "id"
     label: str | None = None
     columns: list[str] | None = None
+    categorical: list[str] | None = None
+    """Feature columns of text this party encodes itself (vertical jobs)."""
 
 
 class WorkerConfig(_Strict):
@@ -582,6 +587,8 @@ class WorkerConfig(_Strict):
     id: str = "id"
     label: str | None = None
     columns: list[str] | None = None
+    categorical: list[str] | None = None
+    """The default data set's feature columns of text, which this party encodes itself."""
     datasets: dict[str, DataSetConfig] = {}
     """Further data sets by name; a job file picks one with ``dataset: NAME``."""
     models: Path = Path("models")
@@ -636,6 +643,7 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
         entry = job.parties[party]
         raw = {"party": party, "role": entry.role, "data": entry.data, "id": entry.id,
                "label": entry.label, "columns": entry.columns,
+               "categorical": getattr(entry, "categorical", None),
                # the job file's own protocol: this party's entry in it is an opt-in
                "policy": entry.policy or PolicyConfig(protocols=[job.protocol]),
                "models": base / "models", "transport": job.transport.model_dump(),

@@ -38,7 +38,7 @@ from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestApp
 from messages.instance_space import encode_mask
 from workers import DataError, ProtocolError, StageError
 from workers import checkpoint
-from workers.data import load_party_csv
+from workers.data import load_party_data, save_categories
 from workers.forest import trees as kept
 from workers.policy import check_job
 from workers.runtime import StepContext
@@ -142,14 +142,16 @@ def open_job(ctx: StepContext, body: OpenForest) -> tuple[MsgType, Any]:
         raise ProtocolError(f"job names {actives} as active party, this worker is {ctx.party.name}")
     check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
     own = ctx.party.dataset_in(spec.parties)
-    data = load_party_csv(ctx.party.name, own.path, own.id_column, own.label,
-                          require_label=True, columns=own.columns)
+    data = load_party_data(ctx.party.name, own.path, own.id_column, own.label,
+                          require_label=True, columns=own.columns,
+                           categorical=own.categorical)
     public, private = generate_keypair(spec.key_bits, obfuscator=ctx.party.policy.obfuscator)
     state = JobState(kind="train", party=ctx.party.name, active=ctx.party.name,
                      passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
                      valid_fraction=spec.valid_fraction, valid_seed=spec.valid_seed,
                      key_bits=spec.key_bits, data_file=own.path,
-                     digest=checkpoint.job_digest(spec, own.path, own.columns))
+                     digest=checkpoint.job_digest(spec, own.path, own.columns,
+                                                  own.categorical))
     state.role_state = ActiveForest(spec=spec, params=params_of(spec), public=public,
                                     private=private)
     ctx.state = state
@@ -509,6 +511,7 @@ def save_model_part(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     features = {state.party: state.data.names, **{p: () for p in state.passives}}
     save_model(run.model(features, chosen), Path(ctx.model_dir) / "model.json")
     run.saved = chosen
+    save_categories(Path(ctx.model_dir), state.data.categories)
     write_json_atomic(Path(ctx.model_dir) / "party.json", {
         "party": state.party, "role": "active", "job": ctx.job, "saved_at": time.time(),
         "parties": [state.party, *state.passives]})

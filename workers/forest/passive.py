@@ -32,7 +32,7 @@ from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestApp
                              LevelRequest, OpenForest, TreeCommand)
 from messages.instance_space import decode_mask
 from workers import DataError, ProtocolError, StageError, checkpoint
-from workers.data import load_party_csv
+from workers.data import load_party_data, save_categories
 from workers.forest import trees as kept
 from workers.forest.active import PROTOCOL
 from workers.policy import check_job, check_key_bits
@@ -87,8 +87,9 @@ def open_job(ctx: StepContext, body: OpenForest) -> tuple[MsgType, Any]:
         raise ProtocolError(f"job does not list {ctx.party.name} as a passive party")
     check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
     own = ctx.party.dataset_in(spec.parties)
-    data = load_party_csv(ctx.party.name, own.path, own.id_column, None,
-                          require_label=False, columns=own.columns)
+    data = load_party_data(ctx.party.name, own.path, own.id_column, None,
+                          require_label=False, columns=own.columns,
+                           categorical=own.categorical)
     if spec.label and spec.label in data.names and own.columns is None:
         raise DataError(f"party {ctx.party.name}: file {own.path}: column {spec.label!r} has "
                         f"the name of the active party's label; a passive party must not hold "
@@ -96,7 +97,8 @@ def open_job(ctx: StepContext, body: OpenForest) -> tuple[MsgType, Any]:
     state = JobState(kind="train", party=ctx.party.name, active=actives[0],
                      passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
                      key_bits=spec.key_bits, data_file=own.path,
-                     digest=checkpoint.job_digest(spec, own.path, own.columns))
+                     digest=checkpoint.job_digest(spec, own.path, own.columns,
+                                                  own.categorical))
     state.role_state = PassiveForest(spec=spec)
     ctx.state = state
     return MsgType.F_OPENED, ForestOpened(rows=len(data.ids),
@@ -318,6 +320,7 @@ def save_model_part(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     records = {k: r for k, r in run.records.items() if k // RECORDS_PER_TREE in chosen}
     write_json_atomic(ctx.model_dir / "lookup.json", lookup_to_dict(
         state.party, ctx.job, state.data.names, records))
+    save_categories(ctx.model_dir, state.data.categories)
     write_json_atomic(ctx.model_dir / "party.json", {
         "party": state.party, "role": "passive", "job": ctx.job, "saved_at": time.time(),
         "active": state.active})

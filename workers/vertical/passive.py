@@ -33,7 +33,7 @@ from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, NotReady, ProtocolError, StageError, checkpoint
 from workers.vertical.active import PROTOCOL, params_of
 from workers.vertical.alignment import receive_alignment
-from workers.data import load_party_csv
+from workers.data import load_party_data, save_categories
 from workers.policy import check_job, check_key_bits
 from workers.runtime import StepContext
 from workers.shards import (LevelData, LevelWork, hold_tree_chunk, shard_data, shard_result,
@@ -111,8 +111,8 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
         raise ProtocolError(f"job does not list {ctx.party.name} as a passive party")
     check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
     own = ctx.party.dataset_in(spec.parties)
-    data = load_party_csv(ctx.party.name, own.path, own.id_column, None,
-                          require_label=False, columns=own.columns)
+    data = load_party_data(ctx.party.name, own.path, own.id_column, None,
+                           require_label=False, columns=own.columns, categorical=own.categorical)
     if spec.label and spec.label in data.names and own.columns is None:
         # labels stay with the active party: a same-named column here is most likely a copy
         raise DataError(f"party {ctx.party.name}: file {own.path}: column {spec.label!r} has "
@@ -121,7 +121,8 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     state = JobState(kind="train", party=ctx.party.name, active=actives[0],
                      passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
                      key_bits=spec.key_bits, data_file=own.path,
-                     digest=checkpoint.job_digest(spec, own.path, own.columns))
+                     digest=checkpoint.job_digest(spec, own.path, own.columns,
+                                                  own.categorical))
     state.role_state = PassiveTraining(params=params_of(body))
     ctx.state = state
     return MsgType.OPENED, Opened(rows=len(data.ids),
@@ -497,6 +498,7 @@ def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     run: PassiveTraining = state.role_state
     write_json_atomic(ctx.model_dir / "lookup.json", lookup_to_dict(
         state.party, ctx.job, state.data.names, run.records))
+    save_categories(ctx.model_dir, state.data.categories)
     write_json_atomic(ctx.model_dir / "party.json", {
         "party": state.party, "role": "passive", "job": ctx.job, "saved_at": time.time(),
         "active": state.active})

@@ -31,11 +31,10 @@ from messages.names import JOB_NAME_RULE, is_job_name
 from workers import DataError, ProtocolError, StageError
 from workers.vertical.active import ActiveTraining
 from workers.vertical.alignment import receive_alignment
-from workers.data import PartyData, load_party_csv
-from workers.vertical.passive import (LookupRecord, lookup_from_dict,
-                                      records_go_left)
+from workers.data import PartyData, load_categories, load_party_data
+from workers.vertical.passive import LookupRecord, lookup_from_dict, records_go_left
 from workers.policy import PolicyError
-from workers.runtime import StepContext
+from workers.runtime import DataSet, StepContext
 from workers.state import JobState
 
 
@@ -87,8 +86,6 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
     is_active = ctx.party.name == actives[0]
     scores = scores_path(directory, body.scores_file) if is_active else directory
     own = ctx.party.dataset_in(body.parties)
-    data = load_party_csv(ctx.party.name, own.path, own.id_column, own.label,
-                          require_label=False)
     if is_active:
         model = load_model(directory / "model.json")
         expected = model.features.get(ctx.party.name, ())
@@ -100,17 +97,19 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
         except (OSError, ValueError, KeyError) as exc:
             raise DataError(f"party {ctx.party.name}: cannot read {path}: {exc}") from None
         role_state = PassiveScoring(records=records)
-    missing = [n for n in expected if n not in data.names]
-    if missing:
-        raise DataError(f"party {ctx.party.name}: file {own.path}: missing model feature "
-                        f"column(s) {', '.join(missing)}")
-    columns = [data.names.index(n) for n in expected]
-    data = PartyData(ids=data.ids, names=tuple(expected), x=data.x[:, columns], y=data.y)
+    data = rows_to_score(ctx.party.name, own, directory, expected)
     state = JobState(kind="predict", party=ctx.party.name, active=actives[0], passives=passives,
                      data=data, predict_batch=body.batch_size)
     state.role_state = role_state
     ctx.state = state
     return MsgType.ACK, Ack(count=len(data.ids))
+
+
+def rows_to_score(party: str, own: DataSet, folder: Path, features: tuple[str, ...]) -> PartyData:
+    """A data set's rows with the features of the model part in ``folder``, in its order, and
+    its categorical columns coded as in training (a category training never saw: missing)."""
+    return load_party_data(party, own.path, own.id_column, own.label, require_label=False,
+                           columns=list(features), categories=load_categories(folder))
 
 
 def score_x(state: JobState) -> np.ndarray:
