@@ -98,6 +98,9 @@ class RecordView:
     bin: int
     missing_left: bool
     left_categories: list[str] | None = None
+    flip: bool = False
+    """The forest showed the lender this split's children swapped: its "left" is the other
+    side."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +160,8 @@ class PartView:
             split = (f"{r.feature} in {{{', '.join(r.left_categories)}}}"
                      if r.left_categories is not None else f"{r.feature} <= {r.threshold:.6g}")
             lines.append(f"  record#{r.record}: {split} (bin {r.bin}, "
-                         f"{'missing left' if r.missing_left else 'missing right'})")
+                         f"{'missing left' if r.missing_left else 'missing right'}"
+                         f"{', children shown swapped' if r.flip else ''})")
         return lines
 
 
@@ -317,4 +321,4 @@ def _record_view(record: int, r: LookupRecord, names: tuple[str, ...],
     name = names[r.feature] if 0 <= r.feature < len(names) else f"#{r.feature}"
     return RecordView(record=record, feature=name, threshold=r.threshold, bin=r.bin,
                       missing_left=r.missing_left,
-                      left_categories=_left(categories, name, r.threshold))
+                      left_categories=_left(categories, name, r.threshold), flip=r.flip)

@@ -14,6 +14,7 @@ import yaml
 from sklearn.ensemble import RandomForestClassifier
 from sklearn.metrics import roc_auc_score
 
+import fedboost
 from benchmarks.forest_data import forest_job, write_vertical_adult
 from boosting.binning import apply_cuts, fit_cuts, goes_left_raw
 from boosting.tree import TreeNode, load_model
@@ -73,6 +74,8 @@ def test_forest_matches_scikit_learn_on_default_credit(tmp_path: Path) -> None:
     flips = [r["flip"] for r in lookup["records"].values()]
     assert {n.record_id for n in host_nodes} == {int(k) for k in lookup["records"]}
     assert 0 < sum(flips) < len(flips)  # children shown in random order
+    shown = fedboost.inspect(tmp_path, "host").text()  # the owner sees which ones
+    assert shown.count("children shown swapped") == sum(flips)
     for party in ("guest", "host"):  # the trees kept for recoveries go once the forest is saved
         assert not (tmp_path / party / "forest").exists()
 
