@@ -38,11 +38,11 @@ from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestApp
 from messages.instance_space import encode_mask
 from workers import DataError, ProtocolError, StageError
 from workers import checkpoint
-from workers.data import load_party_data, save_categories
+from workers.data import save_categories
 from workers.forest import trees as kept
-from workers.policy import check_job
 from workers.runtime import StepContext
 from workers.state import JobState
+from workers.vertical.opening import open_active
 from workers.vertical.alignment import send_public_key
 
 log = logging.getLogger("fedboost.worker")
@@ -137,25 +137,12 @@ def _fields(node: TreeNode) -> dict[str, Any]:
 def open_job(ctx: StepContext, body: OpenForest) -> tuple[MsgType, Any]:
     """Load labels and features, make the Paillier key pair; report the trees kept."""
     spec = body.spec
-    actives = [p.name for p in spec.parties if p.role == "active"]
-    if actives != [ctx.party.name]:
-        raise ProtocolError(f"job names {actives} as active party, this worker is {ctx.party.name}")
-    check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
-    own = ctx.party.dataset_in(spec.parties)
-    data = load_party_data(ctx.party.name, own.path, own.id_column, own.label,
-                          require_label=True, columns=own.columns,
-                           categorical=own.categorical)
+    state = open_active(ctx, spec, PROTOCOL)
     public, private = generate_keypair(spec.key_bits, obfuscator=ctx.party.policy.obfuscator)
-    state = JobState(kind="train", party=ctx.party.name, active=ctx.party.name,
-                     passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
-                     valid_fraction=spec.valid_fraction, valid_seed=spec.valid_seed,
-                     key_bits=spec.key_bits, data_file=own.path,
-                     digest=checkpoint.job_digest(spec, own.path, own.columns,
-                                                  own.categorical))
     state.role_state = ActiveForest(spec=spec, params=params_of(spec), public=public,
                                     private=private)
     ctx.state = state
-    return MsgType.F_OPENED, ForestOpened(rows=len(data.ids),
+    return MsgType.F_OPENED, ForestOpened(rows=len(state.data.ids),
                                           trees=kept.held_trees(ctx.model_dir, state.digest))
 
 

@@ -31,14 +31,15 @@ from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestApp
                              ForestOpened, ForestSplits, ForestSpec, LevelHistograms,
                              LevelRequest, OpenForest, TreeCommand)
 from messages.instance_space import decode_mask
-from workers import DataError, ProtocolError, StageError, checkpoint
-from workers.data import load_party_data, save_categories
+from workers import ProtocolError, StageError, checkpoint
+from workers.data import save_categories
 from workers.forest import trees as kept
 from workers.forest.active import PROTOCOL
-from workers.policy import check_job, check_key_bits
+from workers.policy import check_key_bits
 from workers.runtime import StepContext
 from workers.shards import _node_histogram
 from workers.state import JobState
+from workers.vertical.opening import open_passive
 from workers.vertical.alignment import receive_alignment
 from workers.vertical.passive import LookupRecord, lookup_to_dict
 
@@ -80,28 +81,10 @@ class PassiveForest:
 def open_job(ctx: StepContext, body: OpenForest) -> tuple[MsgType, Any]:
     """Load own features (no labels); report the trees kept."""
     spec = body.spec
-    actives = [p.name for p in spec.parties if p.role == "active"]
-    if len(actives) != 1:
-        raise ProtocolError(f"job needs exactly one active party, names {actives}")
-    if ctx.party.name not in [p.name for p in spec.parties if p.role == "passive"]:
-        raise ProtocolError(f"job does not list {ctx.party.name} as a passive party")
-    check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
-    own = ctx.party.dataset_in(spec.parties)
-    data = load_party_data(ctx.party.name, own.path, own.id_column, None,
-                          require_label=False, columns=own.columns,
-                           categorical=own.categorical)
-    if spec.label and spec.label in data.names and own.columns is None:
-        raise DataError(f"party {ctx.party.name}: file {own.path}: column {spec.label!r} has "
-                        f"the name of the active party's label; a passive party must not hold "
-                        f"labels: remove it, or list this party's features with 'columns:'")
-    state = JobState(kind="train", party=ctx.party.name, active=actives[0],
-                     passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
-                     key_bits=spec.key_bits, data_file=own.path,
-                     digest=checkpoint.job_digest(spec, own.path, own.columns,
-                                                  own.categorical))
+    state = open_passive(ctx, spec, PROTOCOL)
     state.role_state = PassiveForest(spec=spec)
     ctx.state = state
-    return MsgType.F_OPENED, ForestOpened(rows=len(data.ids),
+    return MsgType.F_OPENED, ForestOpened(rows=len(state.data.ids),
                                           trees=kept.held_trees(ctx.model_dir, state.digest))
 
 

@@ -35,10 +35,10 @@ from messages.bodies import (Ack, AppliedSplits, EncryptedGradients, EncryptedHi
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, ProtocolError, StageError, checkpoint
+from workers.vertical.opening import open_active
 from workers.vertical.alignment import send_public_key
-from workers.data import load_party_data, save_categories
+from workers.data import save_categories
 from workers.lifeline import die_with_parent
-from workers.policy import check_job
 from workers.runtime import StepContext
 from workers.state import JobState
 
@@ -119,25 +119,13 @@ def params_of(open_job: OpenJob) -> BoostParams:
 
 def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     """Load labels and features, make the Paillier key pair."""
-    spec = body.spec
-    actives = [p.name for p in spec.parties if p.role == "active"]
-    if actives != [ctx.party.name]:
-        raise ProtocolError(f"job names {actives} as active party, this worker is {ctx.party.name}")
-    check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
-    own = ctx.party.dataset_in(spec.parties)
-    data = load_party_data(ctx.party.name, own.path, own.id_column, own.label,
-                           require_label=True, columns=own.columns, categorical=own.categorical)
+    state = open_active(ctx, body.spec, PROTOCOL)
     params = params_of(body)
-    public, private = generate_keypair(spec.key_bits, obfuscator=ctx.party.policy.obfuscator)
-    state = JobState(kind="train", party=ctx.party.name, active=ctx.party.name,
-                     passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
-                     valid_fraction=spec.valid_fraction, valid_seed=spec.valid_seed,
-                     key_bits=spec.key_bits, data_file=own.path,
-                     digest=checkpoint.job_digest(spec, own.path, own.columns,
-                                                  own.categorical))
+    public, private = generate_keypair(body.spec.key_bits,
+                                       obfuscator=ctx.party.policy.obfuscator)
     state.role_state = ActiveTraining(params=params, public=public, private=private)
     ctx.state = state
-    return MsgType.OPENED, Opened(rows=len(data.ids),
+    return MsgType.OPENED, Opened(rows=len(state.data.ids),
                                   checkpoints=checkpoint.available(
                                       ctx.model_dir, state.digest, checkpoint.key_of(ctx.party)))
 

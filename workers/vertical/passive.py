@@ -30,11 +30,12 @@ from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradient
                              TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
-from workers import DataError, NotReady, ProtocolError, StageError, checkpoint
+from workers import NotReady, ProtocolError, StageError, checkpoint
 from workers.vertical.active import PROTOCOL, params_of
+from workers.vertical.opening import open_passive
 from workers.vertical.alignment import receive_alignment
-from workers.data import load_party_data, save_categories
-from workers.policy import check_job, check_key_bits
+from workers.data import save_categories
+from workers.policy import check_key_bits
 from workers.runtime import StepContext
 from workers.shards import (LevelData, LevelWork, hold_tree_chunk, shard_data, shard_result,
                             sum_claimed)
@@ -103,29 +104,10 @@ class PassiveTraining:
 
 def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     """Load own features (no labels)."""
-    spec = body.spec
-    actives = [p.name for p in spec.parties if p.role == "active"]
-    if len(actives) != 1:
-        raise ProtocolError(f"job needs exactly one active party, names {actives}")
-    if ctx.party.name not in [p.name for p in spec.parties if p.role == "passive"]:
-        raise ProtocolError(f"job does not list {ctx.party.name} as a passive party")
-    check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
-    own = ctx.party.dataset_in(spec.parties)
-    data = load_party_data(ctx.party.name, own.path, own.id_column, None,
-                           require_label=False, columns=own.columns, categorical=own.categorical)
-    if spec.label and spec.label in data.names and own.columns is None:
-        # labels stay with the active party: a same-named column here is most likely a copy
-        raise DataError(f"party {ctx.party.name}: file {own.path}: column {spec.label!r} has "
-                        f"the name of the active party's label; a passive party must not hold "
-                        f"labels: remove it, or list this party's features with 'columns:'")
-    state = JobState(kind="train", party=ctx.party.name, active=actives[0],
-                     passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
-                     key_bits=spec.key_bits, data_file=own.path,
-                     digest=checkpoint.job_digest(spec, own.path, own.columns,
-                                                  own.categorical))
+    state = open_passive(ctx, body.spec, PROTOCOL)
     state.role_state = PassiveTraining(params=params_of(body))
     ctx.state = state
-    return MsgType.OPENED, Opened(rows=len(data.ids),
+    return MsgType.OPENED, Opened(rows=len(state.data.ids),
                                   checkpoints=checkpoint.available(
                                       ctx.model_dir, state.digest, checkpoint.key_of(ctx.party)))
 
