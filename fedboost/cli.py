@@ -1,4 +1,4 @@
-"""The ``fedboost`` command: train, predict, centralized, worker, serve.
+"""The ``fedboost`` command: train, predict, report, centralized, worker, serve.
 
 User errors (bad config, bad data, empty intersection) end with one line on stderr naming the
 party and file, and exit status 1 (2 for command-line usage); faults keep their traceback.
@@ -32,12 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from boosting import BoostingError
     from flows._tasks import JobStopped, PartyError
+    from fedboost.report import ReportError
     from flows.config import ConfigError
     from workers import DataError
 
     try:
         return int(args.run(args))
-    except (ConfigError, DataError, BoostingError, JobStopped) as exc:
+    except (ConfigError, DataError, BoostingError, JobStopped, ReportError) as exc:
         print(f"fedboost: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except PartyError as exc:
@@ -53,12 +54,22 @@ def _parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train federatedly (embedded default)")
     train.add_argument("config", type=Path, help="job file (YAML)")
     train.add_argument("--out", type=Path, help="output folder (default runs/<job>)")
+    _progress_options(train)
     train.set_defaults(run=_train)
     resume = sub.add_parser("resume", help="continue an interrupted training job after its "
                             "last completed tree")
     resume.add_argument("job", help="the job's name (its folder runs/JOB holds job.json)")
     resume.add_argument("--out", type=Path, help="the job's output folder (default runs/JOB)")
+    _progress_options(resume)
     resume.set_defaults(run=_resume)
+    report = sub.add_parser("report", help="write a run's report: one self-contained HTML page "
+                            "(learning curves, time per step, feature importance, trees)")
+    report.add_argument("run_dir", type=Path, help="folder written by 'fedboost train'")
+    report.add_argument("--party", help="whose report: it names only this party's features "
+                        "(default: the active party, or the first member)")
+    report.add_argument("--out", type=Path, help="HTML file (default RUN_DIR/report.html, or "
+                        "RUN_DIR/report-PARTY.html with --party)")
+    report.set_defaults(run=_report)
     predict = sub.add_parser("predict", help="score rows federatedly with a trained model")
     predict.add_argument("model_dir", type=Path, help="folder written by 'fedboost train'")
     predict.add_argument("--data", action="append", default=[], metavar="PARTY=CSV",
@@ -115,6 +126,15 @@ def _parser() -> argparse.ArgumentParser:
                            "machine, for trials where one operator runs the whole federation")
     keys.set_defaults(run=_keys)
     return parser
+
+
+def _progress_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--quiet", action="store_true",
+                         help="no progress display: only the final line (and errors)")
+    command.add_argument("--log-level", default="WARNING",
+                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                         help="Prefect's log lines on the console (default WARNING; INFO shows "
+                              "the flow's lines, DEBUG every task's too)")
 
 
 def _write_json(path: Path, payload: Any, mode: int = 0o644) -> None:
@@ -189,7 +209,7 @@ def _train(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / config.job
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "job.json", json.loads(config.model_dump_json()), mode=0o600)
-    return _run_training(config, out)
+    return _run_training(config, out, args)
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -209,19 +229,37 @@ def _resume(args: argparse.Namespace) -> int:
     config = _keep_password_out(config, job_file)  # a job.json of an older version
     if config.job != args.job:
         raise ConfigError(f"{job_file} is job {config.job!r}, not {args.job!r}")
-    return _run_training(config, out)
+    return _run_training(config, out, args)
 
 
-def _run_training(config: Any, out: Path) -> int:
+def _console_logs(level: str) -> None:
+    """Prefect's console lines at ``level`` and above (the API, and so the UI, keeps all)."""
+    if level == "DEBUG":
+        logging.getLogger("prefect.task_runs").setLevel(logging.INFO)
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
+        for handler in logging.getLogger(name or None).handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.setLevel(getattr(logging, level))
+
+
+def _run_training(config: Any, out: Path, args: argparse.Namespace) -> int:
     """Train (or, when the parties hold checkpoints of this job, continue) and report."""
+    from contextlib import nullcontext
+
     from fedboost.embedded import protocol_flow, train_embedded
+    from fedboost.progress_view import progress_view
+    from flows.progress import listening
 
     flow = protocol_flow(config)  # imports Prefect's flows: its logging is set up first
     _quiet_task_logs()
-    if config.transport.kind == "rabbitmq":  # the parties' workers run on their own
-        result = flow(config)
-    else:
-        result = train_embedded(config, out)
+    _console_logs(args.log_level)
+    mode = "quiet" if args.quiet else "bar" if sys.stdout.isatty() else "lines"
+    view = progress_view(mode, sys.stdout)
+    with view or nullcontext(), listening(config.job, view) if view else nullcontext():
+        if config.transport.kind == "rabbitmq":  # the parties' workers run on their own
+            result = flow(config)
+        else:
+            result = train_embedded(config, out)
     history = result.pop("history")
     result["trees"] = [{"tree": k, "seconds": s, **m}
                        for k, (s, m) in enumerate(zip(result["tree_seconds"], history,
@@ -359,6 +397,14 @@ def _predict_on_workers(args: argparse.Namespace, config: JobConfig, job: str, s
     print(f"scored {result['n_scored']} rows in {result['seconds']:.1f} s ({args.mode} mode): "
           f"party {config.active} wrote {config.job}/{config.active}/{scores_file} in its "
           f"models folder")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from fedboost.report import write_report
+
+    path = write_report(args.run_dir, party=args.party, out=args.out)
+    print(f"wrote {path}")
     return 0
 
 

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_progress_artifact
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from messages import MessageError, TransportError
 from messages.bodies import Aligned, ErrorReply, Step, TreeFinished
 from flows.config import ConfigError, JobConfig
+from flows.progress import step_progress, tree_done
 from messages.envelope import Envelope, MsgType
 from messages.chunks import FrameSigner
 from messages.rabbitmq import RabbitTransport, holds_password
@@ -77,6 +78,8 @@ class Coordinator:
     session: str = field(default_factory=_new_session)
     """Prefix of every task id: parties drop messages of a session that is over (a killed
     flow, a step abandoned by a recovery), and refuse a task id they already answered."""
+    step_seconds: dict[str, float] = field(default_factory=dict)
+    """Wall seconds spent in each kind of step (send to last reply), summed over the run."""
 
     def begin_session(self) -> None:
         """Start a new session: the parties will open the job afresh (or from checkpoints)."""
@@ -85,6 +88,8 @@ class Coordinator:
     def call(self, parties: list[str], kind: MsgType, body: Any, step: str) -> dict[str, Any]:
         """Send a command to every party and return each party's reply body."""
         task = f"{self.session}/{step}"
+        started = time.perf_counter()
+        step_progress(self.job, kind, 0, len(parties))
         for party in parties:
             env = Envelope(job=self.job, task=task, sender=self.transport.name, recipient=party,
                            kind=kind, body=body)
@@ -113,6 +118,9 @@ class Coordinator:
             replies[env.sender] = env.body
             if isinstance(env.body, ErrorReply):
                 break  # fail fast: the others may be waiting for the failed party's data
+            step_progress(self.job, kind, len(replies), len(parties))
+        name = kind.name.lower()
+        self.step_seconds[name] = self.step_seconds.get(name, 0.0) + time.perf_counter() - started
         errors = [r for r in replies.values() if isinstance(r, ErrorReply)]
         if errors:
             raise PartyError(sorted(errors, key=lambda e: not e.user_error)[0])
@@ -192,6 +200,14 @@ def train_with_recoveries(config: Any, train: Callable[[Any, Any], T]) -> T:
                     raise
                 logger.warning("%s; resuming from the parties' checkpoints", exc)
         raise AssertionError("unreachable")
+
+
+def record_tree(job: str, progress: Any, done: int, total: int, seconds: float,
+                metrics: dict[str, Any]) -> None:
+    """A tree is done: move the run's progress artifact and tell the job's progress listener
+    (the command line's progress bar)."""
+    update_progress_artifact(progress, 100.0 * done / total)
+    tree_done(job, done, total, seconds, metrics)
 
 
 def link(job: str) -> Coordinator:
