@@ -119,10 +119,11 @@ class LiveBar:
             SpinnerColumn(), TextColumn("[bold]{task.fields[stage]:<10}"),
             BarColumn(bar_width=30), TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
             console=console, transient=False, refresh_per_second=4)
-        self.task = self.progress.add_task("run", total=None, stage="starting", detail="")
+        self.task = self.progress.add_task("run", total=None, stage="starting",
+                                           detail="Prefect and the parties' workers")
 
     def __call__(self, event: ProgressEvent) -> None:
-        self.run.update(event)
+        changed = self.run.update(event)
         run = self.run
         if run.stage == TREES or isinstance(event, TreeProgress):
             detail = run.tree_text()
@@ -136,6 +137,8 @@ class LiveBar:
             if run.total is not None:  # after the trees: validation, saving
                 detail = f"{run.tree_text()}  [dim]{detail}[/dim]"
             self.progress.update(self.task, stage=run.stage, detail=detail)
+        if changed:  # every stage is drawn, however short (binning can take a fraction of 1 s)
+            self.progress.refresh()
 
     def __enter__(self) -> LiveBar:
         self.progress.start()

@@ -355,7 +355,7 @@ def _node_text(view: PartyView, node: TreeNode, tree: int) -> tuple[str, str]:
 _CSS = """
 body{font-family:sans-serif;margin:24px auto;max-width:1100px;color:#222}
 h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px}
-section{margin-bottom:28px}figure{margin:8px 0}
+section{margin-bottom:28px}figure{margin:8px 12px 8px 0;display:inline-block;vertical-align:top}
 table{border-collapse:collapse;font-size:13px;margin:8px 0}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
 .who{color:#555}.notes{color:#a05000}.tree{overflow-x:auto}
