@@ -46,7 +46,13 @@ def test_train_predict_centralized(tmp_path: Path) -> None:
     config = _config(tmp_path, DATA / "breast_hetero_guest.csv", DATA / "breast_hetero_host.csv")
     done = _run("train", str(config), "--out", str(tmp_path / "run"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "trees 3/3" in done.stdout  # not a terminal: plain progress lines
+    # not a terminal: plain progress lines, one per stage step and per tree, no escapes
+    lines = done.stdout.splitlines()
+    assert "PSI: psi_blind" in lines and "binning: bin_features" in lines, done.stdout
+    trees = [line for line in lines if line.startswith("trees ")]
+    assert [t.split()[1] for t in trees] == ["1/3", "2/3", "3/3"], done.stdout
+    assert all(" s/tree  ETA " in t and "train_auc=" in t for t in trees), trees
+    assert "\x1b[" not in done.stdout
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["n_aligned"] == 569 and metrics["n_valid"] == 171
     assert {"train_auc", "valid_auc", "train_seconds", "tree_seconds"} <= set(metrics)
@@ -66,6 +72,18 @@ def test_train_predict_centralized(tmp_path: Path) -> None:
     cen = json.loads((tmp_path / "central" / "metrics.json").read_text())
     assert cen["train_auc"] == pytest.approx(metrics["train_auc"], abs=1e-9)
     assert cen["valid_auc"] == pytest.approx(metrics["valid_auc"], abs=1e-9)
+
+
+def test_quiet_train_prints_only_the_result_and_log_level_brings_prefect_back(
+        tmp_path: Path) -> None:
+    config = _config(tmp_path, DATA / "breast_hetero_guest.csv", DATA / "breast_hetero_host.csv",
+                     params={"n_trees": 2, "max_depth": 2})
+    done = _run("train", str(config), "--out", str(tmp_path / "run"), "--quiet",
+                "--log-level", "INFO", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith("trained 2 trees"), done.stdout
+    assert len(done.stdout.splitlines()) == 1, done.stdout
+    assert "tree 2/2 done" in done.stderr  # the flow's own Prefect lines, at INFO
 
 
 def _assert_one_error_line(done: subprocess.CompletedProcess[str], *expected: str) -> None:
