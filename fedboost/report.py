@@ -221,6 +221,10 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
             f"<tbody>{body}</tbody></table>")
 
 
+def _folded(table: str) -> str:
+    return f"<details><summary>as a table</summary>{table}</details>"
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
@@ -272,9 +276,9 @@ def _timing(metrics: dict[str, Any], history: list[dict[str, Any]]) -> str:
     if steps:
         parts.append(f"<figure>{run_charts.step_seconds_chart(steps)}</figure>")
         total = sum(steps.values()) or 1.0
-        parts.append(_table(["step", "seconds", "share"],
-                            [[k, v, f"{100 * v / total:.1f} %"] for k, v in
-                             sorted(steps.items(), key=lambda item: -item[1])]))
+        parts.append(_folded(_table(["step", "seconds", "share"],
+                                    [[k, v, f"{100 * v / total:.1f} %"] for k, v in
+                                     sorted(steps.items(), key=lambda item: -item[1])])))
     else:
         parts.append("<p>This run recorded no seconds per protocol step.</p>")
     return _section("timing", "Where the time went", "".join(parts))
@@ -296,7 +300,7 @@ def _importance(view: PartyView) -> str:
                                         title="split count",
                                         value_label="splits", chart_id="importance-splits",
                                         colour="#ff7f0e") + "</figure>")
-    parts.append(_table(["feature", "splits", "total gain"], [list(r) for r in rows]))
+    parts.append(_folded(_table(["feature", "splits", "total gain"], [list(r) for r in rows])))
     return _section("feature-importance", "Feature importance", "".join(parts))
 
 

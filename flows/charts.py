@@ -13,7 +13,7 @@ from html import escape
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f")
-WIDTH, HEIGHT = 640, 300
+WIDTH, HEIGHT = 520, 280
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 64, 16, 44, 44
 
 
@@ -109,7 +109,7 @@ def bar_chart(bars: Sequence[tuple[str, float]], *, title: str, value_label: str
     """Horizontal bars, one per (label, value), in the order given."""
     if not bars:
         return ""
-    row, label_width = 20, 190
+    row, label_width = 18, 170
     height = MARGIN_TOP + row * len(bars) + MARGIN_BOTTOM
     left, right = label_width, WIDTH - 70
     most = max(v for _, v in bars) or 1.0
