@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import time
 import uuid
@@ -24,6 +25,8 @@ if TYPE_CHECKING:  # flows are imported late: Prefect's settings come first
     from flows.config import JobConfig
 
 EXIT_USER_ERROR = 1
+EXIT_INTERRUPTED = 130
+"""Ctrl-C, as shells report a process ended by SIGINT."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,11 +258,30 @@ def _run_training(config: Any, out: Path, args: argparse.Namespace) -> int:
     _console_logs(args.log_level)
     mode = "quiet" if args.quiet else "bar" if sys.stdout.isatty() else "lines"
     view = progress_view(mode, sys.stdout)
-    with view or nullcontext(), listening(config.job, view) if view else nullcontext():
-        if config.transport.kind == "rabbitmq":  # the parties' workers run on their own
-            result = flow(config)
-        else:
-            result = train_embedded(config, out)
+    interrupted: list[int] = []
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        interrupted.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        with view or nullcontext(), listening(config.job, view) if view else nullcontext():
+            if config.transport.kind == "rabbitmq":  # the parties' workers run on their own
+                result = flow(config)
+            else:
+                result = train_embedded(config, out)
+    except BaseException:
+        # Ctrl-C also stops the ephemeral Prefect server, so what surfaces may be Prefect
+        # failing to record the crash rather than KeyboardInterrupt itself
+        if not interrupted:
+            raise
+        print(f"fedboost: interrupted; the parties keep their checkpoints: 'fedboost resume "
+              f"{config.job} --out {out}' continues after the last finished tree",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGINT, previous)
     history = result.pop("history")
     result["trees"] = [{"tree": k, "seconds": s, **m}
                        for k, (s, m) in enumerate(zip(result["tree_seconds"], history,

@@ -170,7 +170,7 @@ def test_killed_training_continues_when_run_again(tmp_path: Path) -> None:
                              start_new_session=True)
     assert first.stdout is not None
     for line in first.stdout:
-        if "tree 3/8 done" in line:
+        if line.startswith("trees 3/8 "):  # the progress line after tree 3's checkpoint
             os.killpg(first.pid, signal.SIGKILL)
             break
     first.wait(timeout=60)
@@ -184,6 +184,32 @@ def test_killed_training_continues_when_run_again(tmp_path: Path) -> None:
     assert (out / "host" / "lookup.json").read_bytes() == \
         (tmp_path / "whole" / "host" / "lookup.json").read_bytes()
     assert not (out / "guest" / "checkpoints").exists()  # a finished job keeps none
+
+
+def test_ctrl_c_ends_in_one_line_naming_the_resume_command(tmp_path: Path) -> None:
+    """SIGINT to the whole group, as a terminal's Ctrl-C: exit 130 with the command that
+    continues the job, which then resumes after the finished trees."""
+    import signal
+
+    job = _config(tmp_path, DATA / "breast_hetero_guest.csv", DATA / "breast_hetero_host.csv")
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    out = tmp_path / "run"
+    first = subprocess.Popen([*FEDBOOST, "train", str(job), "--out", str(out)], cwd=tmp_path,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    assert first.stdout is not None
+    for line in first.stdout:
+        if line.startswith("trees 1/3 "):
+            os.killpg(first.pid, signal.SIGINT)
+            break
+    rest = first.stdout.read()
+    assert first.wait(timeout=120) == 130, rest
+    assert f"'fedboost resume breast --out {out}'" in rest, rest
+    assert "KeyboardInterrupt" not in rest, rest  # the workers leave Ctrl-C to the command
+    again = _run("resume", "breast", "--out", str(out), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((out / "metrics.json").read_text())["resumed_after"] >= 1
 
 
 def test_keys_makes_one_identity(tmp_path: Path) -> None:
