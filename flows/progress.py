@@ -15,15 +15,16 @@ from dataclasses import dataclass, field
 from messages.envelope import MsgType
 
 STAGE_OF_STEP: dict[MsgType, str] = {
-    **dict.fromkeys([MsgType.OPEN_JOB, MsgType.H_OPEN_JOB, MsgType.S_OPEN_JOB], "opening"),
+    **dict.fromkeys([MsgType.OPEN_JOB, MsgType.H_OPEN_JOB, MsgType.S_OPEN_JOB,
+                     MsgType.F_OPEN_JOB], "opening"),
     MsgType.RESUME_JOB: "resuming",
     **dict.fromkeys([MsgType.PSI_BLIND, MsgType.PSI_REBLIND, MsgType.PSI_INTERSECT], "PSI"),
     **dict.fromkeys([MsgType.BIN_FEATURES, MsgType.H_SUMMARIZE, MsgType.H_MERGE_BINS,
-                     MsgType.H_APPLY_BINS], "binning"),
+                     MsgType.H_APPLY_BINS, MsgType.F_PREPARE], "binning"),
     **dict.fromkeys([MsgType.S_MEMBER_KEY, MsgType.S_HASH_ROWS, MsgType.S_MATCH_ROWS,
                      MsgType.S_STORE_SIMILAR], "LSH"),
     **dict.fromkeys([MsgType.TRAVERSE_LEVEL, MsgType.EVALUATE_VALIDATION], "validation"),
-    **dict.fromkeys([MsgType.SAVE_MODEL, MsgType.CLOSE_JOB], "saving"),
+    **dict.fromkeys([MsgType.SAVE_MODEL, MsgType.F_SAVE_MODEL, MsgType.CLOSE_JOB], "saving"),
 }
 """Protocol steps outside the per-tree loop, by the stage they belong to; all others grow
 trees."""
@@ -53,12 +54,13 @@ class TreeProgress:
 ProgressEvent = StepProgress | TreeProgress
 Listener = Callable[[ProgressEvent], None]
 
-_LISTENERS: dict[str, Listener] = {}
+_LISTENERS: dict[str | None, Listener] = {}
 
 
 @contextmanager
-def listening(job: str, listener: Listener) -> Iterator[None]:
-    """Let ``listener`` hear the progress of ``job``'s flow while the block runs."""
+def listening(job: str | None, listener: Listener) -> Iterator[None]:
+    """Let ``listener`` hear the progress of ``job``'s flow (``None``: of any job in this
+    process, as the command line runs one) while the block runs."""
     _LISTENERS[job] = listener
     try:
         yield
@@ -66,16 +68,20 @@ def listening(job: str, listener: Listener) -> Iterator[None]:
         _LISTENERS.pop(job, None)
 
 
+def _listener(job: str) -> Listener | None:
+    return _LISTENERS.get(job) or _LISTENERS.get(None)
+
+
 def report(job: str, event: ProgressEvent) -> None:
     """Tell the job's listener, if any, about ``event``."""
-    listener = _LISTENERS.get(job)
+    listener = _listener(job)
     if listener is not None:
         listener(event)
 
 
 def step_progress(job: str, kind: MsgType, answered: int, parties: int) -> None:
     """Report a step's replies so far (stage from :data:`STAGE_OF_STEP`)."""
-    if job in _LISTENERS:
+    if _listener(job) is not None:
         report(job, StepProgress(STAGE_OF_STEP.get(kind, TREES), kind.name.lower(), answered,
                                  parties))
 
@@ -83,7 +89,7 @@ def step_progress(job: str, kind: MsgType, answered: int, parties: int) -> None:
 def tree_done(job: str, done: int, total: int, seconds: float,
               metrics: dict[str, object]) -> None:
     """Report a finished tree with its training metrics (numbers only)."""
-    if job in _LISTENERS:
+    if _listener(job) is not None:
         numbers = {k: float(v) for k, v in metrics.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
         report(job, TreeProgress(done, total, seconds, numbers))

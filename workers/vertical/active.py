@@ -37,7 +37,7 @@ from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.vertical.alignment import send_public_key
 from workers.vertical.explain import SplitRecord, leaf_purity, tree_splits, write_splits
-from workers.data import load_party_csv
+from workers.data import load_party_data, save_categories
 from workers.lifeline import die_with_parent
 from workers.policy import check_job
 from workers.runtime import StepContext
@@ -103,6 +103,10 @@ class ActiveTraining:
         """Predictions from margins (what validation scoring sums)."""
         return transform(self.params.objective, margin)
 
+    def scoring_model(self) -> Model:
+        """The trees so far, for scoring the validation rows."""
+        return self.model({})
+
     def model(self, features: dict[str, tuple[str, ...]]) -> Model:
         return Model(self.params, tuple(float(b) for b in self.base), self.n_classes,
                      tuple(self.trees), features)
@@ -126,15 +130,16 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
         raise ProtocolError(f"job names {actives} as active party, this worker is {ctx.party.name}")
     check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
     own = ctx.party.dataset_in(spec.parties)
-    data = load_party_csv(ctx.party.name, own.path, own.id_column, own.label,
-                          require_label=True, columns=own.columns)
+    data = load_party_data(ctx.party.name, own.path, own.id_column, own.label,
+                           require_label=True, columns=own.columns, categorical=own.categorical)
     params = params_of(body)
     public, private = generate_keypair(spec.key_bits, obfuscator=ctx.party.policy.obfuscator)
     state = JobState(kind="train", party=ctx.party.name, active=ctx.party.name,
                      passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
                      valid_fraction=spec.valid_fraction, valid_seed=spec.valid_seed,
                      key_bits=spec.key_bits, data_file=own.path,
-                     digest=checkpoint.job_digest(spec, own.path, own.columns))
+                     digest=checkpoint.job_digest(spec, own.path, own.columns,
+                                                  own.categorical))
     state.role_state = ActiveTraining(params=params, public=public, private=private)
     ctx.state = state
     return MsgType.OPENED, Opened(rows=len(data.ids),
@@ -406,6 +411,7 @@ def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     directory = ctx.model_dir
     features = {state.party: state.data.names, **{p: () for p in state.passives}}
     save_model(run.model(features), Path(directory) / "model.json")
+    save_categories(Path(directory), state.data.categories)
     write_splits(Path(directory), ctx.job, state.party, run.splits)
     write_json_atomic(Path(directory) / "party.json", {
         "party": state.party, "role": "active", "job": ctx.job, "saved_at": time.time(),

@@ -31,10 +31,10 @@ from messages.names import JOB_NAME_RULE, is_job_name
 from workers import DataError, ProtocolError, StageError
 from workers.vertical.active import ActiveTraining
 from workers.vertical.alignment import receive_alignment
-from workers.data import PartyData, load_party_csv
-from workers.vertical.passive import LookupRecord, PassiveTraining, lookup_from_dict
+from workers.data import PartyData, load_categories, load_party_data
+from workers.vertical.passive import LookupRecord, lookup_from_dict, records_go_left
 from workers.policy import PolicyError
-from workers.runtime import StepContext
+from workers.runtime import DataSet, StepContext
 from workers.state import JobState
 
 
@@ -86,8 +86,6 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
     is_active = ctx.party.name == actives[0]
     scores = scores_path(directory, body.scores_file) if is_active else directory
     own = ctx.party.dataset_in(body.parties)
-    data = load_party_csv(ctx.party.name, own.path, own.id_column, own.label,
-                          require_label=False)
     if is_active:
         model = load_model(directory / "model.json")
         expected = model.features.get(ctx.party.name, ())
@@ -99,17 +97,19 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
         except (OSError, ValueError, KeyError) as exc:
             raise DataError(f"party {ctx.party.name}: cannot read {path}: {exc}") from None
         role_state = PassiveScoring(records=records)
-    missing = [n for n in expected if n not in data.names]
-    if missing:
-        raise DataError(f"party {ctx.party.name}: file {own.path}: missing model feature "
-                        f"column(s) {', '.join(missing)}")
-    columns = [data.names.index(n) for n in expected]
-    data = PartyData(ids=data.ids, names=tuple(expected), x=data.x[:, columns], y=data.y)
+    data = rows_to_score(ctx.party.name, own, directory, expected)
     state = JobState(kind="predict", party=ctx.party.name, active=actives[0], passives=passives,
                      data=data, predict_batch=body.batch_size)
     state.role_state = role_state
     ctx.state = state
     return MsgType.ACK, Ack(count=len(data.ids))
+
+
+def rows_to_score(party: str, own: DataSet, folder: Path, features: tuple[str, ...]) -> PartyData:
+    """A data set's rows with the features of the model part in ``folder``, in its order, and
+    its categorical columns coded as in training (a category training never saw: missing)."""
+    return load_party_data(party, own.path, own.id_column, own.label, require_label=False,
+                           columns=list(features), categories=load_categories(folder))
 
 
 def score_x(state: JobState) -> np.ndarray:
@@ -121,9 +121,9 @@ def score_x(state: JobState) -> np.ndarray:
 
 def lookup_records(state: JobState) -> dict[int, LookupRecord]:
     """The passive party's lookup table (training or saved)."""
-    run = state.role_state
-    if isinstance(run, (PassiveTraining, PassiveScoring)):
-        return run.records
+    records = getattr(state.role_state, "records", None)  # any protocol's passive role
+    if isinstance(records, dict):
+        return records
     raise StageError(f"{state.party} holds no lookup table")
 
 
@@ -139,10 +139,7 @@ def evaluate_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     x = score_x(state)[state.batch_rows(body.tree)]
     records = lookup_records(state)
     ids = sorted(records)
-    bits = np.zeros((len(ids), x.shape[0]), dtype=bool)
-    for k, rid in enumerate(ids):
-        r = records[rid]
-        bits[k] = goes_left_raw(x[:, r.feature], r.threshold, r.missing_left)
+    bits = records_go_left(x, [records[rid] for rid in ids])
     ctx.send(state.active, MsgType.DECISIONS, Decisions(
         batch=body.tree, records=ids, n_rows=int(x.shape[0]), bits=np.packbits(bits).tobytes()))
     return MsgType.ACK, Ack(count=int(x.shape[0]))
@@ -153,8 +150,10 @@ def model_of(state: JobState) -> Model:
     run = state.role_state
     if isinstance(run, ActiveScoring):
         return run.model
-    if isinstance(run, ActiveTraining):
-        return run.model({})
+    scoring_model = getattr(run, "scoring_model", None)  # a training role of any protocol
+    if callable(scoring_model):
+        model: Model = scoring_model()
+        return model
     raise StageError(f"{state.party} holds no model")
 
 
@@ -219,9 +218,10 @@ def evaluate_validation(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     y = state.data.y[state.valid_rows]
     pred = run.finish(_scored_margin(run))
     metrics = evaluate(run.params.objective, y, pred, "valid")
-    per_tree = [] if run.staged_margin is None else [
+    staged = getattr(run, "staged_margin", None)  # a forest's trees are not stages
+    per_tree = [] if staged is None else [
         [Metric(k, v) for k, v in evaluate(run.params.objective, y, run.finish(m), "valid").items()]
-        for m in run.staged_margin]
+        for m in staged]
     return MsgType.TREE_FINISHED, TreeFinished([Metric(k, v) for k, v in metrics.items()],
                                                per_tree)
 
