@@ -1,4 +1,4 @@
-"""The ``fedboost`` command: train, predict, inspect, centralized, worker, serve; a thin layer
+"""The ``fedboost`` command: train, predict, inspect, report, centralized, worker, serve; a thin layer
 over the Python API (``fedboost.api``) where one exists.
 
 User errors (bad config, bad data, empty intersection) end with one line on stderr naming the
@@ -11,14 +11,18 @@ import argparse
 import json
 import logging
 import re
+import signal
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 from fedboost import _prefect_env, api  # api imports flows late: Prefect's settings come first
 
 EXIT_USER_ERROR = 1
+EXIT_INTERRUPTED = 130
+"""Ctrl-C, as shells report a process ended by SIGINT."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,12 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from boosting import BoostingError
     from flows._tasks import JobStopped, PartyError
+    from fedboost.report import ReportError
     from flows.config import ConfigError
     from workers import DataError
 
     try:
         return int(args.run(args))
-    except (ConfigError, DataError, BoostingError, JobStopped) as exc:
+    except (ConfigError, DataError, BoostingError, JobStopped, ReportError) as exc:
         print(f"fedboost: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except PartyError as exc:
@@ -50,12 +55,22 @@ def _parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train federatedly (embedded default)")
     train.add_argument("config", type=Path, help="job file (YAML)")
     train.add_argument("--out", type=Path, help="output folder (default runs/<job>)")
+    _progress_options(train)
     train.set_defaults(run=_train)
     resume = sub.add_parser("resume", help="continue an interrupted training job after its "
                             "last completed tree")
     resume.add_argument("job", help="the job's name (its folder runs/JOB holds job.json)")
     resume.add_argument("--out", type=Path, help="the job's output folder (default runs/JOB)")
+    _progress_options(resume)
     resume.set_defaults(run=_resume)
+    report = sub.add_parser("report", help="write a run's report: one self-contained HTML page "
+                            "(learning curves, time per step, feature importance, trees)")
+    report.add_argument("run_dir", type=Path, help="folder written by 'fedboost train'")
+    report.add_argument("--party", help="whose report: it names only this party's features "
+                        "(default: the active party, or the first member)")
+    report.add_argument("--out", type=Path, help="HTML file (default RUN_DIR/report.html, or "
+                        "RUN_DIR/report-PARTY.html with --party)")
+    report.set_defaults(run=_report)
     predict = sub.add_parser("predict", help="score rows federatedly with a trained model")
     predict.add_argument("model_dir", type=Path, help="folder written by 'fedboost train'")
     predict.add_argument("--data", action="append", default=[], metavar="PARTY=CSV",
@@ -120,6 +135,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _progress_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--quiet", action="store_true",
+                         help="no progress display: only the final line (and errors)")
+    command.add_argument("--log-level", default="WARNING",
+                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                         help="Prefect's log lines on the console (default WARNING; INFO shows "
+                              "the flow's lines, DEBUG every task's too)")
+
+
 class _UserErrorFilter(logging.Filter):
     """Keep tracebacks of user errors (bad data, empty intersection) off the console.
 
@@ -171,13 +195,65 @@ def _metrics_summary(metrics: dict[str, float]) -> str:
 
 
 def _train(args: argparse.Namespace) -> int:
-    _quiet_task_logs()
-    return _report_training(api.train(args.config, args.out))
+    def resume_command() -> str:
+        from flows.config import load_config
+
+        job = load_config(args.config).job
+        return f"fedboost resume {job} --out {args.out or Path('runs') / job}"
+
+    return _with_progress(args, lambda: api.train(args.config, args.out), resume_command)
 
 
 def _resume(args: argparse.Namespace) -> int:
+    return _with_progress(args, lambda: api.resume(args.job, args.out),
+                          lambda: f"fedboost resume {args.job} --out "
+                                  f"{args.out or Path('runs') / args.job}")
+
+
+def _console_logs(level: str) -> None:
+    """Prefect's console lines at ``level`` and above (the API, and so the UI, keeps all)."""
+    if level == "DEBUG":
+        logging.getLogger("prefect.task_runs").setLevel(logging.INFO)
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
+        for handler in logging.getLogger(name or None).handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.setLevel(getattr(logging, level))
+
+
+def _with_progress(args: argparse.Namespace, run: Callable[[], api.TrainResult],
+                   resume_command: Callable[[], str]) -> int:
+    """Train with the run's progress shown (a bar on a terminal, plain lines otherwise, none
+    with --quiet); Ctrl-C ends in one line naming the command that continues the job."""
+    from contextlib import nullcontext
+
+    from fedboost.progress_view import progress_view
+    from flows.progress import listening
+
     _quiet_task_logs()
-    return _report_training(api.resume(args.job, args.out))
+    _console_logs(args.log_level)
+    mode = "quiet" if args.quiet else "bar" if sys.stdout.isatty() else "lines"
+    view = progress_view(mode, sys.stdout)
+    interrupted: list[int] = []
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        interrupted.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        with view or nullcontext(), listening(None, view) if view else nullcontext():
+            result = run()
+    except BaseException:
+        # Ctrl-C also stops the ephemeral Prefect server, so what surfaces may be Prefect
+        # failing to record the crash rather than KeyboardInterrupt itself
+        if not interrupted:
+            raise
+        print(f"fedboost: interrupted; the parties keep their checkpoints: "
+              f"'{resume_command()}' continues after the last finished tree", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return _report_training(result)
 
 
 def _report_training(result: api.TrainResult) -> int:
@@ -324,6 +400,13 @@ def _keys(args: argparse.Namespace) -> int:
     else:
         print(f"keep {names[0]}.key here; send {names[0]}.pub to every party and the flows' "
               f"runner, and put theirs in {args.out}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from fedboost.report import write_report
+
+    print(f"wrote {write_report(args.run_dir, party=args.party, out=args.out)}")
     return 0
 
 

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_progress_artifact
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from messages import MessageError, TransportError
 from messages.bodies import Aligned, ErrorReply, Step, TreeFinished
 from flows.config import ConfigError, JobConfig
+from flows.progress import step_progress, tree_done
 from messages.envelope import Envelope, MsgType
 from messages.chunks import FrameSigner
 from messages.rabbitmq import RabbitTransport, holds_password
@@ -82,6 +83,9 @@ class Coordinator:
     """Held while the transport is used (calls of concurrent tasks share it)."""
     in_flight: dict[str, list[Envelope]] = field(default_factory=dict)
     """Calls waiting for replies, by task id, with replies other calls received for them."""
+    step_seconds: dict[str, float] = field(default_factory=dict)
+    """Wall seconds spent in each kind of step (send to last reply), summed over the run's
+    calls (calls running at once, as the forest's trees, each count their own)."""
 
     def begin_session(self) -> None:
         """Start a new session: the parties will open the job afresh (or from checkpoints)."""
@@ -93,6 +97,8 @@ class Coordinator:
         Thread-safe: tasks running at once (the forest's trees) share the job's connection;
         whichever call receives a reply to another call in flight files it for that one."""
         task = f"{self.session}/{step}"
+        started = time.perf_counter()
+        step_progress(self.job, kind, 0, len(parties))
         with self.lock:
             self.in_flight[task] = []
             for party in parties:
@@ -119,9 +125,13 @@ class Coordinator:
                     failed = failed or isinstance(env.body, ErrorReply)
                 if failed:
                     break  # fail fast: the others may be waiting for the failed party's data
+                step_progress(self.job, kind, len(replies), len(parties))
         finally:
+            name = kind.name.lower()
             with self.lock:
                 self.in_flight.pop(task, None)
+                self.step_seconds[name] = (self.step_seconds.get(name, 0.0)
+                                           + time.perf_counter() - started)
         errors = [r for r in replies.values() if isinstance(r, ErrorReply)]
         if errors:
             raise PartyError(sorted(errors, key=lambda e: not e.user_error)[0])
@@ -229,6 +239,14 @@ def train_with_recoveries(config: Any, train: Callable[[Any, Any], T]) -> T:
                     raise
                 logger.warning("%s; resuming from the parties' checkpoints", exc)
         raise AssertionError("unreachable")
+
+
+def record_tree(job: str, progress: Any, done: int, total: int, seconds: float,
+                metrics: dict[str, Any]) -> None:
+    """A tree is done: move the run's progress artifact and tell the job's progress listener
+    (the command line's progress bar)."""
+    update_progress_artifact(progress, 100.0 * done / total)
+    tree_done(job, done, total, seconds, metrics)
 
 
 def link(job: str) -> Coordinator:

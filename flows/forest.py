@@ -17,12 +17,13 @@ from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_table_artifact, update_progress_artifact
+from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows import run_charts
 from flows._tasks import (JobStopped, PartyError, StepTimeout, align_entities, close_job, link,
-                          train_with_recoveries)
+                          record_tree, train_with_recoveries)
 from flows.config import ForestJobConfig
 from flows.secureboost import evaluate_validation
 from messages.bodies import Ack, PartyInfo, SplitsFound
@@ -149,6 +150,7 @@ def _train(config: ForestJobConfig, progress: Any) -> dict[str, Any]:
     todo = [t for t in range(params.n_trees) if t not in keep]
     running: dict[Any, int] = {}
     lost: PartyError | None = None
+    growing = time.perf_counter()
     while (todo or running) and lost is None:
         while todo and len(running) < params.parallel_trees:
             tree = todo.pop(0)
@@ -165,7 +167,10 @@ def _train(config: ForestJobConfig, progress: Any) -> dict[str, Any]:
                     raise
                 lost = exc  # the job is opened again (train_with_recoveries)
         finished = len(keep) + sum(1 for s in seconds.values() if s is not None)
-        update_progress_artifact(progress, 100.0 * finished / params.n_trees)
+        grown = sum(1 for s in seconds.values() if s is not None)
+        # trees grow side by side: seconds per tree is the wall time per finished tree
+        record_tree(job, progress, finished, params.n_trees,
+                    (time.perf_counter() - growing) / max(1, grown), {})
         logger.info("trees: %d of %d done, %d dropped", finished, params.n_trees,
                     sum(1 for s in seconds.values() if s is None))
     if running:  # the rest fail the same way, or finish (and are kept)
@@ -185,12 +190,13 @@ def _train(config: ForestJobConfig, progress: Any) -> dict[str, Any]:
                               "resumed_after": len(keep), "trees_trained": len(seconds)}
     save_forest(job, parties, trees)  # the validation below scores these trees
     if aligned.n_valid:
-        result.update(evaluate_validation(job, active, passives, aligned.n_valid))
+        result.update(evaluate_validation(job, active, passives, aligned.n_valid)[0])
     close_job(job, parties)
     tree_seconds = [seconds.get(t) for t in range(params.n_trees)]
     result.update(train_seconds=time.perf_counter() - started, tree_seconds=tree_seconds,
                   key_bits=config.crypto.key_bits,
-                  history=[{"kept": float(t in trees)} for t in range(params.n_trees)])
+                  history=[{"kept": float(t in trees)} for t in range(params.n_trees)],
+                  step_seconds=dict(link(job).step_seconds))
     create_table_artifact(
         [{"tree": t + 1, "seconds": None if s is None else round(s, 3),
           "state": "kept" if t in keep else ("dropped" if t in dropped else "grown")}
@@ -198,4 +204,5 @@ def _train(config: ForestJobConfig, progress: Any) -> dict[str, Any]:
         description=f"{job}: trees of the forest; "
                     + ", ".join(f"{k}={v:.4f}" for k, v in result.items()
                                 if k.startswith("valid_") and isinstance(v, float)))
+    run_charts.publish(job, result)
     return result

@@ -80,8 +80,10 @@ def _state_types() -> dict[str, type]:
     """Every class a checkpoint may rebuild (the roles' classes are imported late: the roles'
     modules import this one)."""
     from workers.vertical.active import ActiveTraining
+    from workers.vertical.explain import SplitRecord
     from workers.vertical.passive import LookupRecord, PassiveTraining
     return type_names(JobState, PartyData, ActiveTraining, PassiveTraining, LookupRecord,
+                      SplitRecord,
                       BoostParams, PaillierPublicKey, PaillierPrivateKey, GradientPacker,
                       BinSumPacking, Tree, TreeNode, TreeFinished, Metric, *_REGISTERED)
 

@@ -37,6 +37,7 @@ from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.vertical.opening import open_active
 from workers.vertical.alignment import send_public_key
+from workers.vertical.explain import SplitRecord, leaf_purity, tree_splits, write_splits
 from workers.data import save_categories
 from workers.lifeline import die_with_parent
 from workers.runtime import StepContext
@@ -73,6 +74,10 @@ class ActiveTraining:
     """Each passive party's feature count, as its root histograms declared and bounded it."""
     pool: KeyHolderPool | None = None
     """Encryption/decryption processes (both cores), started with the first encrypted tree."""
+    splits: list[SplitRecord] = field(default_factory=list)
+    """Every finished tree's splits with their gains (the run report's feature importance)."""
+    staged_margin: np.ndarray | None = None
+    """Validation margins after each tree (trees x rows x outputs), for the learning curve."""
 
     def crypto_pool(self) -> KeyHolderPool:
         if self.pool is None:
@@ -362,6 +367,7 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     grower = run.require_grower(body.tree)
     if grower.frontier:
         raise StageError(f"tree {body.tree} still has {len(grower.frontier)} open nodes")
+    run.splits.extend(tree_splits(body.tree, grower, state.party, state.passives))
     tree, node_of_row = grower.finish(body.tree % run.outputs)
     run.margin[:, tree.output] += node_values(tree)[node_of_row]
     run.trees.append(tree)
@@ -369,6 +375,8 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     ctx.mailbox.drop_tree(body.tree)
     metrics = evaluate(run.params.objective, run.y, transform(run.params.objective, run.margin),
                        "train")
+    if run.params.objective in ("binary", "multiclass"):
+        metrics["leaf_purity"] = leaf_purity(node_of_row, run.y)
     done = TreeFinished([Metric(k, v) for k, v in metrics.items()])
     run.history.append(done)
     _checkpoint(ctx, state, len(run.trees))
@@ -392,6 +400,7 @@ def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     features = {state.party: state.data.names, **{p: () for p in state.passives}}
     save_model(run.model(features), Path(directory) / "model.json")
     save_categories(Path(directory), state.data.categories)
+    write_splits(Path(directory), ctx.job, state.party, run.splits)
     write_json_atomic(Path(directory) / "party.json", {
         "party": state.party, "role": "active", "job": ctx.job, "saved_at": time.time(),
         "parties": [state.party, *state.passives]})

@@ -25,7 +25,10 @@ from messages.envelope import MsgType
 from workers import ProtocolError, StageError
 from workers.vertical.alignment import receive_alignment
 from workers.runtime import StepContext
-from workers.vertical.scoring import lookup_records, model_of, score_x, store_margin
+from workers.vertical.active import ActiveTraining
+from workers.vertical.explain import keeps_stages
+from workers.vertical.scoring import (lookup_records, model_of, score_x, store_margin,
+                                      store_staged)
 from workers.state import JobState
 
 MAX_LEVELS = 16
@@ -131,9 +134,17 @@ def traverse_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     walk.depth, walk.asked = depth + 1, False
     if remaining == 0:
         margin = np.tile(np.array(model.base_score), (x.shape[0], 1))
+        # a training job's validation keeps the margins after each tree: its learning curve
+        keep = isinstance(state.role_state, ActiveTraining) and keeps_stages(
+            len(model.trees), all_x.shape[0], margin.shape[1])
+        staged: list[np.ndarray] = []
         for t, tree in enumerate(model.trees):  # the order of Model.raw_predict: equal sums
             margin[:, tree.output] += tables[t].values[walk.position[t]]
+            if keep:
+                staged.append(margin.copy())
         store_margin(state, rows, margin)
+        if staged:
+            store_staged(state, rows, np.stack(staged))
         state.paths = None
     return MsgType.ACK, Ack(count=remaining)
 

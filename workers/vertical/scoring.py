@@ -195,6 +195,14 @@ def store_margin(state: JobState, batch: slice, margin: np.ndarray) -> None:
     run.score_margin[batch] = margin
 
 
+def store_staged(state: JobState, batch: slice | np.ndarray, staged: np.ndarray) -> None:
+    """Keep one validation batch's margins after each tree (trees x rows x outputs)."""
+    run: ActiveTraining = state.role_state
+    if run.staged_margin is None:
+        run.staged_margin = np.zeros((staged.shape[0], score_x(state).shape[0], staged.shape[2]))
+    run.staged_margin[:, batch] = staged
+
+
 def _scored_margin(run: ActiveTraining | ActiveScoring) -> np.ndarray:
     if run.score_margin is None:
         raise StageError("no batch has been scored yet")
@@ -210,7 +218,12 @@ def evaluate_validation(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     y = state.data.y[state.valid_rows]
     pred = run.finish(_scored_margin(run))
     metrics = evaluate(run.params.objective, y, pred, "valid")
-    return MsgType.TREE_FINISHED, TreeFinished([Metric(k, v) for k, v in metrics.items()])
+    staged = getattr(run, "staged_margin", None)  # a forest's trees are not stages
+    per_tree = [] if staged is None else [
+        [Metric(k, v) for k, v in evaluate(run.params.objective, y, run.finish(m), "valid").items()]
+        for m in staged]
+    return MsgType.TREE_FINISHED, TreeFinished([Metric(k, v) for k, v in metrics.items()],
+                                               per_tree)
 
 
 def write_scores(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
