@@ -281,6 +281,16 @@ def inspect(model_dir: str | os.PathLike[str], party: str | None = None) -> Mode
     return inspect_model(Path(model_dir), party)
 
 
+def report(run_dir: str | os.PathLike[str], party: str | None = None,
+           out: str | os.PathLike[str] | None = None) -> Path:
+    """Write the self-contained HTML report of a finished run (``fedboost.report``): learning
+    curves, seconds per step, feature importance, trees; as ``party`` sees them (default: the
+    lender, or the run's first party). Returns the file written."""
+    from fedboost.report import write_report
+
+    return write_report(Path(run_dir), party, None if out is None else Path(out))
+
+
 def broker_password_warning(source: object) -> str:
     """The warning for a broker password written into a job or worker file."""
     from flows.config import AMQP_URL_ENV

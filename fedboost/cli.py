@@ -404,9 +404,7 @@ def _keys(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from fedboost.report import write_report
-
-    print(f"wrote {write_report(args.run_dir, party=args.party, out=args.out)}")
+    print(f"wrote {api.report(args.run_dir, party=args.party, out=args.out)}")
     return 0
 
 
