@@ -70,10 +70,10 @@ def test_auc(model_file: Path, test_file: Path) -> float:
     """AUC of a member's saved model on a test file (columns id, y, features)."""
     from boosting.metrics import auc
     from boosting.tree import load_model, raw_decider
-    from workers.data import load_party_csv
+    from workers.data import load_party_data
     from workers.horizontal.tree import OWNER
 
-    test = load_party_csv("test", str(test_file), "id", "y", require_label=True)
+    test = load_party_data("test", str(test_file), "id", "y", require_label=True)
     assert test.y is not None
     model = load_model(model_file)
     prob = model.predict(raw_decider({OWNER: test.x}), len(test.ids))

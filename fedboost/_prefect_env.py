@@ -9,3 +9,5 @@ def configure() -> None:
     # the ephemeral server takes 10-15 s to start on 2 cores; Prefect's default is 20 s
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("PREFECT_LOGGING_LOG_PRINTS", "false")
+    # the client's telemetry too (its first-run notice would print over the progress bar)
+    os.environ.setdefault("DO_NOT_TRACK", "1")

@@ -1,4 +1,5 @@
-"""The ``fedboost`` command: train, predict, centralized, worker, serve.
+"""The ``fedboost`` command: train, predict, inspect, report, centralized, worker, serve; a thin layer
+over the Python API (``fedboost.api``) where one exists.
 
 User errors (bad config, bad data, empty intersection) end with one line on stderr naming the
 party and file, and exit status 1 (2 for command-line usage); faults keep their traceback.
@@ -9,36 +10,37 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import re
+import signal
 import sys
-import time
-import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TextIO
 
-from fedboost import _prefect_env
+from fedboost import _prefect_env, api  # api imports flows late: Prefect's settings come first
 from fedboost.serving import add_command as add_serve_model
 
-if TYPE_CHECKING:  # flows are imported late: Prefect's settings come first
-    from flows.config import JobConfig
-
 EXIT_USER_ERROR = 1
+EXIT_INTERRUPTED = 130
+"""Ctrl-C, as shells report a process ended by SIGINT."""
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
     _prefect_env.configure()
+    warnings.showwarning = _show_warning
+    warnings.simplefilter("always", api.FedboostWarning)
     args = _parser().parse_args(argv)
     from boosting import BoostingError
     from flows._tasks import JobStopped, PartyError
+    from fedboost.report import ReportError
     from flows.config import ConfigError
     from workers import DataError
 
     try:
         return int(args.run(args))
-    except (ConfigError, DataError, BoostingError, JobStopped) as exc:
+    except (ConfigError, DataError, BoostingError, JobStopped, ReportError) as exc:
         print(f"fedboost: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except PartyError as exc:
@@ -54,12 +56,22 @@ def _parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train federatedly (embedded default)")
     train.add_argument("config", type=Path, help="job file (YAML)")
     train.add_argument("--out", type=Path, help="output folder (default runs/<job>)")
+    _progress_options(train)
     train.set_defaults(run=_train)
     resume = sub.add_parser("resume", help="continue an interrupted training job after its "
                             "last completed tree")
     resume.add_argument("job", help="the job's name (its folder runs/JOB holds job.json)")
     resume.add_argument("--out", type=Path, help="the job's output folder (default runs/JOB)")
+    _progress_options(resume)
     resume.set_defaults(run=_resume)
+    report = sub.add_parser("report", help="write a run's report: one self-contained HTML page "
+                            "(learning curves, time per step, feature importance, trees)")
+    report.add_argument("run_dir", type=Path, help="folder written by 'fedboost train'")
+    report.add_argument("--party", help="whose report: it names only this party's features "
+                        "(default: the active party, or the first member)")
+    report.add_argument("--out", type=Path, help="HTML file (default RUN_DIR/report.html, or "
+                        "RUN_DIR/report-PARTY.html with --party)")
+    report.set_defaults(run=_report)
     predict = sub.add_parser("predict", help="score rows federatedly with a trained model")
     predict.add_argument("model_dir", type=Path, help="folder written by 'fedboost train'")
     predict.add_argument("--data", action="append", default=[], metavar="PARTY=CSV",
@@ -73,6 +85,12 @@ def _parser() -> argparse.ArgumentParser:
                               "each row's path, one round per tree level; batched: all its "
                               "decisions for every row, two rounds per batch")
     predict.set_defaults(run=_predict)
+    inspect = sub.add_parser("inspect", help="show each party's model part in a model folder "
+                             "(trees, the thresholds it holds, lookup tables)")
+    inspect.add_argument("model_dir", type=Path, help="a run folder, or one party's folder")
+    inspect.add_argument("--party", help="only this party's part")
+    inspect.add_argument("--json", action="store_true", help="one JSON object, for tools")
+    inspect.set_defaults(run=_inspect)
     central = sub.add_parser("centralized", help="train the same model on the joined data")
     central.add_argument("config", type=Path, help="job file (YAML)")
     central.add_argument("--out", type=Path, help="output folder (default runs/<job>-centralized)")
@@ -90,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.set_defaults(run=_worker)
     serve = sub.add_parser("serve", help="serve every protocol's training flow as a Prefect "
                            "deployment (vertical_secureboost/NAME, horizontal/NAME, "
-                           "simfl/NAME)")
+                           "simfl/NAME, vertical_random_forest/NAME)")
     serve.add_argument("--name", default="fedboost", help="deployment name (default fedboost)")
     serve.add_argument("--config", type=Path, action="append", default=[],
                        help="a job file whose content becomes its protocol's deployment's default "
@@ -119,32 +137,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _write_json(path: Path, payload: Any, mode: int = 0o644) -> None:
-    from boosting.tree import write_json_atomic
-
-    write_json_atomic(path, payload)
-    path.chmod(mode)
-
-
-def _warn_broker_password(source: object) -> None:
-    from flows.config import AMQP_URL_ENV
-
-    print(f"fedboost: warning: {source}: transport.url holds the broker password; it is kept "
-          f"out of run folders and Prefect, but give it through {AMQP_URL_ENV} or "
-          f"transport.password_file instead", file=sys.stderr)
-
-
-def _keep_password_out(config: Any, source: object) -> Any:
-    """The job without the password in ``transport.url`` (it goes to job.json and Prefect);
-    this process and its children keep it in their environment as ``FEDBOOST_AMQP_URL``."""
-    from flows.config import AMQP_URL_ENV, without_broker_password
-
-    stripped = without_broker_password(config)
-    if stripped is None:
-        return config
-    _warn_broker_password(source)
-    os.environ.setdefault(AMQP_URL_ENV, config.transport.url)
-    return stripped
+def _progress_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--quiet", action="store_true",
+                         help="no progress display: only the final line (and errors)")
+    command.add_argument("--log-level", default="WARNING",
+                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                         help="Prefect's log lines on the console (default WARNING; INFO shows "
+                              "the flow's lines, DEBUG every task's too)")
 
 
 class _UserErrorFilter(logging.Filter):
@@ -171,6 +170,8 @@ class _UserErrorFilter(logging.Filter):
 
 def _quiet_task_logs() -> None:
     """Show the flow's per-tree progress, not a line per task (the Prefect UI has those)."""
+    import flows.protocols  # noqa: F401  Prefect sets up its logging on import: adjust it after
+
     logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
     user_errors = _UserErrorFilter()
     for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
@@ -179,188 +180,118 @@ def _quiet_task_logs() -> None:
                 handler.addFilter(user_errors)
 
 
-def _metrics_summary(result: dict[str, Any]) -> str:
-    keys = [k for k in result if k.startswith(("train_", "valid_")) and k != "train_seconds"]
-    return ", ".join(f"{k}={result[k]:.4f}" for k in keys)
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
+    """fedboost's own warnings as one line, like its errors; others as Python shows them."""
+    if issubclass(category, api.FedboostWarning):
+        print(f"fedboost: warning: {message}", file=sys.stderr)
+    else:
+        _SHOW_WARNING(message, category, filename, lineno, file, line)
+
+
+_SHOW_WARNING = warnings.showwarning
+
+
+def _metrics_summary(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
 
 
 def _train(args: argparse.Namespace) -> int:
-    from flows.config import load_config
+    def resume_command() -> str:
+        from flows.config import load_config
 
-    config = _keep_password_out(load_config(args.config), args.config)
-    out = args.out or Path("runs") / config.job
-    out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "job.json", json.loads(config.model_dump_json()), mode=0o600)
-    return _run_training(config, out)
+        job = load_config(args.config).job
+        return f"fedboost resume {job} --out {args.out or Path('runs') / job}"
+
+    return _with_progress(args, lambda: api.train(args.config, args.out), resume_command)
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from flows.config import ConfigError, validate_job
-    from messages.names import JOB_NAME_RULE, is_job_name
-
-    if not is_job_name(args.job):  # it names a folder under runs/
-        raise ConfigError(f"job {args.job!r} is not a job name ({JOB_NAME_RULE})")
-    out = args.out or Path("runs") / args.job
-    job_file = out / "job.json"
-    try:
-        raw = json.loads(job_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{job_file}: no job to resume ({exc}); 'fedboost train' writes it") \
-            from None
-    config = validate_job(raw, str(job_file))
-    config = _keep_password_out(config, job_file)  # a job.json of an older version
-    if config.job != args.job:
-        raise ConfigError(f"{job_file} is job {config.job!r}, not {args.job!r}")
-    return _run_training(config, out)
+    return _with_progress(args, lambda: api.resume(args.job, args.out),
+                          lambda: f"fedboost resume {args.job} --out "
+                                  f"{args.out or Path('runs') / args.job}")
 
 
-def _run_training(config: Any, out: Path) -> int:
-    """Train (or, when the parties hold checkpoints of this job, continue) and report."""
-    from fedboost.embedded import protocol_flow, train_embedded
+def _console_logs(level: str) -> None:
+    """Prefect's console lines at ``level`` and above (the API, and so the UI, keeps all)."""
+    if level == "DEBUG":
+        logging.getLogger("prefect.task_runs").setLevel(logging.INFO)
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
+        for handler in logging.getLogger(name or None).handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.setLevel(getattr(logging, level))
 
-    flow = protocol_flow(config)  # imports Prefect's flows: its logging is set up first
+
+def _with_progress(args: argparse.Namespace, run: Callable[[], api.TrainResult],
+                   resume_command: Callable[[], str]) -> int:
+    """Train with the run's progress shown (a bar on a terminal, plain lines otherwise, none
+    with --quiet); Ctrl-C ends in one line naming the command that continues the job."""
+    from contextlib import nullcontext
+
+    from fedboost.progress_view import progress_view
+    from flows.progress import listening
+
     _quiet_task_logs()
-    if config.transport.kind == "rabbitmq":  # the parties' workers run on their own
-        result = flow(config)
-    else:
-        result = train_embedded(config, out)
-    history = result.pop("history")
-    result["trees"] = [{"tree": k, "seconds": s, **m}
-                       for k, (s, m) in enumerate(zip(result["tree_seconds"], history,
-                                                      strict=True))]
-    _write_json(out / "metrics.json", result)
-    resumed = (f" (resumed after {result['resumed_after']} trees)" if result["resumed_after"]
-               else "")
-    rows = "aligned rows" if config.protocol == "vertical_secureboost" else "rows"
-    print(f"trained {result['n_trees']} trees{resumed} on {result['n_aligned']} {rows} in "
-          f"{result['train_seconds']:.1f} s: {_metrics_summary(result)}; model in {out}/")
+    _console_logs(args.log_level)
+    mode = "quiet" if args.quiet else "bar" if sys.stdout.isatty() else "lines"
+    view = progress_view(mode, sys.stdout)
+    interrupted: list[int] = []
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        interrupted.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        with view or nullcontext(), listening(None, view) if view else nullcontext():
+            result = run()
+    except BaseException:
+        # Ctrl-C also stops the ephemeral Prefect server, so what surfaces may be Prefect
+        # failing to record the crash rather than KeyboardInterrupt itself
+        if not interrupted:
+            raise
+        print(f"fedboost: interrupted; the parties keep their checkpoints: "
+              f"'{resume_command()}' continues after the last finished tree", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return _report_training(result)
+
+
+def _report_training(result: api.TrainResult) -> int:
+    resumed = result.metrics["resumed_after"]
+    rows = ("aligned rows" if result.protocol in ("vertical_secureboost", "vertical_random_forest")
+            else "rows")
+    print(f"trained {result.n_trees} trees{f' (resumed after {resumed} trees)' if resumed else ''}"
+          f" on {result.metrics['n_aligned']} {rows} in {result.metrics['train_seconds']:.1f} s: "
+          f"{_metrics_summary(result.final_metrics)}; model in {result.run_dir}/")
     return 0
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from fedboost.embedded import party_specs, run_embedded
-    from flows.config import ConfigError, JobConfig, validate_job
-    from flows.predict import federated_predict
+    from flows.config import ConfigError
 
-    job_file = args.model_dir / "job.json"
-    if not job_file.exists() and (args.model_dir / "party.json").exists():
-        return _predict_with_copy(args)  # a member's own folder of a horizontal model
-    try:
-        raw = json.loads(job_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{job_file}: not a fedboost model folder ({exc})") from None
-    config = validate_job(raw, str(job_file))
-    if not isinstance(config, JobConfig):  # horizontal and SimFL models are every member's
-        return _predict_member(args, config)
-    data: dict[str, Path] = {}
-    for item in args.data:
-        party, sep, path = item.partition("=")
-        if not sep or party not in config.parties:
-            raise ConfigError(f"--data {item!r}: expected PARTY=CSV with PARTY one of "
-                              f"{', '.join(config.parties)}")
-        data[party] = Path(path)
-    job = f"{config.job[:47]}-predict-{uuid.uuid4().hex[:8]}"  # the job-name rule: <= 64
-    scores_file = f"scores-{job}.csv"  # a plain name: the active worker writes in its model folder
-
-    def run() -> dict[str, Any]:
-        return federated_predict(job, config.active, config.passives, scores_file, config.job,
-                                 args.batch_size, args.mode,
-                                 {name: p.dataset or "" for name, p in config.parties.items()})
-
+    data: str | dict[str, str] | None = None
+    if len(args.data) == 1 and "=" not in args.data[0]:
+        data = args.data[0]  # a member's own copy of a shared model takes a bare file
+    elif args.data:
+        pairs = [item.partition("=") for item in args.data]
+        bare = [item for item, (_, sep, _) in zip(args.data, pairs) if not sep]
+        if bare:
+            raise ConfigError(f"--data {bare[0]!r}: expected PARTY=CSV")
+        data = {party: path for party, _, path in pairs}
     _quiet_task_logs()
-    if config.transport.kind == "rabbitmq":
-        return _predict_on_workers(args, config, job, scores_file, run)
-    out = (args.out or args.model_dir / "scores.csv").resolve()
-    result = run_embedded(job, party_specs(config, args.model_dir, data), run)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    (args.model_dir / config.active / scores_file).replace(out)  # the CLI, not the worker, picks
-    print(f"scored {result['n_scored']} rows in {result['seconds']:.1f} s "
-          f"({args.mode} mode): {out}")
-    return 0
-
-
-def _predict_with_copy(args: argparse.Namespace) -> int:
-    """Score with a member's own copy of a shared model (``models/JOB/MEMBER`` of its
-    worker, holding model.json and party.json): ``--data CSV`` or ``--data MEMBER=CSV``."""
-    from flows.config import ConfigError
-
-    try:
-        party = json.loads((args.model_dir / "party.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{args.model_dir}/party.json: cannot read it ({exc})") from None
-    if party.get("protocol") not in ("horizontal", "simfl"):
-        raise ConfigError(f"{args.model_dir}: a vertical model part scores only federatedly: "
-                          f"run fedboost predict on the run folder that holds job.json")
-    if len(args.data) != 1:
-        raise ConfigError("--data CSV: the rows to score with this member's model")
-    path = Path(args.data[0].partition("=")[2] or args.data[0])
-    return _score_member(args, args.model_dir, str(party.get("party")),
-                         str(party.get("id_column", "id")), path)
-
-
-def _score_member(args: argparse.Namespace, folder: Path, member: str, id_column: str,
-                  path: Path) -> int:
-    """Write the scores of ``path``'s rows under the model in ``folder``."""
-    from boosting.tree import load_model, raw_decider
-    from workers.data import load_party_csv
-    from workers.horizontal.tree import OWNER
-    from workers.vertical.scoring import write_scores_csv
-
-    started = time.perf_counter()
-    model = load_model(folder / "model.json")
-    rows = load_party_csv(member, path, id_column, None, require_label=False,
-                          columns=list(model.features[OWNER]))
-    pred = model.predict(raw_decider({OWNER: rows.x}), len(rows.ids))
-    out = (args.out or args.model_dir / "scores.csv").resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_scores_csv(out, rows.ids, pred, model.params.objective)
-    print(f"scored {len(rows.ids)} rows of member {member} in {time.perf_counter() - started:.1f} s "
-          f"with its copy of the model: {out}")
-    return 0
-
-
-def _predict_member(args: argparse.Namespace, config: Any) -> int:
-    """Horizontal models are shared: a member scores its own rows locally, no federation."""
-    from flows.config import ConfigError
-
-    if len(args.data) > 1:
-        raise ConfigError("--data: a horizontal model scores one member's file at a time "
-                          "(MEMBER=CSV)")
-    member, path = config.members[0], None
-    if args.data:
-        member, sep, given = args.data[0].partition("=")
-        if not sep or member not in config.members:
-            raise ConfigError(f"--data {args.data[0]!r}: expected MEMBER=CSV with MEMBER one of "
-                              f"{', '.join(config.members)}")
-        path = Path(given)
-    entry = config.parties[member]
-    path = path or entry.data
-    if path is None:
-        raise ConfigError(f"--data: member {member}'s data file is not in {args.model_dir}/job.json "
-                          f"(trained over a broker): give --data {member}=CSV")
-    if not (args.model_dir / member / "model.json").exists():
-        raise ConfigError(f"{args.model_dir / member}: no model.json (over a broker each member's "
-                          f"worker keeps its copy: fedboost predict MODELS/{config.job}/{member} "
-                          f"--data CSV)")
-    return _score_member(args, args.model_dir / member, member, entry.id, Path(path))
-
-
-def _predict_on_workers(args: argparse.Namespace, config: JobConfig, job: str, scores_file: str,
-                        run: Callable[[], dict[str, Any]]) -> int:
-    """Score against the parties' running workers: each loads its part of the trained job from
-    its own model folder and scores its own data file; the scores stay with the active party."""
-    from flows._tasks import connected
-    from flows.config import ConfigError
-
-    for flag, given in (("--data", args.data), ("--out", args.out)):
-        if given:
-            raise ConfigError(f"{flag}: over RabbitMQ each worker scores its own data file and "
-                              f"the active party keeps the scores in its model folder")
-    with connected(config.model_copy(update={"job": job})):
-        result = run()
-    print(f"scored {result['n_scored']} rows in {result['seconds']:.1f} s ({args.mode} mode): "
-          f"party {config.active} wrote {config.job}/{config.active}/{scores_file} in its "
-          f"models folder")
+    result = api.predict(args.model_dir, data, out=args.out, mode=args.mode,
+                         batch_size=args.batch_size)
+    done = f"scored {result.n_scored} rows"
+    if result.remote_file is not None:
+        print(f"{done} in {result.seconds:.1f} s ({result.mode} mode): party {result.party} "
+              f"wrote {result.remote_file} in its models folder")
+    elif result.mode == "local":
+        print(f"{done} of member {result.party} in {result.seconds:.1f} s with its copy of the "
+              f"model: {result.scores_file}")
+    else:
+        print(f"{done} in {result.seconds:.1f} s ({result.mode} mode): {result.scores_file}")
     return 0
 
 
@@ -383,7 +314,7 @@ def _worker(args: argparse.Namespace) -> int:
         update["models"] = args.models.resolve()
     config = config.model_copy(update=update)
     if holds_password(config.transport.url):
-        _warn_broker_password(args.config)
+        warnings.warn(api.broker_password_warning(args.config), api.FedboostWarning)
     url = config.transport.amqp_url()  # a missing or unreadable password file: say so here
     for name, path in config.data_files().items():
         if not path.is_file():
@@ -407,7 +338,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     parameters: dict[str, dict[str, Any]] = {}
     for path in args.config:  # deployment parameters are stored in Prefect's database
-        config = _keep_password_out(load_config(path), path)
+        config = api.keep_password_out(load_config(path), path)
         if config.protocol in parameters:
             raise ConfigError(f"--config {path}: a second job file of protocol "
                               f"{config.protocol}; give one per protocol")
@@ -474,44 +405,26 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
-def _centralized(args: argparse.Namespace) -> int:
-    from boosting.params import BoostParams
-    from boosting.train import TreeReport, train
-    from boosting.tree import save_model
-    from fedboost.joined import join_parties, pool_members
-    from flows.config import JobConfig, load_config
+def _report(args: argparse.Namespace) -> int:
+    print(f"wrote {api.report(args.run_dir, party=args.party, out=args.out)}")
+    return 0
 
-    config = load_config(args.config)
-    out = args.out or Path("runs") / f"{config.job}-centralized"
-    params = BoostParams.from_dict(config.params.model_dump(exclude={"lsh"}))
-    cuts = None
-    if not isinstance(config, JobConfig):  # the union of the members' rows (ALL-IN)
-        pooled = pool_members(config)
-        # horizontal: the cuts its members share; SimFL's builders each bin with their own
-        cuts = [pooled.cuts] if config.protocol == "horizontal" else None
-        blocks, y, valid = [pooled.block], pooled.y, None
-        n_rows, n_valid = len(pooled.ids), 0
-    else:
-        joined = join_parties(config)
-        blocks, y = joined.part(valid=False)
-        valid = joined.part(valid=True) if joined.valid.any() else None
-        n_rows, n_valid = len(joined.ids), int(joined.valid.sum())
-    trees: list[dict[str, Any]] = []
+
+def _inspect(args: argparse.Namespace) -> int:
+    found = api.inspect(args.model_dir, args.party)
+    print(json.dumps(found.to_dict(), indent=1) if args.json else found.text())
+    return 0
+
+
+def _centralized(args: argparse.Namespace) -> int:
+    from boosting.train import TreeReport
 
     def report(r: TreeReport) -> None:
-        trees.append({"tree": r.tree, "seconds": r.seconds, **r.metrics})
-        print(f"tree {r.tree + 1}/{r.n_trees}: " + ", ".join(f"{k}={v:.4f}" for k, v in r.metrics.items()))
+        print(f"tree {r.tree + 1}/{r.n_trees}: " + ", ".join(f"{k}={v:.4f}"
+                                                           for k, v in r.metrics.items()))
 
-    start = time.perf_counter()
-    model = train(params, blocks, y, valid=valid, on_tree=report, cuts=cuts)
-    result: dict[str, Any] = {"n_aligned": n_rows, "n_train": int(y.size),
-                              "n_valid": n_valid, "n_trees": len(model.trees),
-                              **{k: v for k, v in trees[-1].items() if k not in ("tree", "seconds")},
-                              "train_seconds": time.perf_counter() - start,
-                              "tree_seconds": [t["seconds"] for t in trees], "trees": trees}
-    save_model(model, out / "model.json")
-    _write_json(out / "metrics.json", result)
-    print(f"centralized: {_metrics_summary(result)}; model in {out}/")
+    result = api.centralized(args.config, args.out, on_tree=report)
+    print(f"centralized: {_metrics_summary(result.final_metrics)}; model in {result.run_dir}/")
     return 0
 
 

@@ -20,7 +20,8 @@ from workers.runtime import PartySpec
 T = TypeVar("T")
 FLOW_ENDPOINT = "flow"
 EMBEDDED_POLICY = PartyPolicy(min_key_bits=1024,
-                              protocols=("vertical_secureboost", "horizontal", "simfl"),
+                              protocols=("vertical_secureboost", "horizontal", "simfl",
+                                         "vertical_random_forest"),
                               predict_modes=("path", "batched"))
 """Every party of the embedded default runs on the operator's own machine, so no other
 organisation sees its ciphertexts; 1024-bit keys are allowed there (tests, quick trials) unless
@@ -38,7 +39,9 @@ def party_specs(config: AnyJobConfig, out_dir: Path,
         specs.append(PartySpec(name=name, role=party.role, data=str(path or ""),
                                id_column=party.id,
                                label=party.label, model_dir=str(out_dir / name),
-                               columns=party.columns, processes=processes_of(party),
+                               columns=party.columns,
+                               categorical=getattr(party, "categorical", None),
+                               processes=processes_of(party),
                                policy=(policy_of(party.policy) if party.policy
                                        else EMBEDDED_POLICY),
                                # beside the model parts, never inside one (a part may be shared)

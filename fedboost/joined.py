@@ -15,7 +15,7 @@ from boosting.train import FeatureBlock
 from flows.config import HorizontalJobConfig, JobConfig, SimflJobConfig
 from workers import DataError
 from workers.vertical.alignment import holdout_mask
-from workers.data import PartyData, load_party_csv
+from workers.data import PartyData, load_party_data
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +36,9 @@ def join_parties(config: JobConfig) -> JoinedData:
     """Load every party's file and inner-join on ids."""
     loaded: dict[str, PartyData] = {}
     for name, party in config.parties.items():
-        loaded[name] = load_party_csv(name, party.data, party.id, party.label,
-                                      require_label=party.role == "active", columns=party.columns)
+        loaded[name] = load_party_data(name, party.data, party.id, party.label,
+                                       require_label=party.role == "active",
+                                       columns=party.columns, categorical=party.categorical)
     order = [config.active, *config.passives]
     common = set(loaded[order[0]].ids)
     for name in order[1:]:
@@ -79,9 +80,9 @@ def pool_members(config: HorizontalJobConfig | SimflJobConfig,
     from workers.horizontal.summary import merge_cuts, summarize
     from workers.horizontal.tree import OWNER
 
-    loaded = [load_party_csv(name, config.parties[name].data, config.parties[name].id,
-                             config.parties[name].label, require_label=True,
-                             columns=config.parties[name].columns)
+    loaded = [load_party_data(name, config.parties[name].data, config.parties[name].id,
+                              config.parties[name].label, require_label=True,
+                              columns=config.parties[name].columns)
               for name in config.members]
     names = loaded[0].names
     for name, data in zip(config.members, loaded):

@@ -33,10 +33,12 @@ def party_spec(config: WorkerConfig) -> PartySpec:
                      data=str(config.data) if config.data else "",
                      id_column=config.id, label=config.label,
                      model_dir=str(config.models / "{job}" / config.party),
-                     columns=config.columns, processes=config.processes,
+                     columns=config.columns, categorical=config.categorical,
+                     processes=config.processes,
                      state_dir=str(config.state) if config.state else "",
                      policy=policy_of(config.policy),
-                     datasets={name: DataSet(str(d.data), d.id, d.label, d.columns)
+                     datasets={name: DataSet(str(d.data), d.id, d.label, d.columns,
+                                                     d.categorical)
                                for name, d in config.datasets.items()})
 
 

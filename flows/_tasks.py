@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,12 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_progress_artifact
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from messages import MessageError, TransportError
 from messages.bodies import Aligned, ErrorReply, Step, TreeFinished
 from flows.config import ConfigError, JobConfig
+from flows.progress import step_progress, tree_done
 from messages.envelope import Envelope, MsgType
 from messages.chunks import FrameSigner
 from messages.rabbitmq import RabbitTransport, holds_password
@@ -77,46 +79,91 @@ class Coordinator:
     session: str = field(default_factory=_new_session)
     """Prefix of every task id: parties drop messages of a session that is over (a killed
     flow, a step abandoned by a recovery), and refuse a task id they already answered."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held while the transport is used (calls of concurrent tasks share it)."""
+    in_flight: dict[str, list[Envelope]] = field(default_factory=dict)
+    """Calls waiting for replies, by task id, with replies other calls received for them."""
+    step_seconds: dict[str, float] = field(default_factory=dict)
+    """Wall seconds spent in each kind of step (send to last reply), summed over the run's
+    calls (calls running at once, as the forest's trees, each count their own)."""
 
     def begin_session(self) -> None:
         """Start a new session: the parties will open the job afresh (or from checkpoints)."""
         self.session = _new_session()
 
     def call(self, parties: list[str], kind: MsgType, body: Any, step: str) -> dict[str, Any]:
-        """Send a command to every party and return each party's reply body."""
+        """Send a command to every party and return each party's reply body.
+
+        Thread-safe: tasks running at once (the forest's trees) share the job's connection;
+        whichever call receives a reply to another call in flight files it for that one."""
         task = f"{self.session}/{step}"
-        for party in parties:
-            env = Envelope(job=self.job, task=task, sender=self.transport.name, recipient=party,
-                           kind=kind, body=body)
-            self.transport.send(party, self.sealer.seal(env))
+        started = time.perf_counter()
+        step_progress(self.job, kind, 0, len(parties))
+        with self.lock:
+            self.in_flight[task] = []
+            for party in parties:
+                env = Envelope(job=self.job, task=task, sender=self.transport.name,
+                               recipient=party, kind=kind, body=body)
+                self.transport.send(party, self.sealer.seal(env))
         replies: dict[str, Any] = {}
         deadline = time.monotonic() + self.timeout
-        while len(replies) < len(parties):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = sorted(set(parties) - set(replies))
-                raise StepTimeout(f"party {', '.join(missing)}: no answer to step {step} "
-                                  f"within {self.timeout:.0f} s (transport.step_timeout)",
-                                  missing)
-            data = self.transport.receive(timeout=min(left, 1.0))
+        try:
+            while len(replies) < len(parties):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(set(parties) - set(replies))
+                    raise StepTimeout(f"party {', '.join(missing)}: no answer to step {step} "
+                                      f"within {self.timeout:.0f} s (transport.step_timeout)",
+                                      missing)
+                failed = False
+                for env in self._next_replies(task, left):
+                    if env.job != self.job or env.sender not in parties:
+                        log.warning("flow %s: dropped stale reply %s from %s", self.job,
+                                    env.task, env.sender)
+                        continue
+                    replies[env.sender] = env.body
+                    failed = failed or isinstance(env.body, ErrorReply)
+                if failed:
+                    break  # fail fast: the others may be waiting for the failed party's data
+                step_progress(self.job, kind, len(replies), len(parties))
+        finally:
+            name = kind.name.lower()
+            with self.lock:
+                self.in_flight.pop(task, None)
+                self.step_seconds[name] = (self.step_seconds.get(name, 0.0)
+                                           + time.perf_counter() - started)
+        errors = [r for r in replies.values() if isinstance(r, ErrorReply)]
+        if errors:
+            raise PartyError(sorted(errors, key=lambda e: not e.user_error)[0])
+        return replies
+
+    def _next_replies(self, task: str, left: float) -> list[Envelope]:
+        """Replies to ``task`` filed by other calls, or the next message received (filed for
+        its own call if that is another one in flight)."""
+        with self.lock:
+            filed = self.in_flight.get(task)
+            if filed:
+                self.in_flight[task] = []
+                return filed
+            alone = len(self.in_flight) == 1
+            # alone: wait long on the transport; else briefly, so the other calls get the lock
+            data = self.transport.receive(timeout=min(left, 1.0 if alone else 0.05))
             if data is None:
-                continue
+                return []
             self.transport.acknowledge()  # a reply needs no redelivery: the step is re-sent
             try:
                 env = self.sealer.open(data)
             except MessageError as exc:
                 log.warning("flow %s: dropped reply: %s", self.job, exc)
-                continue
-            if env.job != self.job or env.task != task or env.sender not in parties:
-                log.warning("flow %s: dropped stale reply %s from %s", self.job, env.task, env.sender)
-                continue
-            replies[env.sender] = env.body
-            if isinstance(env.body, ErrorReply):
-                break  # fail fast: the others may be waiting for the failed party's data
-        errors = [r for r in replies.values() if isinstance(r, ErrorReply)]
-        if errors:
-            raise PartyError(sorted(errors, key=lambda e: not e.user_error)[0])
-        return replies
+                return []
+            if env.task == task:
+                return [env]
+            if env.task in self.in_flight:
+                self.in_flight[env.task].append(env)
+            else:
+                log.warning("flow %s: dropped stale reply %s from %s", self.job, env.task,
+                            env.sender)
+            return []
 
 
 _LINKS: dict[str, Coordinator] = {}
@@ -199,6 +246,14 @@ def train_with_recoveries(config: Any, train: Callable[[Any, Any], T]) -> T:
                     raise
                 logger.warning("%s; resuming from the parties' checkpoints", exc)
         raise AssertionError("unreachable")
+
+
+def record_tree(job: str, progress: Any, done: int, total: int, seconds: float,
+                metrics: dict[str, Any]) -> None:
+    """A tree is done: move the run's progress artifact and tell the job's progress listener
+    (the command line's progress bar)."""
+    update_progress_artifact(progress, 100.0 * done / total)
+    tree_done(job, done, total, seconds, metrics)
 
 
 def link(job: str) -> Coordinator:

@@ -31,7 +31,7 @@ class _Strict(BaseModel):
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}"
 """Party and data set names: 1-32 letters, digits, '_', '-'."""
-Protocol = Literal["vertical_secureboost", "horizontal", "simfl"]
+Protocol = Literal["vertical_secureboost", "horizontal", "simfl", "vertical_random_forest"]
 
 
 class PolicyConfig(_Strict):
@@ -64,6 +64,9 @@ class PartyConfig(_Strict):
     label: str | None = None
     columns: list[str] | None = None
     """Feature columns this party contributes (default: all but id and label)."""
+    categorical: list[str] | None = None
+    """Feature columns of text this party encodes itself (codes of its sorted distinct values,
+    kept with its model part); any other column must hold numbers."""
     policy: PolicyConfig | None = None
     """The party's policy where this file starts its worker (``fedboost worker --config
     job.yaml``: default ``PolicyConfig()``; the embedded default, where one operator runs every
@@ -457,10 +460,53 @@ class SimflJobConfig(_MembersAndAggregator, _Strict):
         return self
 
 
-AnyJobConfig = JobConfig | HorizontalJobConfig | SimflJobConfig
+class ForestParamsConfig(_Strict):
+    """The vertical random forest's parameters (seed 002)."""
+
+    n_trees: int = Field(50, ge=1, le=10_000)
+    max_depth: int = Field(10, ge=1, le=16)
+    max_features: Literal["sqrt", "log2"] | float = "sqrt"
+    """Features drawn per node: sqrt or log2 of all the parties' features, or a fraction."""
+    min_samples_leaf: int = Field(1, ge=1)
+    max_bin: int = Field(32, ge=2, le=254)
+    objective: Literal["binary", "multiclass", "regression"] = "binary"
+    bootstrap: bool = True
+    seed: int = Field(0, ge=0)
+    complete_secure: bool = False
+    """The first tree grows on the active party's features alone (no passive party sees its
+    instance spaces), as Completely SecureBoost's first round."""
+    min_trees: int | None = Field(None, ge=1)
+    """Fewest trees the job may finish with when trees are dropped (default: all)."""
+    tree_retries: int = Field(2, ge=0, le=10)
+    """Times a failed tree is grown again before it is dropped."""
+    parallel_trees: int = Field(2, ge=1, le=64)
+    """Trees grown at once (Prefect task concurrency)."""
+
+    @field_validator("max_features")
+    @classmethod
+    def _fraction(cls, v: str | float) -> str | float:
+        if isinstance(v, float) and not 0.0 < v <= 1.0:
+            raise ValueError("a fraction of the features must be in (0, 1]")
+        return v
+
+    @model_validator(mode="after")
+    def _enough(self) -> ForestParamsConfig:
+        if self.min_trees is not None and self.min_trees > self.n_trees:
+            raise ValueError(f"min_trees {self.min_trees} exceeds n_trees {self.n_trees}")
+        return self
+
+
+class ForestJobConfig(JobConfig):
+    """A vertical random forest job: parties as for SecureBoost."""
+
+    protocol: Literal["vertical_random_forest"]  # type: ignore[assignment]
+    params: ForestParamsConfig = ForestParamsConfig()  # type: ignore[assignment]
+
+
+AnyJobConfig = JobConfig | HorizontalJobConfig | SimflJobConfig | ForestJobConfig
 JOB_SCHEMAS: dict[str, type[JobConfig] | type[HorizontalJobConfig] | type[SimflJobConfig]] = {
     "vertical_secureboost": JobConfig, "horizontal": HorizontalJobConfig,
-    "simfl": SimflJobConfig}
+    "simfl": SimflJobConfig, "vertical_random_forest": ForestJobConfig}
 """The job file's ``protocol:`` selects its schema."""
 
 
@@ -524,6 +570,8 @@ class DataSetConfig(_Strict):
     id: str = "id"
     label: str | None = None
     columns: list[str] | None = None
+    categorical: list[str] | None = None
+    """Feature columns of text this party encodes itself (vertical jobs)."""
 
 
 class WorkerConfig(_Strict):
@@ -539,6 +587,8 @@ class WorkerConfig(_Strict):
     id: str = "id"
     label: str | None = None
     columns: list[str] | None = None
+    categorical: list[str] | None = None
+    """The default data set's feature columns of text, which this party encodes itself."""
     datasets: dict[str, DataSetConfig] = {}
     """Further data sets by name; a job file picks one with ``dataset: NAME``."""
     models: Path = Path("models")
@@ -593,6 +643,7 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
         entry = job.parties[party]
         raw = {"party": party, "role": entry.role, "data": entry.data, "id": entry.id,
                "label": entry.label, "columns": entry.columns,
+               "categorical": getattr(entry, "categorical", None),
                # the job file's own protocol: this party's entry in it is an opt-in
                "policy": entry.policy or PolicyConfig(protocols=[job.protocol]),
                "models": base / "models", "transport": job.transport.model_dump(),

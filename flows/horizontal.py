@@ -20,11 +20,13 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_table_artifact, update_progress_artifact
+from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from flows import run_charts
 from flows._tasks import (JobStopped, PartyError, StepTimeout, close_job,
-                          combine_member_metrics, link, step_id, train_with_recoveries)
+                          combine_member_metrics, link, record_tree, step_id,
+                          train_with_recoveries)
 from flows.config import HorizontalJobConfig
 from messages.bodies import Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished
 from messages.envelope import MsgType
@@ -197,7 +199,7 @@ def _train(config: HorizontalJobConfig, progress: Any) -> dict[str, Any]:
         metrics = combine_member_metrics({m: r for m, r in replies.items() if m in live})
         history.append(metrics)
         tree_seconds.append(time.perf_counter() - tree_start)
-        update_progress_artifact(progress, 100.0 * (tree + 1) / config.params.n_trees)
+        record_tree(job, progress, tree + 1, config.params.n_trees, tree_seconds[-1], metrics)
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
         logger.info("tree %d/%d done in %.2f s: %s", tree + 1, config.params.n_trees,
                     tree_seconds[-1], shown)
@@ -215,7 +217,8 @@ def _train(config: HorizontalJobConfig, progress: Any) -> dict[str, Any]:
         "resumed_after": done, "trees_trained": config.params.n_trees - done,
         "train_seconds": time.perf_counter() - started, "tree_seconds": tree_seconds,
         "history": history, "protocol": "horizontal", "members": members,
-        "dropped": dropped, "member_metrics": last.get("members", {})}
+        "dropped": dropped, "member_metrics": last.get("members", {}),
+        "step_seconds": dict(link(job).step_seconds)}
     if config.privacy is not None:  # every tree spends epsilon / n_trees (privacy.PrivacyBudget)
         result["epsilon"] = config.privacy.epsilon
         result["epsilon_spent"] = config.privacy.epsilon * len(history) / config.params.n_trees
@@ -225,6 +228,7 @@ def _train(config: HorizontalJobConfig, progress: Any) -> dict[str, Any]:
          for k, (sec, m) in enumerate(zip(tree_seconds, history, strict=True))],
         description=f"{job}: metrics per tree (row-weighted over members)"
                     + (f"; dropped {', '.join(dropped)}" if dropped else ""))
+    run_charts.publish(job, result)
     return result
 
 

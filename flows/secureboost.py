@@ -12,10 +12,11 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_table_artifact, update_progress_artifact
+from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows._tasks import (PartyError, align_entities, close_job, link, step_id,
+from flows import run_charts
+from flows._tasks import (PartyError, align_entities, close_job, link, record_tree, step_id,
                           train_with_recoveries)
 from flows.config import JobConfig
 from flows.predict import traverse_level_once
@@ -120,9 +121,10 @@ def finish_tree(job: str, active: str, passives: list[str], tree: int) -> dict[s
 
 
 @task(name="evaluate_validation", task_run_name="evaluate-validation", cache_policy=NO_CACHE)
-def evaluate_validation(job: str, active: str, passives: list[str], n_valid: int) -> dict[str, float]:
+def evaluate_validation(job: str, active: str, passives: list[str],
+                        n_valid: int) -> tuple[dict[str, float], list[dict[str, float]]]:
     """Score the hold-out rows federatedly in path mode (one round per tree level, only the
-    decisions on each row's path) and compute metrics."""
+    decisions on each row's path) and compute metrics: of the model, and after each tree."""
     coord = link(job)
     for batch in range(-(-n_valid // VALIDATION_BATCH)):
         depth = 0
@@ -130,7 +132,8 @@ def evaluate_validation(job: str, active: str, passives: list[str], n_valid: int
             depth += 1
     done: TreeFinished = coord.call([active], MsgType.EVALUATE_VALIDATION, Step(),
                                     step_id(MsgType.EVALUATE_VALIDATION))[active]
-    return {m.name: m.value for m in done.metrics}
+    return ({m.name: m.value for m in done.metrics},
+            [{m.name: m.value for m in tree} for tree in done.per_tree])
 
 
 @task(name="save_models", task_run_name="save-models", cache_policy=NO_CACHE)
@@ -190,14 +193,19 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
         metrics = finish_tree(job, active, passives, tree)  # every party checkpoints the tree
         tree_seconds.append(time.perf_counter() - tree_start)
         history.append(metrics)
-        update_progress_artifact(progress, 100.0 * (tree + 1) / n_trees)
+        record_tree(job, progress, tree + 1, n_trees, tree_seconds[-1], metrics)
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
         logger.info("tree %d/%d done in %.2f s: %s", tree + 1, n_trees, tree_seconds[-1], shown)
     result: dict[str, Any] = {"n_aligned": aligned.n_aligned, "n_train": aligned.n_train,
-                              "n_valid": aligned.n_valid, "n_trees": n_trees, **history[-1],
+                              "n_valid": aligned.n_valid, "n_trees": n_trees,
+                              **{k: v for k, v in history[-1].items()
+                                 if k != run_charts.LEAF_PURITY},
                               "resumed_after": done, "trees_trained": n_trees - done}
     if aligned.n_valid:
-        result.update(evaluate_validation(job, active, passives, aligned.n_valid))
+        final, per_tree = evaluate_validation(job, active, passives, aligned.n_valid)
+        result.update(final)
+        if len(per_tree) == len(history):  # the learning curve on the hold-out rows
+            history = [{**m, **valid} for m, valid in zip(history, per_tree, strict=True)]
     save_models(job, [active, *passives])
     try:
         close_job(job, [active, *passives])
@@ -206,11 +214,13 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
             raise
         logger.warning("%s; its model part is saved, nothing left to close", exc)
     result.update(train_seconds=time.perf_counter() - started, tree_seconds=tree_seconds,
-                  history=history, key_bits=config.crypto.key_bits)
+                  history=history, key_bits=config.crypto.key_bits,
+                  step_seconds=dict(link(job).step_seconds))
     create_table_artifact(
         [{"tree": k + 1, "seconds": None if sec is None else round(sec, 3), **m}
          for k, (sec, m) in enumerate(zip(tree_seconds, history, strict=True))],
         description=f"{job}: metrics per tree; final "
                     + ", ".join(f"{k}={v:.4f}" for k, v in result.items()
                                 if k.startswith(("train_", "valid_")) and isinstance(v, float)))
+    run_charts.publish(job, result)
     return result

@@ -16,10 +16,11 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_table_artifact, update_progress_artifact
+from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows._tasks import (close_job, combine_member_metrics, link, step_id,
+from flows import run_charts
+from flows._tasks import (close_job, combine_member_metrics, link, record_tree, step_id,
                           train_with_recoveries)
 from flows.config import SimflJobConfig
 from messages.bodies import Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished
@@ -148,7 +149,7 @@ def _train(config: SimflJobConfig, progress: Any) -> dict[str, Any]:
         metrics["builder"] = builder
         history.append(metrics)
         tree_seconds.append(time.perf_counter() - tree_start)
-        update_progress_artifact(progress, 100.0 * (tree + 1) / config.params.n_trees)
+        record_tree(job, progress, tree + 1, config.params.n_trees, tree_seconds[-1], metrics)
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()
                           if k.startswith("train_") and isinstance(v, float))
         logger.info("tree %d/%d (%s) done in %.2f s: %s", tree + 1, config.params.n_trees,
@@ -168,11 +169,13 @@ def _train(config: SimflJobConfig, progress: Any) -> dict[str, Any]:
         "member_metrics": last.get("members", {}),
         "preprocess_reused": prep["reused"], "preprocess_seconds": prep["seconds"],
         "preprocess_bytes": prep["bytes"],
-        "tree_bytes": sum(per_tree) / len(per_tree) if per_tree else None}
+        "tree_bytes": sum(per_tree) / len(per_tree) if per_tree else None,
+        "step_seconds": dict(link(job).step_seconds)}
     create_table_artifact(
         [{"tree": k + 1, "builder": m.get("builder"),
           "seconds": None if sec is None else round(sec, 3),
           **{key: value for key, value in m.items() if key.startswith("train_")}}
          for k, (sec, m) in enumerate(zip(tree_seconds, history, strict=True))],
         description=f"{job}: metrics per tree (row-weighted over members)")
+    run_charts.publish(job, result)
     return result

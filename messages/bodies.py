@@ -128,6 +128,9 @@ class TreeFinished:
     """Reply of finish_tree at the active party: training metrics after this tree."""
 
     metrics: list[Metric]
+    per_tree: list[list[Metric]] = field(default_factory=list)
+    """Validation replies only: the metrics after each tree (the learning curve), or none
+    when the margins after every tree would not fit in memory."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ import msgpack
 
 from messages import DecodeError, UnknownMessageType
 from messages import bodies as b
+from messages import forest as f
 from messages import horizontal as h
 from messages import simfl as s
 from messages.codec import from_wire, to_wire
@@ -106,6 +107,21 @@ class MsgType(IntEnum):
     S_SIMILAR = 361
     S_GRADIENTS = 362
     S_TREE = 363
+    # the vertical random forest (messages.forest): commands 380-389, peer messages 390-399
+    F_OPEN_JOB = 380
+    F_PREPARE = 381
+    F_LEVEL = 382
+    F_FIND_SPLITS = 383
+    F_APPLY_SPLITS = 384
+    F_FINISH_TREE = 385
+    F_SAVE_MODEL = 386
+    F_OPENED = 387
+    F_LABELS = 390
+    F_FEATURES = 391
+    F_REQUEST = 392
+    F_HISTOGRAMS = 393
+    F_SPLITS = 394
+    F_APPLIED = 395
 
     # the scoring service (fedboost serve-model): 400-419
     OPEN_SCORING = 400
@@ -164,6 +180,15 @@ BODY_TYPES.update({
     MsgType.S_TREE: s.SharedTree})
 SIMFL_STEPS = frozenset({MsgType.S_MEMBER_KEY, MsgType.S_MATCH_ROWS, MsgType.S_STORE_SIMILAR,
                          MsgType.S_SEND_GRADIENTS, MsgType.S_BUILD_TREE, MsgType.S_RECEIVE_TREE})
+BODY_TYPES.update({
+    MsgType.F_OPEN_JOB: f.OpenForest, MsgType.F_OPENED: f.ForestOpened,
+    MsgType.F_LABELS: f.EncryptedLabels, MsgType.F_FEATURES: f.FeatureCount,
+    MsgType.F_REQUEST: f.LevelRequest, MsgType.F_HISTOGRAMS: f.LevelHistograms,
+    MsgType.F_SPLITS: f.ForestSplits, MsgType.F_APPLIED: f.ForestApplied})
+FOREST_STEPS = frozenset({MsgType.F_PREPARE, MsgType.F_LEVEL, MsgType.F_FIND_SPLITS,
+                          MsgType.F_APPLY_SPLITS, MsgType.F_FINISH_TREE, MsgType.F_SAVE_MODEL})
+for _kind in FOREST_STEPS:
+    BODY_TYPES[_kind] = f.TreeCommand
 for _kind in SIMFL_STEPS:
     BODY_TYPES[_kind] = b.Step
 HORIZONTAL_STEPS = frozenset(
@@ -182,7 +207,7 @@ STEP_COMMANDS = frozenset(
 for _kind in STEP_COMMANDS:
     BODY_TYPES[_kind] = b.Step
 OPENERS = frozenset({MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION, MsgType.H_OPEN_JOB,
-                     MsgType.S_OPEN_JOB, MsgType.OPEN_SCORING})
+                     MsgType.S_OPEN_JOB, MsgType.F_OPEN_JOB, MsgType.OPEN_SCORING})
 """Commands that open a job at a party: their bodies name the protocol and every party's role."""
 UNRECORDED = frozenset({MsgType.SCORE_ROWS})
 """Commands a worker answers without putting them on its durable record of answered commands
@@ -194,8 +219,8 @@ TRANSIENT = frozenset({MsgType.SCORE_ROWS, MsgType.ROUND_DECISIONS, MsgType.ROWS
 """Kinds the broker need not write to disk: a scoring round is worth nothing after its timeout,
 and one lost with the broker is answered 503 and asked again (a persistent message waits for
 the broker's fsync: about 0.5 ms more per hop on loopback, and a long tail)."""
-COMMANDS = (STEP_COMMANDS | HORIZONTAL_STEPS | SIMFL_STEPS | OPENERS | UNRECORDED
-            | {MsgType.RESUME_JOB, MsgType.S_HASH_ROWS})
+COMMANDS = (STEP_COMMANDS | HORIZONTAL_STEPS | SIMFL_STEPS | FOREST_STEPS | OPENERS
+            | UNRECORDED | {MsgType.RESUME_JOB, MsgType.S_HASH_ROWS})
 WORK = frozenset({MsgType.HISTOGRAM_SHARD, MsgType.TREE_CIPHERTEXTS})
 """What a party's coordinating process hands to its own helper processes: shards of a step, and
 the data those shards share (a tree's ciphertexts)."""

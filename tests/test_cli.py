@@ -46,7 +46,13 @@ def test_train_predict_centralized(tmp_path: Path) -> None:
     config = _config(tmp_path, DATA / "breast_hetero_guest.csv", DATA / "breast_hetero_host.csv")
     done = _run("train", str(config), "--out", str(tmp_path / "run"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "tree 3/3" in done.stderr
+    # not a terminal: plain progress lines, one per stage step and per tree, no escapes
+    lines = done.stdout.splitlines()
+    assert "PSI: psi_blind" in lines and "binning: bin_features" in lines, done.stdout
+    trees = [line for line in lines if line.startswith("trees ")]
+    assert [t.split()[1] for t in trees] == ["1/3", "2/3", "3/3"], done.stdout
+    assert all(" s/tree  ETA " in t and "train_auc=" in t for t in trees), trees
+    assert "\x1b[" not in done.stdout
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["n_aligned"] == 569 and metrics["n_valid"] == 171
     assert {"train_auc", "valid_auc", "train_seconds", "tree_seconds"} <= set(metrics)
@@ -66,6 +72,18 @@ def test_train_predict_centralized(tmp_path: Path) -> None:
     cen = json.loads((tmp_path / "central" / "metrics.json").read_text())
     assert cen["train_auc"] == pytest.approx(metrics["train_auc"], abs=1e-9)
     assert cen["valid_auc"] == pytest.approx(metrics["valid_auc"], abs=1e-9)
+
+
+def test_quiet_train_prints_only_the_result_and_log_level_brings_prefect_back(
+        tmp_path: Path) -> None:
+    config = _config(tmp_path, DATA / "breast_hetero_guest.csv", DATA / "breast_hetero_host.csv",
+                     params={"n_trees": 2, "max_depth": 2})
+    done = _run("train", str(config), "--out", str(tmp_path / "run"), "--quiet",
+                "--log-level", "INFO", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith("trained 2 trees"), done.stdout
+    assert len(done.stdout.splitlines()) == 1, done.stdout
+    assert "tree 2/2 done" in done.stderr  # the flow's own Prefect lines, at INFO
 
 
 def _assert_one_error_line(done: subprocess.CompletedProcess[str], *expected: str) -> None:
@@ -152,7 +170,7 @@ def test_killed_training_continues_when_run_again(tmp_path: Path) -> None:
                              start_new_session=True)
     assert first.stdout is not None
     for line in first.stdout:
-        if "tree 3/8 done" in line:
+        if line.startswith("trees 3/8 "):  # the progress line after tree 3's checkpoint
             os.killpg(first.pid, signal.SIGKILL)
             break
     first.wait(timeout=60)
@@ -166,6 +184,32 @@ def test_killed_training_continues_when_run_again(tmp_path: Path) -> None:
     assert (out / "host" / "lookup.json").read_bytes() == \
         (tmp_path / "whole" / "host" / "lookup.json").read_bytes()
     assert not (out / "guest" / "checkpoints").exists()  # a finished job keeps none
+
+
+def test_ctrl_c_ends_in_one_line_naming_the_resume_command(tmp_path: Path) -> None:
+    """SIGINT to the whole group, as a terminal's Ctrl-C: exit 130 with the command that
+    continues the job, which then resumes after the finished trees."""
+    import signal
+
+    job = _config(tmp_path, DATA / "breast_hetero_guest.csv", DATA / "breast_hetero_host.csv")
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    out = tmp_path / "run"
+    first = subprocess.Popen([*FEDBOOST, "train", str(job), "--out", str(out)], cwd=tmp_path,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    assert first.stdout is not None
+    for line in first.stdout:
+        if line.startswith("trees 1/3 "):
+            os.killpg(first.pid, signal.SIGINT)
+            break
+    rest = first.stdout.read()
+    assert first.wait(timeout=120) == 130, rest
+    assert f"'fedboost resume breast --out {out}'" in rest, rest
+    assert "KeyboardInterrupt" not in rest, rest  # the workers leave Ctrl-C to the command
+    again = _run("resume", "breast", "--out", str(out), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((out / "metrics.json").read_text())["resumed_after"] >= 1
 
 
 def test_keys_makes_one_identity(tmp_path: Path) -> None:

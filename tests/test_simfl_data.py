@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.simfl_data import (CATEGORIES, encode_adult, partition, prepare, read_adult,
                                    split_indices, split_train_test, write_member_files)
-from workers.data import load_party_csv
+from workers.data import load_party_data
 
 N_ROWS = 32_561  # UCI Adult's training file, a9a's 32,561
 N_FEATURES = 116  # a9a's 123 less fnlwgt's 5 and one bin each of education-num, hours-per-week
@@ -135,9 +135,9 @@ def test_member_files_load_as_party_data(tmp_path: Path) -> None:
                                (x_test, y_test))
 
     assert sorted(files) == ["A", "B", "test"]
-    a = load_party_csv("A", files["A"], "id", "y", require_label=True)
-    b = load_party_csv("B", files["B"], "id", "y", require_label=True)
-    test = load_party_csv("test", files["test"], "id", "y", require_label=True)
+    a = load_party_data("A", files["A"], "id", "y", require_label=True)
+    b = load_party_data("B", files["B"], "id", "y", require_label=True)
+    test = load_party_data("test", files["test"], "id", "y", require_label=True)
     assert a.names == tuple(names) == test.names
     assert np.array_equal(a.x, x[:6]) and np.array_equal(b.y, y[6:])
     assert np.array_equal(test.x, x_test)
@@ -147,7 +147,7 @@ def test_member_files_load_as_party_data(tmp_path: Path) -> None:
 def test_prepare_writes_the_papers_unbalanced_members(tmp_path: Path) -> None:
     files = prepare(tmp_path, partition_mode="unbalanced", theta=0.8, parties=2, seed=0)
 
-    loaded = {m: load_party_csv(m, files[m], "id", "y", require_label=True)
+    loaded = {m: load_party_data(m, files[m], "id", "y", require_label=True)
               for m in ("A", "B", "test")}
 
     assert sum(len(d.ids) for d in loaded.values()) == N_ROWS

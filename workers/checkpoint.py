@@ -80,8 +80,10 @@ def _state_types() -> dict[str, type]:
     """Every class a checkpoint may rebuild (the roles' classes are imported late: the roles'
     modules import this one)."""
     from workers.vertical.active import ActiveTraining
+    from workers.vertical.explain import SplitRecord
     from workers.vertical.passive import LookupRecord, PassiveTraining
     return type_names(JobState, PartyData, ActiveTraining, PassiveTraining, LookupRecord,
+                      SplitRecord,
                       BoostParams, PaillierPublicKey, PaillierPrivateKey, GradientPacker,
                       BinSumPacking, Tree, TreeNode, TreeFinished, Metric, *_REGISTERED)
 
@@ -118,13 +120,16 @@ def key_of(party: PartySpec) -> bytes:
     return party_key(party.private_dir())
 
 
-def job_digest(spec: Any, data_file: str, columns: list[str] | None) -> str:
+def job_digest(spec: Any, data_file: str, columns: list[str] | None,
+               categorical: list[str] | None = None) -> str:
     """What a checkpoint must match to be resumed: the job spec and this party's input."""
     h = hashlib.sha256(msgpack.packb(to_wire(spec), use_bin_type=True))
     with open(data_file, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     h.update(repr(columns).encode())
+    if categorical:  # other codes, other model (none: the digest of files before categories)
+        h.update(repr(sorted(categorical)).encode())
     return h.hexdigest()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from multiprocessing.process import BaseProcess
 
 from messages.signing import Sealer
@@ -18,6 +19,9 @@ def run_worker(party: PartySpec, transport: MemoryTransport, sealer: Sealer, log
     """Process entry point: serve one job, then exit (helpers serve until terminated); stop
     if the process that started it dies."""
     die_with_parent()
+    # Ctrl-C is the starting process's to handle: it stops these workers (and the processes
+    # they spawn, which inherit the ignored signal) instead of each printing a traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     label = f"{party.name}/helper" if helper else party.name
     logging.basicConfig(level=log_level, format=f"%(asctime)s [{label}] %(message)s")
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -11,8 +11,9 @@ from boosting.params import BoostParams
 from boosting.tree import Model, save_model, write_json_atomic
 from messages.bodies import Ack
 from messages.envelope import MsgType
-from workers import ProtocolError
-from workers.runtime import StepContext
+from workers import DataError, ProtocolError
+from workers.data import PartyData, load_party_data
+from workers.runtime import DataSet, StepContext
 
 
 def params_of(spec: Any) -> BoostParams:
@@ -36,6 +37,22 @@ def aggregator_of(spec: Any) -> str:
     if len(found) != 1:
         raise ProtocolError(f"the job needs exactly one aggregator, names {found}")
     return found[0]
+
+
+def load_member_data(me: str, own: DataSet) -> PartyData:
+    """A member's rows with their labels. Categorical columns are refused: members share
+    columns, and codes each member drew from its own file would differ."""
+    if own.categorical:
+        raise DataError(f"party {me}: file {own.path}: categorical columns are encoded by the "
+                        f"one party that owns them, in vertical jobs; members of a "
+                        f"row-partitioned job share columns: encode "
+                        f"{', '.join(own.categorical)} alike beforehand")
+    data = load_party_data(me, own.path, own.id_column, own.label, require_label=True,
+                           columns=own.columns)
+    if own.label is None or data.y is None:
+        raise DataError(f"party {me}: file {own.path}: a member needs its label column (label: "
+                        f"in its worker file's data set)")
+    return data
 
 
 def save_member_model(ctx: StepContext, model: Model, protocol: str, members: list[str],

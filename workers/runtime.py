@@ -59,6 +59,8 @@ class DataSet:
     label: str | None = None
     columns: list[str] | None = None
     """Feature columns to use (default: every column but the id and the label)."""
+    categorical: list[str] | None = None
+    """Feature columns of text this party encodes itself (``workers.data``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,8 @@ class PartySpec:
     model_dir: str
     columns: list[str] | None = None
     """Feature columns to use (default: every column but the id and the label)."""
+    categorical: list[str] | None = None
+    """Feature columns of text this party encodes itself (``workers.data``)."""
     processes: int = 1
     """Worker processes of this party: one coordinates, the others take histogram shards."""
     policy: PartyPolicy = PartyPolicy()
@@ -96,7 +100,7 @@ class PartySpec:
         if name in self.datasets:
             return self.datasets[name]
         if name in ("", "default") and self.data:
-            return DataSet(self.data, self.id_column, self.label, self.columns)
+            return DataSet(self.data, self.id_column, self.label, self.columns, self.categorical)
         known = sorted(self.datasets) + (["default"] if self.data else [])
         raise DataError(f"party {self.name} has no data set {name or 'default'!r} in its worker "
                         f"file (it has: {', '.join(known) or 'none'})")

@@ -38,7 +38,7 @@ from fedboost.joined import PooledRows, pool_members
 from flows.config import HorizontalJobConfig
 from flows.horizontal import MembersLost
 from tests.scenarios import DATA, horizontal_config, horizontal_job
-from workers.data import load_party_csv
+from workers.data import load_party_data
 from workers.horizontal.tree import OWNER
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -109,8 +109,8 @@ def member_samples(config: HorizontalJobConfig, members: list[str]) -> Callable[
     """Rows in tree t under subsample: each member draws its own rows (seed, tree, its index
     among the job's members), stacked in member order as ``pool_members`` stacks them."""
     p = config.params
-    sizes = {m: load_party_csv(m, config.parties[m].data, "id", "y",
-                                require_label=True).x.shape[0]
+    sizes = {m: load_party_data(m, config.parties[m].data, "id", "y",
+                                 require_label=True).x.shape[0]
              for m in members}
 
     def in_tree(t: int) -> np.ndarray:
@@ -197,7 +197,7 @@ def test_default_credit_test_auc_matches_xgboost_hist(credit_run: Path) -> None:
 
     from boosting.metrics import auc
 
-    test = load_party_csv("test", str(CREDIT_TEST), "id", "y", require_label=True)
+    test = load_party_data("test", str(CREDIT_TEST), "id", "y", require_label=True)
     model = members_model(credit_run, ["guest", "host_1", "host_2"])
     assert len(model.trees) == 30
     federated = auc(test.y, model.predict(raw_decider({OWNER: test.x}), len(test.ids))[:, 0])
@@ -222,7 +222,7 @@ def test_predict_cli_scores_a_horizontal_run(credit_run: Path, tmp_path: Path) -
     out = tmp_path / "scores.csv"
     assert main(["predict", str(credit_run), "--data", f"guest={CREDIT_TEST}",
                  "--out", str(out)]) == 0
-    test = load_party_csv("test", str(CREDIT_TEST), "id", "y", require_label=True)
+    test = load_party_data("test", str(CREDIT_TEST), "id", "y", require_label=True)
     model = members_model(credit_run, ["guest", "host_1", "host_2"])
     lines = out.read_text().splitlines()
     rows = [line.split(",") for line in lines[1:]]

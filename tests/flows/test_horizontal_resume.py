@@ -54,7 +54,7 @@ def test_a_killed_horizontal_run_resumes_to_the_uninterrupted_model(tmp_path: Pa
     assert flow.stdout is not None
     for line in flow.stdout:
         seen.append(line)
-        if f"tree 3/{N_TREES} done" in line:
+        if f"trees 3/{N_TREES} " in line:  # the progress line after tree 3's checkpoint
             os.killpg(flow.pid, signal.SIGKILL)
             break
     flow.wait()

@@ -133,6 +133,8 @@ def test_deployment_run_through_the_prefect_api(federation: Federation, prefect_
         assert state["type"] == "COMPLETED", f"{state} / {serve_log.read_text()[-3000:]}"
         artifacts = httpx.post(f"{prefect_server}/artifacts/filter", timeout=5, json={
             "artifacts": {"flow_run_id": {"any_": [run_id]}}}).json()
-        assert {"table", "progress"} <= {a["type"] for a in artifacts}
+        assert {"table", "progress", "markdown"} <= {a["type"] for a in artifacts}
+        charts = [a["data"] for a in artifacts if a["type"] == "markdown"]
+        assert "data:image/svg+xml;base64," in charts[0]  # the learning curves, inline
         job = f"{federation.config.job}-deployed"
         assert (federation.models / job / federation.config.active / "model.json").is_file()

@@ -22,7 +22,7 @@ from flows.config import HorizontalJobConfig
 from messages.envelope import Envelope, MsgType, decode_envelope
 from messages.transport import MemoryHub
 from tests.scenarios import DATA
-from workers.data import load_party_csv
+from workers.data import load_party_data
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -67,7 +67,7 @@ def _plain_root_histograms(config: HorizontalJobConfig, cuts: list[np.ndarray],
                            base: float) -> dict[str, np.ndarray]:
     """Each member's histogram of tree 0's root, recomputed from its file: its rows binned with
     the shared cuts, the gradients at the base score quantized over all members' rows."""
-    data = {m: load_party_csv(m, str(config.parties[m].data), "id", "y", require_label=True)
+    data = {m: load_party_data(m, str(config.parties[m].data), "id", "y", require_label=True)
             for m in MEMBERS}
     y = np.concatenate([data[m].y for m in MEMBERS])  # type: ignore[misc]
     g, h = (a[:, 0] for a in gradients("binary", np.full((y.size, 1), base), y))

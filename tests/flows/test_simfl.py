@@ -24,7 +24,7 @@ from messages.codec import to_wire
 from messages.envelope import MsgType, decode_envelope
 from messages.transport import MemoryHub
 from tests.scenarios import DATA
-from workers.data import load_party_csv
+from workers.data import load_party_data
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -71,8 +71,8 @@ def test_no_feature_value_leaves_a_member_but_its_trees_thresholds(tmp_path: Pat
     recorded = [(s, r, decode_envelope(msgpack.unpackb(d)["envelope"]))
                 for s, r, d in hub.recorded()]
     for member in MEMBERS:
-        data = load_party_csv(member, DATA / f"breast_homo_{member}.csv", "id", "y",
-                              require_label=True)
+        data = load_party_data(member, DATA / f"breast_homo_{member}.csv", "id", "y",
+                               require_label=True)
         values = {v for v in np.unique(data.x) if v not in (0.0, 1.0)}
         cuts = {float(c) for col in fit_cuts(data.x, 32) for c in col}
         sent = [env for s, _, env in recorded if s == member]

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from messages import DecodeError
 from messages import bodies as b
+from messages import forest as f
 from messages import horizontal as h
 from messages import simfl as s
 from messages.envelope import Envelope, MsgType, decode_envelope, encode_envelope
@@ -72,6 +73,18 @@ SAMPLES = {
     MsgType.TREE_CIPHERTEXTS: b.TreeCiphertexts(1, 0, 2, b"\x05", b"\x02" * 24),
     MsgType.DECISION_REQUEST: b.DecisionRequest(0, 2, b"\x01\0\0\0", b"\x07\0\0\0"),
     MsgType.PATH_DECISIONS: b.PathDecisions(0, 2, 1, b"\x80"),
+    MsgType.F_OPEN_JOB: f.OpenForest(f.ForestSpec(
+        [b.PartyInfo("g", "active"), b.PartyInfo("h", "passive", "credit")], 50, 10, "sqrt", 5,
+        32, "binary", True, 0, 45, False, 1024, 0.3, 0, "y")),
+    MsgType.F_OPENED: f.ForestOpened(10, [0, 3]),
+    MsgType.F_LABELS: f.EncryptedLabels(1, 1, 9, b"\x02" * 512),
+    MsgType.F_FEATURES: f.FeatureCount(10),
+    MsgType.F_REQUEST: f.LevelRequest(100_001, 2, b"\x01\x00" * 3,
+                                      [b.NodeSplit(3, 5, 6, encode_mask(np.ones(4, bool)))],
+                                      [f.NodeRequest(5, [0, 4])]),
+    MsgType.F_HISTOGRAMS: f.LevelHistograms(1, 2, b"\xff", 37, [b"\x03" * 10]),
+    MsgType.F_SPLITS: f.ForestSplits(1, 2, [b.SplitChoice(3, 4, 5, True)]),
+    MsgType.F_APPLIED: f.ForestApplied(1, 2, [3], [65_536], [b"\xf0"]),
     MsgType.OPEN_SCORING: b.OpenScoring([b.PartyInfo("g", "active", "applicants")], "trained",
                                         4096, "vertical_secureboost"),
     MsgType.SCORE_ROWS: b.ScoreRows(7, ["25115", "2346"], 10.0),
@@ -83,7 +96,9 @@ SAMPLES = {
 
 @pytest.mark.parametrize("kind", list(MsgType))
 def test_every_kind_round_trips(kind: MsgType) -> None:
-    default = h.Round(1, 2, 0, ["a", "b"]) if kind.name.startswith("H_") else b.Step(1, 2, ["host"])
+    default = (h.Round(1, 2, 0, ["a", "b"]) if kind.name.startswith("H_")
+               else f.TreeCommand(100_001, 2, [0, 1]) if kind.name.startswith("F_")
+               else b.Step(1, 2, ["host"]))
     body = SAMPLES.get(kind, default)
     env = Envelope("job", "task", "guest", "host", kind, body)
     assert decode_envelope(encode_envelope(env)) == env

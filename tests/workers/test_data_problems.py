@@ -20,20 +20,20 @@ from messages.envelope import MsgType
 from tests.scenarios import DATA, config_with
 from tests.workers.test_runtime import _command, _reply, _spec, _worker
 from workers import DataError
-from workers.data import load_party_csv
+from workers.data import load_party_data
 
 
 def test_infinite_values_are_refused_naming_row_and_column(tmp_path: Path) -> None:
     path = tmp_path / "host.csv"
     path.write_text("id,x0,x1\na,1,2\nb,inf,3\n")
     with pytest.raises(DataError, match=r"party host: file .*host.csv: row 3, column 'x0': infinite"):
-        load_party_csv("host", path, "id", None, require_label=False)
+        load_party_data("host", path, "id", None, require_label=False)
 
 
 def test_missing_cells_are_missing_values_not_errors(tmp_path: Path) -> None:
     path = tmp_path / "host.csv"
     path.write_text("id,x0\na,\nb,NA\nc,nan\nd,4\n")
-    data = load_party_csv("host", path, "id", None, require_label=False)
+    data = load_party_data("host", path, "id", None, require_label=False)
     assert np.isnan(data.x[:3, 0]).all() and data.x[3, 0] == 4
 
 
@@ -103,15 +103,15 @@ def test_errors_name_rows_and_columns_but_never_ids_or_cells(
     path.write_text("id,x0\ncustomer-17,1\ncustomer-18,secret-cell\n")
     caplog.set_level("DEBUG", logger="fedboost.worker")
     with pytest.raises(DataError) as failure:
-        load_party_csv("host", path, "id", None, require_label=False)
+        load_party_data("host", path, "id", None, require_label=False)
     assert "row 3, column 'x0': not a number" in str(failure.value)
     assert "secret-cell" not in str(failure.value) and "secret-cell" in caplog.text
     path.write_text("id,x0\ncustomer-17,1\ncustomer-17,2\n")
     with pytest.raises(DataError) as failure:
-        load_party_csv("host", path, "id", None, require_label=False)
+        load_party_data("host", path, "id", None, require_label=False)
     assert "duplicate id at rows 2 and 3" in str(failure.value)
     assert "customer-17" not in str(failure.value)
     path.write_bytes(b"id,x0\n\xff\xfe,1\n")
     with pytest.raises(DataError, match=r"not UTF-8 text \(byte 6\)") as failure:
-        load_party_csv("host", path, "id", None, require_label=False)
+        load_party_data("host", path, "id", None, require_label=False)
     assert "xff" not in str(failure.value)

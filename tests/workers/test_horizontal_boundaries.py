@@ -27,7 +27,7 @@ from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, L
                                  NodeSplit, OpenHorizontal, Round, SharedCuts)
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
-from workers.data import load_party_csv
+from workers.data import load_party_data
 from workers.horizontal.masking import MaskKey, MaskRound, mask_vector, pair_secret, unmask_sum
 from workers.horizontal.summary import decode_summaries, merge_cuts
 from workers.policy import PartyPolicy
@@ -95,7 +95,7 @@ def started(tmp_path: Path) -> tuple[Federation, np.ndarray, list[np.ndarray], d
     fed.peer("agg", MsgType.H_GRADIENT_SCALE, GradientScale(0, 0, peak.g_exponent,
                                                              peak.h_exponent, rows))
     secrets = {m: pair_secret(KEYS[m], a_public, "job", m, "a") for m in ("b", "c")}
-    data = load_party_csv("a", DATA, "id", "y", require_label=True)
+    data = load_party_data("a", DATA, "id", "y", require_label=True)
     g, h = (v[:, 0] for v in gradients("binary", np.full((data.y.size, 1), -0.5), data.y))
     q_g, q_h = quantize_at(g, rows, peak_exponent(g)), quantize_at(h, rows, peak_exponent(h))
     plain = build_histograms(apply_cuts(data.x, cuts, 32), np.zeros(data.y.size, np.int64),
@@ -198,7 +198,7 @@ def test_the_aggregator_waits_for_every_current_message_without_consuming_any(
                                                        body)))
 
     assert command(MsgType.H_OPEN_JOB, OpenHorizontal(SPEC)).kind == MsgType.OPENED
-    data = load_party_csv("a", DATA, "id", "y", require_label=True)
+    data = load_party_data("a", DATA, "id", "y", require_label=True)
     from workers.horizontal.summary import encode_summaries, summarize
     from messages.horizontal import FeatureSummaryBytes
     features = [FeatureSummaryBytes(s.values, s.weights, s.exact)

@@ -19,7 +19,7 @@ from messages.envelope import MsgType
 from tests.scenarios import DATA
 from tests.workers.test_prediction_boundaries import (HOST_RECORDS, PARTIES, Federation,
                                                       _plant_model)
-from workers.data import load_party_csv
+from workers.data import load_party_data
 from workers.policy import PartyPolicy
 
 BATCHED = PartyPolicy(predict_modes=("path", "batched"))
@@ -42,7 +42,7 @@ def _expected(models: Path, ids: list[str]) -> np.ndarray:
     model = load_model(models / "trained" / "guest" / "model.json")
     blocks = {}
     for party in ("guest", "host"):
-        data = load_party_csv(party, DATA / f"breast_hetero_{party}.csv", "id",
+        data = load_party_data(party, DATA / f"breast_hetero_{party}.csv", "id",
                               "y" if party == "guest" else None, require_label=False)
         where = {ident: k for k, ident in enumerate(data.ids)}
         blocks[party] = data.x[[where[i] for i in ids]][:, :2]
@@ -63,7 +63,7 @@ def test_a_session_scores_rows_by_id_as_the_model_does(tmp_path: Path) -> None:
     fed = Federation(tmp_path, BATCHED)
     opened = _open(fed)
     assert all(r.kind == MsgType.ACK and r.body.count == 569 for r in opened.values()), opened
-    ids = load_party_csv("guest", DATA / "breast_hetero_guest.csv", "id", "y",
+    ids = load_party_data("guest", DATA / "breast_hetero_guest.csv", "id", "y",
                          require_label=False).ids
     for number, chosen in enumerate((ids[:64], ids[100:101], [ids[7], ids[7], ids[3]]), 1):
         scores, found = _score(fed, number, chosen)

@@ -29,13 +29,14 @@ from messages.horizontal import (FeatureSummaryBytes, GradientRange, GradientSca
                                  LeafValues, LevelSplits, MaskedVector, MaskPublicKey,
                                  MemberSummaries, OpenHorizontal, Round, SharedCuts)
 from workers import DataError, ProtocolError, StageError, checkpoint
-from workers.data import PartyData, load_party_csv
+from workers.data import PartyData
 from workers.horizontal.masking import MaskKey, MaskRound, mask_vector, pair_secret
 from workers.horizontal.summary import encode_summaries, summarize
 from workers.horizontal.tree import OWNER, MemberTree, assemble
 from workers.policy import check_protocol
 from workers.runtime import StepContext
-from workers.row_partitioned import aggregator_of, members_of, params_of, save_member_model
+from workers.row_partitioned import (aggregator_of, load_member_data, members_of, params_of,
+                                     save_member_model)
 
 PROTOCOL = "horizontal"
 STATS_SCALE = 2.0 ** 24
@@ -97,11 +98,7 @@ def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
     me = ctx.party.name
     check_protocol(ctx.party.policy, me, PROTOCOL)
     own = ctx.party.dataset_in(spec.parties)
-    data = load_party_csv(me, own.path, own.id_column, own.label, require_label=True,
-                          columns=own.columns)
-    if own.label is None or data.y is None:
-        raise DataError(f"party {me}: file {own.path}: a member needs its label column (label: "
-                        f"in its worker file's data set)")
+    data = load_member_data(me, own)
     _check_labels(me, own.path, spec.objective, data.y)
     job = MemberJob(spec=spec, params=params_of(spec), data=data, data_file=own.path,
                     id_column=own.id_column,

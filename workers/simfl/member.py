@@ -36,11 +36,12 @@ from messages.envelope import MsgType
 from messages.simfl import (MemberKey, OpenSimfl, Prepare, RowHashes, SharedTree,
                             SimilarGradients, SimilarRows, SimflSpec, WireNode)
 from workers import DataError, ProtocolError, StageError, checkpoint
-from workers.data import PartyData, load_party_csv
+from workers.data import PartyData
 from workers.horizontal.tree import OWNER
 from workers.policy import check_protocol
 from workers.runtime import StepContext
-from workers.row_partitioned import aggregator_of, members_of, params_of, save_member_model
+from workers.row_partitioned import (aggregator_of, load_member_data, members_of, params_of,
+                                     save_member_model)
 from workers.simfl.lsh import DEFAULT_R, LshFunctions, default_functions
 
 PROTOCOL = "simfl"
@@ -105,10 +106,7 @@ def open_job(ctx: StepContext, body: OpenSimfl) -> tuple[MsgType, Any]:
     spec, me = body.spec, ctx.party.name
     check_protocol(ctx.party.policy, me, PROTOCOL)
     own = ctx.party.dataset_in(spec.parties)
-    data = load_party_csv(me, own.path, own.id_column, own.label, require_label=True,
-                          columns=own.columns)
-    if own.label is None or data.y is None:
-        raise DataError(f"party {me}: file {own.path}: a member needs its label column")
+    data = load_member_data(me, own)
     if spec.objective == "binary":
         if not np.isin(data.y, (0.0, 1.0)).all():
             raise DataError(f"party {me}: file {own.path}: objective binary needs labels 0/1")

@@ -35,10 +35,11 @@ from messages.bodies import (Ack, AppliedSplits, EncryptedGradients, EncryptedHi
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, ProtocolError, StageError, checkpoint
+from workers.vertical.opening import open_active
 from workers.vertical.alignment import send_public_key
-from workers.data import load_party_csv
+from workers.vertical.explain import SplitRecord, leaf_purity, tree_splits, write_splits
+from workers.data import save_categories
 from workers.lifeline import die_with_parent
-from workers.policy import check_job
 from workers.runtime import StepContext
 from workers.state import JobState
 
@@ -73,6 +74,10 @@ class ActiveTraining:
     """Each passive party's feature count, as its root histograms declared and bounded it."""
     pool: KeyHolderPool | None = None
     """Encryption/decryption processes (both cores), started with the first encrypted tree."""
+    splits: list[SplitRecord] = field(default_factory=list)
+    """Every finished tree's splits with their gains (the run report's feature importance)."""
+    staged_margin: np.ndarray | None = None
+    """Validation margins after each tree (trees x rows x outputs), for the learning curve."""
 
     def crypto_pool(self) -> KeyHolderPool:
         if self.pool is None:
@@ -98,6 +103,10 @@ class ActiveTraining:
         """Predictions from margins (what validation scoring sums)."""
         return transform(self.params.objective, margin)
 
+    def scoring_model(self) -> Model:
+        """The trees so far, for scoring the validation rows."""
+        return self.model({})
+
     def model(self, features: dict[str, tuple[str, ...]]) -> Model:
         return Model(self.params, tuple(float(b) for b in self.base), self.n_classes,
                      tuple(self.trees), features)
@@ -115,24 +124,13 @@ def params_of(open_job: OpenJob) -> BoostParams:
 
 def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     """Load labels and features, make the Paillier key pair."""
-    spec = body.spec
-    actives = [p.name for p in spec.parties if p.role == "active"]
-    if actives != [ctx.party.name]:
-        raise ProtocolError(f"job names {actives} as active party, this worker is {ctx.party.name}")
-    check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
-    own = ctx.party.dataset_in(spec.parties)
-    data = load_party_csv(ctx.party.name, own.path, own.id_column, own.label,
-                          require_label=True, columns=own.columns)
+    state = open_active(ctx, body.spec, PROTOCOL)
     params = params_of(body)
-    public, private = generate_keypair(spec.key_bits, obfuscator=ctx.party.policy.obfuscator)
-    state = JobState(kind="train", party=ctx.party.name, active=ctx.party.name,
-                     passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
-                     valid_fraction=spec.valid_fraction, valid_seed=spec.valid_seed,
-                     key_bits=spec.key_bits, data_file=own.path,
-                     digest=checkpoint.job_digest(spec, own.path, own.columns))
+    public, private = generate_keypair(body.spec.key_bits,
+                                       obfuscator=ctx.party.policy.obfuscator)
     state.role_state = ActiveTraining(params=params, public=public, private=private)
     ctx.state = state
-    return MsgType.OPENED, Opened(rows=len(data.ids),
+    return MsgType.OPENED, Opened(rows=len(state.data.ids),
                                   checkpoints=checkpoint.available(
                                       ctx.model_dir, state.digest, checkpoint.key_of(ctx.party)))
 
@@ -369,6 +367,7 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     grower = run.require_grower(body.tree)
     if grower.frontier:
         raise StageError(f"tree {body.tree} still has {len(grower.frontier)} open nodes")
+    run.splits.extend(tree_splits(body.tree, grower, state.party, state.passives))
     tree, node_of_row = grower.finish(body.tree % run.outputs)
     run.margin[:, tree.output] += node_values(tree)[node_of_row]
     run.trees.append(tree)
@@ -376,6 +375,8 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     ctx.mailbox.drop_tree(body.tree)
     metrics = evaluate(run.params.objective, run.y, transform(run.params.objective, run.margin),
                        "train")
+    if run.params.objective in ("binary", "multiclass"):
+        metrics["leaf_purity"] = leaf_purity(node_of_row, run.y)
     done = TreeFinished([Metric(k, v) for k, v in metrics.items()])
     run.history.append(done)
     _checkpoint(ctx, state, len(run.trees))
@@ -398,6 +399,8 @@ def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     directory = ctx.model_dir
     features = {state.party: state.data.names, **{p: () for p in state.passives}}
     save_model(run.model(features), Path(directory) / "model.json")
+    save_categories(Path(directory), state.data.categories)
+    write_splits(Path(directory), ctx.job, state.party, run.splits)
     write_json_atomic(Path(directory) / "party.json", {
         "party": state.party, "role": "active", "job": ctx.job, "saved_at": time.time(),
         "parties": [state.party, *state.passives]})

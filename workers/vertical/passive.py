@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from boosting.binning import apply_cuts, fit_cuts, goes_left, split_threshold
+from boosting.binning import apply_cuts, fit_cuts, goes_left, goes_left_raw, split_threshold
 from boosting.grow import smaller_child
 from boosting.params import BoostParams
 from boosting.tree import write_json_atomic
@@ -30,11 +30,12 @@ from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradient
                              TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
-from workers import DataError, NotReady, ProtocolError, StageError, checkpoint
+from workers import NotReady, ProtocolError, StageError, checkpoint
 from workers.vertical.active import PROTOCOL, params_of
+from workers.vertical.opening import open_passive
 from workers.vertical.alignment import receive_alignment
-from workers.data import load_party_csv
-from workers.policy import check_job, check_key_bits
+from workers.data import save_categories
+from workers.policy import check_key_bits
 from workers.runtime import StepContext
 from workers.shards import (LevelData, LevelWork, hold_tree_chunk, shard_data, shard_result,
                             sum_claimed)
@@ -56,6 +57,18 @@ class LookupRecord:
     bin: int
     threshold: float
     missing_left: bool
+    flip: bool = False
+    """The split's children were shown to the active party in swapped order (the vertical
+    forest, seed 002): its "left" child is this record's right one."""
+
+
+def records_go_left(x: np.ndarray, records: list[LookupRecord]) -> np.ndarray:
+    """Per record and row, whether the row goes to the child the active party calls left
+    (records x rows; ``x``: rows x this party's features)."""
+    bits = np.zeros((len(records), x.shape[0]), dtype=bool)
+    for k, r in enumerate(records):
+        bits[k] = goes_left_raw(x[:, r.feature], r.threshold, r.missing_left) ^ r.flip
+    return bits
 
 
 @dataclass(slots=True)
@@ -91,28 +104,10 @@ class PassiveTraining:
 
 def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     """Load own features (no labels)."""
-    spec = body.spec
-    actives = [p.name for p in spec.parties if p.role == "active"]
-    if len(actives) != 1:
-        raise ProtocolError(f"job needs exactly one active party, names {actives}")
-    if ctx.party.name not in [p.name for p in spec.parties if p.role == "passive"]:
-        raise ProtocolError(f"job does not list {ctx.party.name} as a passive party")
-    check_job(ctx.party.policy, ctx.party.name, PROTOCOL, spec.key_bits)
-    own = ctx.party.dataset_in(spec.parties)
-    data = load_party_csv(ctx.party.name, own.path, own.id_column, None,
-                          require_label=False, columns=own.columns)
-    if spec.label and spec.label in data.names and own.columns is None:
-        # labels stay with the active party: a same-named column here is most likely a copy
-        raise DataError(f"party {ctx.party.name}: file {own.path}: column {spec.label!r} has "
-                        f"the name of the active party's label; a passive party must not hold "
-                        f"labels: remove it, or list this party's features with 'columns:'")
-    state = JobState(kind="train", party=ctx.party.name, active=actives[0],
-                     passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
-                     key_bits=spec.key_bits, data_file=own.path,
-                     digest=checkpoint.job_digest(spec, own.path, own.columns))
+    state = open_passive(ctx, body.spec, PROTOCOL)
     state.role_state = PassiveTraining(params=params_of(body))
     ctx.state = state
-    return MsgType.OPENED, Opened(rows=len(data.ids),
+    return MsgType.OPENED, Opened(rows=len(state.data.ids),
                                   checkpoints=checkpoint.available(
                                       ctx.model_dir, state.digest, checkpoint.key_of(ctx.party)))
 
@@ -485,6 +480,7 @@ def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     run: PassiveTraining = state.role_state
     write_json_atomic(ctx.model_dir / "lookup.json", lookup_to_dict(
         state.party, ctx.job, state.data.names, run.records))
+    save_categories(ctx.model_dir, state.data.categories)
     write_json_atomic(ctx.model_dir / "party.json", {
         "party": state.party, "role": "passive", "job": ctx.job, "saved_at": time.time(),
         "active": state.active})
@@ -497,7 +493,8 @@ def lookup_to_dict(party: str, job: str, names: tuple[str, ...],
     return {"format": LOOKUP_FORMAT, "version": LOOKUP_VERSION, "party": party, "job": job,
             "features": list(names),
             "records": {str(k): {"feature": r.feature, "bin": r.bin, "threshold": r.threshold,
-                                 "missing_left": r.missing_left} for k, r in records.items()}}
+                                 "missing_left": r.missing_left, "flip": r.flip}
+                        for k, r in records.items()}}
 
 
 def lookup_from_dict(raw: dict[str, Any]) -> tuple[tuple[str, ...], dict[int, LookupRecord]]:
@@ -506,6 +503,7 @@ def lookup_from_dict(raw: dict[str, Any]) -> tuple[tuple[str, ...], dict[int, Lo
         raise ProtocolError(f"not a {LOOKUP_FORMAT} v{LOOKUP_VERSION} file")
     records = {int(k): LookupRecord(feature=int(v["feature"]), bin=int(v["bin"]),
                                     threshold=float(v["threshold"]),
-                                    missing_left=bool(v["missing_left"]))
+                                    missing_left=bool(v["missing_left"]),
+                                    flip=bool(v.get("flip", False)))
                for k, v in raw["records"].items()}
     return tuple(raw["features"]), records

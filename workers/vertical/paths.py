@@ -25,7 +25,10 @@ from messages.envelope import MsgType
 from workers import ProtocolError, StageError
 from workers.vertical.alignment import receive_alignment
 from workers.runtime import StepContext
-from workers.vertical.scoring import lookup_records, model_of, score_x, store_margin
+from workers.vertical.active import ActiveTraining
+from workers.vertical.explain import keeps_stages
+from workers.vertical.scoring import (lookup_records, model_of, score_x, store_margin,
+                                      store_staged)
 from workers.state import JobState
 
 MAX_LEVELS = 16
@@ -131,9 +134,17 @@ def traverse_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     walk.depth, walk.asked = depth + 1, False
     if remaining == 0:
         margin = np.tile(np.array(model.base_score), (x.shape[0], 1))
+        # a training job's validation keeps the margins after each tree: its learning curve
+        keep = isinstance(state.role_state, ActiveTraining) and keeps_stages(
+            len(model.trees), all_x.shape[0], margin.shape[1])
+        staged: list[np.ndarray] = []
         for t, tree in enumerate(model.trees):  # the order of Model.raw_predict: equal sums
             margin[:, tree.output] += tables[t].values[walk.position[t]]
+            if keep:
+                staged.append(margin.copy())
         store_margin(state, rows, margin)
+        if staged:
+            store_staged(state, rows, np.stack(staged))
         state.paths = None
     return MsgType.ACK, Ack(count=remaining)
 
@@ -150,9 +161,18 @@ def _pairs(walk: PathWalk, k: int) -> tuple[IntArray, IntArray, IntArray]:
     return np.concatenate(trees), np.concatenate(rows), np.concatenate(records)
 
 
+def _distinct(rows: IntArray, records: IntArray) -> tuple[IntArray, IntArray, IntArray]:
+    """Each (row, record) pair once, and where each pair of the request is among them: trees
+    that share a record (a multiclass forest's outputs share one structure) ask it once."""
+    pairs, inverse = np.unique(np.stack([rows, records], axis=1).reshape(-1, 2), axis=0,
+                               return_inverse=True)
+    return pairs[:, 0], pairs[:, 1], inverse.reshape(-1)
+
+
 def _ask_owners(ctx: StepContext, state: JobState, walk: PathWalk) -> None:
     for k, passive in enumerate(state.passives):
         _, rows, records = _pairs(walk, k)
+        rows, records, _ = _distinct(rows, records)
         ctx.send(passive, MsgType.DECISION_REQUEST, DecisionRequest(
             batch=walk.batch, depth=walk.depth, rows=rows.astype("<u4").tobytes(),
             records=records.astype("<u4").tobytes()))
@@ -161,13 +181,14 @@ def _ask_owners(ctx: StepContext, state: JobState, walk: PathWalk) -> None:
 def _take_answer(ctx: StepContext, state: JobState, walk: PathWalk,
                  k: int) -> tuple[IntArray, IntArray, np.ndarray]:
     passive = state.passives[k]
-    trees, rows, _ = _pairs(walk, k)
+    trees, rows, records = _pairs(walk, k)
+    asked, _, inverse = _distinct(rows, records)
     msg: PathDecisions = ctx.mailbox.take(MsgType.PATH_DECISIONS, passive, walk.batch, walk.depth)
-    if msg.n_pairs != rows.size or len(msg.bits) != (rows.size + 7) // 8:
+    if msg.n_pairs != asked.size or len(msg.bits) != (asked.size + 7) // 8:
         raise ProtocolError(f"{passive} answered {msg.n_pairs} decisions for batch {walk.batch} "
-                            f"level {walk.depth}, {rows.size} were asked")
-    bits = np.unpackbits(np.frombuffer(msg.bits, dtype=np.uint8), count=rows.size).astype(bool)
-    return trees, rows, bits
+                            f"level {walk.depth}, {asked.size} were asked")
+    bits = np.unpackbits(np.frombuffer(msg.bits, dtype=np.uint8), count=asked.size).astype(bool)
+    return trees, rows, bits[inverse]
 
 
 def answer_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
@@ -183,9 +204,9 @@ def answer_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     request: DecisionRequest = ctx.mailbox.take(MsgType.DECISION_REQUEST, state.active,
                                                 body.tree, body.depth)
     rows, records = _checked_pairs(state, request, x.shape[0])
-    feature, threshold, missing_left = records
+    feature, threshold, missing_left, flip = records
     values = x[rows, feature]
-    bits = goes_left_raw(values, threshold, missing_left).astype(bool)
+    bits = goes_left_raw(values, threshold, missing_left).astype(bool) ^ flip
     ctx.send(state.active, MsgType.PATH_DECISIONS, PathDecisions(
         batch=body.tree, depth=body.depth, n_pairs=int(rows.size),
         bits=np.packbits(bits).tobytes()))
@@ -193,8 +214,9 @@ def answer_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
 
 
 def _checked_pairs(state: JobState, request: DecisionRequest,
-                   n_rows: int) -> tuple[IntArray, tuple[IntArray, FloatArray, np.ndarray]]:
-    """The request's rows and the (feature, threshold, missing_left) of its records, or a
+                   n_rows: int
+                   ) -> tuple[IntArray, tuple[IntArray, FloatArray, np.ndarray, np.ndarray]]:
+    """The request's rows and the (feature, threshold, missing_left, flip) of its records, or a
     ``ProtocolError`` for anything outside the job."""
     own = lookup_records(state)
     where = f"decision request for batch {request.batch} level {request.depth}"
@@ -218,4 +240,5 @@ def _checked_pairs(state: JobState, request: DecisionRequest,
     feature = np.array([r.feature for r in table], dtype=np.int64)[index]
     threshold = np.array([r.threshold for r in table])[index]
     missing_left = np.array([r.missing_left for r in table], dtype=bool)[index]
-    return rows, (feature, threshold, missing_left)
+    flip = np.array([r.flip for r in table], dtype=bool)[index]
+    return rows, (feature, threshold, missing_left, flip)

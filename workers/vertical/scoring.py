@@ -31,10 +31,10 @@ from messages.names import JOB_NAME_RULE, is_job_name
 from workers import DataError, ProtocolError, StageError
 from workers.vertical.active import ActiveTraining
 from workers.vertical.alignment import receive_alignment
-from workers.data import PartyData, load_party_csv
-from workers.vertical.passive import LookupRecord, PassiveTraining, lookup_from_dict
+from workers.data import PartyData, load_categories, load_party_data
+from workers.vertical.passive import LookupRecord, lookup_from_dict
 from workers.policy import PolicyError
-from workers.runtime import StepContext
+from workers.runtime import DataSet, StepContext
 from workers.state import JobState
 
 
@@ -86,8 +86,6 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
     is_active = ctx.party.name == actives[0]
     scores = scores_path(directory, body.scores_file) if is_active else directory
     own = ctx.party.dataset_in(body.parties)
-    data = load_party_csv(ctx.party.name, own.path, own.id_column, own.label,
-                          require_label=False)
     if is_active:
         model = load_model(directory / "model.json")
         expected = model.features.get(ctx.party.name, ())
@@ -99,17 +97,19 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
         except (OSError, ValueError, KeyError) as exc:
             raise DataError(f"party {ctx.party.name}: cannot read {path}: {exc}") from None
         role_state = PassiveScoring(records=records)
-    missing = [n for n in expected if n not in data.names]
-    if missing:
-        raise DataError(f"party {ctx.party.name}: file {own.path}: missing model feature "
-                        f"column(s) {', '.join(missing)}")
-    columns = [data.names.index(n) for n in expected]
-    data = PartyData(ids=data.ids, names=tuple(expected), x=data.x[:, columns], y=data.y)
+    data = rows_to_score(ctx.party.name, own, directory, expected)
     state = JobState(kind="predict", party=ctx.party.name, active=actives[0], passives=passives,
                      data=data, predict_batch=body.batch_size)
     state.role_state = role_state
     ctx.state = state
     return MsgType.ACK, Ack(count=len(data.ids))
+
+
+def rows_to_score(party: str, own: DataSet, folder: Path, features: tuple[str, ...]) -> PartyData:
+    """A data set's rows with the features of the model part in ``folder``, in its order, and
+    its categorical columns coded as in training (a category training never saw: missing)."""
+    return load_party_data(party, own.path, own.id_column, own.label, require_label=False,
+                           columns=list(features), categories=load_categories(folder))
 
 
 def score_x(state: JobState) -> np.ndarray:
@@ -121,9 +121,9 @@ def score_x(state: JobState) -> np.ndarray:
 
 def lookup_records(state: JobState) -> dict[int, LookupRecord]:
     """The passive party's lookup table (training or saved)."""
-    run = state.role_state
-    if isinstance(run, (PassiveTraining, PassiveScoring)):
-        return run.records
+    records = getattr(state.role_state, "records", None)  # any protocol's passive role
+    if isinstance(records, dict):
+        return records
     raise StageError(f"{state.party} holds no lookup table")
 
 
@@ -150,20 +150,29 @@ class LookupArrays:
     features: np.ndarray
     thresholds: np.ndarray
     missing_left: np.ndarray
+    flip: np.ndarray
+    """Records whose children the active party knows in swapped order (``LookupRecord.flip``)."""
 
     @classmethod
     def of(cls, records: dict[int, LookupRecord]) -> LookupArrays:
         ids = sorted(records)
         return cls(ids, np.array([records[r].feature for r in ids], dtype=np.int64),
                    np.array([records[r].threshold for r in ids], dtype=np.float64),
-                   np.array([records[r].missing_left for r in ids], dtype=bool))
+                   np.array([records[r].missing_left for r in ids], dtype=bool),
+                   np.array([records[r].flip for r in ids], dtype=bool))
+
+    def goes_left(self, x: np.ndarray) -> np.ndarray:
+        """Records x rows: whether each row goes to the child the active party calls left."""
+        bits = goes_left_table(x, self.features, self.thresholds, self.missing_left)
+        if self.flip.any():
+            bits ^= self.flip[:, None]
+        return bits
 
     def decisions(self, x: np.ndarray, batch: int) -> Decisions:
         """Every record's decision on every row of ``x`` (own features), bit-packed
         record-major."""
-        bits = goes_left_table(x, self.features, self.thresholds, self.missing_left)
         return Decisions(batch=batch, records=self.records, n_rows=int(x.shape[0]),
-                         bits=np.packbits(bits).tobytes())
+                         bits=np.packbits(self.goes_left(x)).tobytes())
 
 
 def model_of(state: JobState) -> Model:
@@ -171,8 +180,10 @@ def model_of(state: JobState) -> Model:
     run = state.role_state
     if isinstance(run, ActiveScoring):
         return run.model
-    if isinstance(run, ActiveTraining):
-        return run.model({})
+    scoring_model = getattr(run, "scoring_model", None)  # a training role of any protocol
+    if callable(scoring_model):
+        model: Model = scoring_model()
+        return model
     raise StageError(f"{state.party} holds no model")
 
 
@@ -221,6 +232,14 @@ def store_margin(state: JobState, batch: slice, margin: np.ndarray) -> None:
     run.score_margin[batch] = margin
 
 
+def store_staged(state: JobState, batch: slice | np.ndarray, staged: np.ndarray) -> None:
+    """Keep one validation batch's margins after each tree (trees x rows x outputs)."""
+    run: ActiveTraining = state.role_state
+    if run.staged_margin is None:
+        run.staged_margin = np.zeros((staged.shape[0], score_x(state).shape[0], staged.shape[2]))
+    run.staged_margin[:, batch] = staged
+
+
 def _scored_margin(run: ActiveTraining | ActiveScoring) -> np.ndarray:
     if run.score_margin is None:
         raise StageError("no batch has been scored yet")
@@ -236,7 +255,12 @@ def evaluate_validation(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     y = state.data.y[state.valid_rows]
     pred = run.finish(_scored_margin(run))
     metrics = evaluate(run.params.objective, y, pred, "valid")
-    return MsgType.TREE_FINISHED, TreeFinished([Metric(k, v) for k, v in metrics.items()])
+    staged = getattr(run, "staged_margin", None)  # a forest's trees are not stages
+    per_tree = [] if staged is None else [
+        [Metric(k, v) for k, v in evaluate(run.params.objective, y, run.finish(m), "valid").items()]
+        for m in staged]
+    return MsgType.TREE_FINISHED, TreeFinished([Metric(k, v) for k, v in metrics.items()],
+                                               per_tree)
 
 
 def write_scores(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:

@@ -21,19 +21,18 @@ from typing import Any
 
 import numpy as np
 
-from boosting.binning import goes_left_table
 from boosting.flat_trees import FlatTrees, OwnSplits, flatten, margins, route
 from boosting.tree import Model, load_model
 from messages.bodies import (MAX_SCORING_ROWS, Ack, OpenScoring, RoundDecisions, RowsFound,
                              Scores, ScoreRows)
 from messages.envelope import MsgType
 from workers import DataError, ProtocolError, StageError
-from workers.data import PartyData, load_party_csv
+from workers.data import PartyData
 from workers.policy import PolicyError
 from workers.runtime import StepContext
 from workers.state import JobState
 from workers.vertical.passive import lookup_from_dict
-from workers.vertical.scoring import LookupArrays, decision_bits, model_folder
+from workers.vertical.scoring import LookupArrays, decision_bits, model_folder, rows_to_score
 
 STALE_ROUNDS = 256
 """Decisions of rounds this far behind the one being finished are dropped (their round was
@@ -90,11 +89,10 @@ def open_scoring(ctx: StepContext, body: OpenScoring) -> tuple[MsgType, Any]:
     me = ctx.party.name
     directory = model_folder(ctx, body.model_job)
     own = ctx.party.dataset_in(body.parties)
-    data = load_party_csv(me, own.path, own.id_column, own.label, require_label=False)
     if me == actives[0]:
         model = load_model(directory / "model.json")
-        index = _index(me, own.path, data, model.features.get(me, ()))
-        role_state: Any = _active_session(me, model, index, passives, body.max_rows)
+        data = rows_to_score(me, own, directory, model.features.get(me, ()))
+        role_state: Any = _active_session(me, model, _index(data), passives, body.max_rows)
     else:
         if "batched" not in ctx.party.policy.predict_modes:
             raise PolicyError(f"party {me} refuses the scoring service: it would send all its "
@@ -106,9 +104,9 @@ def open_scoring(ctx: StepContext, body: OpenScoring) -> tuple[MsgType, Any]:
             expected, records = lookup_from_dict(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError) as exc:
             raise DataError(f"party {me}: cannot read {path}: {exc}") from None
-        index = _index(me, own.path, data, expected)
+        data = rows_to_score(me, own, directory, expected)
         table = LookupArrays.of(records)
-        role_state = PassiveSession(table=table, index=index, max_rows=body.max_rows,
+        role_state = PassiveSession(table=table, index=_index(data), max_rows=body.max_rows,
                                     records=np.array(table.records, dtype="<u4").tobytes())
     state = JobState(kind="score", party=me, active=actives[0], passives=passives, data=data,
                      data_file=own.path)
@@ -128,14 +126,10 @@ def _check_active(me: str, directory: Any, model_job: str, active: str) -> None:
                             f"{saved}, not {active}: refused")
 
 
-def _index(me: str, path: str, data: PartyData, features: tuple[str, ...]) -> RowIndex:
-    missing = [n for n in features if n not in data.names]
-    if missing:
-        raise DataError(f"party {me}: file {path}: missing model feature column(s) "
-                        f"{', '.join(missing)}")
-    columns = [data.names.index(n) for n in features]
+def _index(data: PartyData) -> RowIndex:
+    """Rows by id (``rows_to_score`` loaded exactly the model's features, in its order)."""
     return RowIndex(rows={ident: k for k, ident in enumerate(data.ids)},
-                    x=np.ascontiguousarray(data.x[:, columns]))
+                    x=np.ascontiguousarray(data.x))
 
 
 def _active_session(me: str, model: Model, index: RowIndex, passives: list[str],
@@ -176,9 +170,7 @@ def score_rows_passive(ctx: StepContext, body: ScoreRows) -> tuple[MsgType, Any]
     if unknown:  # the active party must not wait for decisions that will not come
         decisions = RoundDecisions(round=body.round, records=b"", n_rows=0, bits=b"")
     else:
-        table = run.table
-        bits = goes_left_table(run.index.x[rows], table.features, table.thresholds,
-                               table.missing_left)
+        bits = run.table.goes_left(run.index.x[rows])
         decisions = RoundDecisions(round=body.round, records=run.records, n_rows=len(rows),
                                    bits=np.packbits(bits).tobytes())
     ctx.send(state.active, MsgType.ROUND_DECISIONS, decisions)
