@@ -21,6 +21,8 @@ from tests.workers.test_prediction_boundaries import (HOST_RECORDS, PARTIES, Fed
                                                       _plant_model)
 from workers.data import load_party_data
 from workers.policy import PartyPolicy
+from workers.vertical.passive import LookupRecord, records_go_left
+from workers.vertical.scoring import LookupArrays
 
 BATCHED = PartyPolicy(predict_modes=("path", "batched"))
 
@@ -120,3 +122,14 @@ def test_a_round_of_no_rows_or_too_many_is_refused(tmp_path: Path, ids: list[str
     for reply in replies.values():
         assert isinstance(reply.body, ErrorReply)
         assert f"1 to 64 rows, not {len(ids)}" in reply.body.message
+
+
+def test_lookup_arrays_decide_as_records_do_flipped_or_not() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(40, 3))
+    x[rng.random(x.shape) < 0.2] = np.nan
+    records = {7: LookupRecord(0, 1, 0.1, True), 2: LookupRecord(2, 4, -0.3, False, flip=True),
+               5: LookupRecord(1, 2, 0.5, True, flip=True)}
+    table = LookupArrays.of(records)
+    assert table.records == [2, 5, 7]
+    assert np.array_equal(table.goes_left(x), records_go_left(x, [records[r] for r in (2, 5, 7)]))
