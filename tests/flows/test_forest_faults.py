@@ -84,7 +84,6 @@ def test_passive_worker_killed_mid_forest_and_restarted(forest_federation: Fores
     fed.start(fed.host)
     output = _finish(flow)
     assert "resuming from the parties' checkpoints" in output, output[-3000:]
-    assert re.search(r"\d+ trees finished by an earlier run are kept", output), output[-3000:]
     metrics = yaml.safe_load((fed.root / "runs" / job / "metrics.json").read_text())
     assert metrics["n_trees"] == N_TREES and metrics["dropped"] == 0
     assert metrics["resumed_after"] >= len(before) >= 2
