@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from boosting._typing import FloatArray, IntArray
-from boosting.binning import apply_cuts, fit_cuts, goes_left, split_threshold
+from boosting.binning import goes_left, split_threshold
 from boosting.forest import (ForestSplit, best_bin_split, bootstrap_weights, draw_features,
                              features_per_node, label_channels, leaf_value, node_rng,
                              tree_rng)
-from boosting.losses import check_labels, n_outputs
+from boosting.losses import n_outputs
 from boosting.params import BoostParams
 from boosting.tree import Model, Tree, TreeNode, save_model, write_json_atomic
 from crypto.compress import BinSumPacking
@@ -36,13 +36,13 @@ from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestApp
                              ForestOpened, ForestSplits, ForestSpec, LevelHistograms,
                              LevelRequest, NodeRequest, OpenForest, TreeCommand)
 from messages.instance_space import encode_mask
-from workers import DataError, ProtocolError, StageError
+from workers import ProtocolError, StageError
 from workers import checkpoint
 from workers.data import save_categories
 from workers.forest import trees as kept
 from workers.runtime import StepContext
 from workers.state import JobState
-from workers.vertical.opening import open_active
+from workers.vertical.opening import bin_active_rows, open_active
 from workers.vertical.alignment import send_public_key
 
 log = logging.getLogger("fedboost.worker")
@@ -164,20 +164,9 @@ def prepare(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
 
 def _bin_and_encrypt(ctx: StepContext, state: JobState, run: ActiveForest,
                      keep: list[int]) -> None:
-    if state.data.y is None:
-        raise StageError(f"{state.party}: the active party has no labels")
-    train_rows = state.train_rows
-    y = state.data.y[train_rows]
-    try:
-        run.n_classes = check_labels(run.params.objective, y)
-    except ValueError as exc:
-        raise DataError(f"party {state.party}: file {state.data_file}: {exc}") from None
+    y, run.n_classes = bin_active_rows(state, run.params.objective, run.params.max_bin)
     run.y = y
     run.channels = label_channels(run.params.objective, y, run.n_classes)
-    x = state.data.x[train_rows]
-    state.cuts = fit_cuts(x, run.params.max_bin)
-    state.bins = apply_cuts(x, state.cuts, run.params.max_bin)
-    state.score_x = state.data.x[state.valid_rows]
     for tree in keep:  # finished by an earlier run of this job
         raw = kept.load_tree(ctx.model_dir, checkpoint.key_of(ctx.party), state.digest, tree)
         run.trees[tree] = [Tree(nodes=tuple(TreeNode(**n) for n in t["nodes"]),

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from boosting.binning import apply_cuts, fit_cuts, goes_left, split_threshold
+from boosting.binning import goes_left, split_threshold
 from boosting.fixedpoint import Quantized, quantize
 from boosting.grow import TreeGrower, sample_rows
 from boosting.hist import build_histograms
-from boosting.losses import base_score, check_labels, gradients, n_outputs, transform
+from boosting.losses import base_score, gradients, n_outputs, transform
 from boosting.metrics import evaluate
 from boosting.params import BoostParams
 from boosting.split import SplitCandidate
@@ -34,8 +34,8 @@ from messages.bodies import (Ack, AppliedSplits, EncryptedGradients, EncryptedHi
                              SplitChoices, SplitsFound, Step, TreeFinished, TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
-from workers import DataError, ProtocolError, StageError, checkpoint
-from workers.vertical.opening import open_active
+from workers import ProtocolError, StageError, checkpoint
+from workers.vertical.opening import bin_active_rows, open_active
 from workers.vertical.alignment import send_public_key
 from workers.vertical.explain import SplitRecord, leaf_purity, tree_splits, write_splits
 from workers.data import save_categories
@@ -158,21 +158,10 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     """Bin own features on the training rows; set up labels and margins; send the public key."""
     state: JobState = ctx.state
     run: ActiveTraining = state.role_state
-    if state.data.y is None:
-        raise StageError(f"{state.party}: the active party has no labels")
-    train_rows, valid_rows = state.train_rows, state.valid_rows
-    y = state.data.y[train_rows]
-    try:
-        run.n_classes = check_labels(run.params.objective, y)
-    except ValueError as exc:
-        raise DataError(f"party {state.party}: file {state.data_file}: {exc}") from None
+    y, run.n_classes = bin_active_rows(state, run.params.objective, run.params.max_bin)
     run.y = y
     run.base = base_score(run.params.objective, y, run.n_classes)
     run.margin = np.tile(run.base, (y.size, 1))
-    x = state.data.x[train_rows]
-    state.cuts = fit_cuts(x, run.params.max_bin)
-    state.bins = apply_cuts(x, state.cuts, run.params.max_bin)
-    state.score_x = state.data.x[valid_rows]
     send_public_key(ctx, state, run.public)
     checkpoint.discard(ctx.model_dir)  # a fresh start: older checkpoints are of another run
     _checkpoint(ctx, state, 0)

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers import DataError, ProtocolError, checkpoint
+import numpy as np
+
+from boosting.binning import apply_cuts, fit_cuts
+from boosting.losses import check_labels
+from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.data import load_party_data
 from workers.policy import check_job
 from workers.runtime import StepContext
@@ -50,3 +54,21 @@ def open_passive(ctx: StepContext, spec: Any, protocol: str) -> JobState:
                     passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
                     key_bits=spec.key_bits, data_file=own.path,
                     digest=checkpoint.job_digest(spec, own.path, own.columns, own.categorical))
+
+
+def bin_active_rows(state: JobState, objective: str, max_bin: int) -> tuple[np.ndarray, int]:
+    """The active party's training labels checked for the objective (and their class count),
+    its features binned on the training rows, its validation rows kept for scoring."""
+    if state.data.y is None:
+        raise StageError(f"{state.party}: the active party has no labels")
+    train_rows = state.train_rows
+    y = state.data.y[train_rows]
+    try:
+        n_classes = check_labels(objective, y)
+    except ValueError as exc:
+        raise DataError(f"party {state.party}: file {state.data_file}: {exc}") from None
+    x = state.data.x[train_rows]
+    state.cuts = fit_cuts(x, max_bin)
+    state.bins = apply_cuts(x, state.cuts, max_bin)
+    state.score_x = state.data.x[state.valid_rows]
+    return y, n_classes
