@@ -1,16 +1,26 @@
-"""Seconds per tree of federated SecureBoost on default_credit, against the phe baseline.
+"""Seconds per tree of federated SecureBoost, against the phe baseline.
 
-    python -m benchmarks.train [--trees 5] [--bits 1024 2048]
+    python -m benchmarks.train [--workload default_credit|fedtree] [--trees 5] [--bits 1024 2048]
+                               [--json FILE]
 
-For each key size: one embedded run (guest + host worker processes, ephemeral Prefect) on the
-shipped default_credit config with ``--trees`` trees; prints PSI/set-up time, mean seconds per
-tree, the time per protocol step, and the baseline measured in the same run: phe's time to encrypt one tree's g and h
-separately for every row (a sample of encryptions, extrapolated).
+Workloads:
+- ``default_credit`` (the default): the shipped config (30,000 rows, 13 + 10 columns, depth 3,
+  32 bins), as ``make train`` runs it.
+- ``fedtree``: FedTree's benchmark shape: 10,000 x 30 synthetic rows
+  (``make_classification``, seed 0), 15 columns at the lender and 15 at the data provider,
+  depth 6, 32 bins, learning rate 0.1; 2048-bit keys unless ``--bits`` says otherwise.
+
+For each key size: one embedded run (guest + host worker processes, ephemeral Prefect) with
+``--trees`` trees; prints PSI/set-up time, mean seconds per tree, the time per protocol step
+(and per tree depth), and the baseline measured in the same run: phe's time to encrypt one
+tree's g and h separately for every row (a sample of encryptions, extrapolated). ``--json``
+writes the numbers (``tree_seconds`` per key size, ``steps``, ``steps_by_depth``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import re
 import tempfile
@@ -60,51 +70,121 @@ def step_seconds(flow_run_id: object, by_depth: bool = False) -> dict[str, float
     return totals
 
 
+FEDTREE_ROWS, FEDTREE_FEATURES = 10_000, 30
+
+
+def write_fedtree_data(folder: Path) -> dict[str, Path]:
+    """FedTree's synthetic benchmark shape, seed 0: the lender's file (``id,y`` and 15 columns)
+    and the data provider's (``id`` and the other 15)."""
+    import numpy as np
+    from sklearn.datasets import make_classification
+
+    x, y = make_classification(n_samples=FEDTREE_ROWS, n_features=FEDTREE_FEATURES,
+                               n_informative=10, n_redundant=10, random_state=0)
+    ids = np.array([f"r{k:06d}" for k in range(FEDTREE_ROWS)])
+    half = FEDTREE_FEATURES // 2
+    files = {"guest": folder / "guest.csv", "host": folder / "host.csv"}
+    header = ",".join(f"x{k}" for k in range(FEDTREE_FEATURES))
+    with files["guest"].open("w") as out:
+        out.write("id,y," + ",".join(header.split(",")[:half]) + "\n")
+        for ident, label, row in zip(ids, y, x[:, :half]):
+            out.write(f"{ident},{label}," + ",".join(f"{v:.6g}" for v in row) + "\n")
+    with files["host"].open("w") as out:
+        out.write("id," + ",".join(header.split(",")[half:]) + "\n")
+        for ident, row in zip(ids, x[:, half:]):
+            out.write(f"{ident}," + ",".join(f"{v:.6g}" for v in row) + "\n")
+    return files
+
+
+def workload_config(workload: str, folder: Path, bits: int, trees: int) -> object:
+    """The job a workload runs, with ``bits``-bit keys and ``trees`` trees."""
+    from flows.config import parse_config
+    from tests.scenarios import config_with
+
+    if workload == "default_credit":
+        return config_with("default_credit.yaml", crypto={"key_bits": bits},
+                           params={"n_trees": trees})
+    files = write_fedtree_data(folder)
+    raw = {"job": "fedtree-shape", "protocol": "vertical_secureboost",
+           "parties": {"guest": {"role": "active", "data": str(files["guest"]), "id": "id",
+                                 "label": "y"},
+                       "host": {"role": "passive", "data": str(files["host"]), "id": "id"}},
+           "params": {"n_trees": trees, "max_depth": 6, "learning_rate": 0.1, "max_bin": 32,
+                      "objective": "binary", "reg_lambda": 1.0, "seed": 0},
+           "crypto": {"key_bits": bits}, "validation": {"fraction": 0.0, "seed": 0},
+           "transport": {"kind": "memory"}}
+    return parse_config(raw, base=folder, source=f"{workload} workload")
+
+
+SHAPES = {"default_credit": "default_credit, 2 parties, depth 3, 32 bins",
+          "fedtree": "FedTree's shape (10,000 x 30 synthetic, 15 + 15 columns), depth 6, 32 bins"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--workload", choices=sorted(SHAPES), default="default_credit")
     parser.add_argument("--trees", type=int, default=5)
-    parser.add_argument("--bits", type=int, nargs="+", default=[1024, 2048])
+    parser.add_argument("--bits", type=int, nargs="+", default=None,
+                        help="key sizes (default: 1024 2048; fedtree: 2048)")
+    parser.add_argument("--json", type=Path, help="write the numbers to this file")
     args = parser.parse_args()
+    bits_list = args.bits or ([2048] if args.workload == "fedtree" else [1024, 2048])
     _prefect_env.configure()
     import logging
 
     from fedboost.embedded import party_specs, run_embedded
     from flows.secureboost import vertical_secureboost
-    from tests.scenarios import config_with
 
     logging.getLogger("prefect").setLevel(logging.WARNING)
     logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
     logging.getLogger("prefect.flow_runs").setLevel(logging.WARNING)
     rows = []
-    breakdowns = {}
-    for bits in args.bits:
-        config = config_with("default_credit.yaml", crypto={"key_bits": bits},
-                             params={"n_trees": args.trees})
+    breakdowns, by_depth, tree_seconds = {}, {}, {}
+    for bits in bits_list:
         with tempfile.TemporaryDirectory() as out:
-            state = run_embedded(config.job, party_specs(config, Path(out)),
+            config = workload_config(args.workload, Path(out), bits, args.trees)
+            state = run_embedded(config.job, party_specs(config, Path(out) / "models"),
                                  lambda: vertical_secureboost(config, return_state=True))
         result = state.result()
         breakdowns[bits] = step_seconds(state.state_details.flow_run_id)
+        by_depth[bits] = step_seconds(state.state_details.flow_run_id, by_depth=True)
         per_tree = result["tree_seconds"]
+        tree_seconds[bits] = per_tree
         mean = sum(per_tree) / len(per_tree)
         setup = result["train_seconds"] - sum(per_tree)
         baseline = phe_tree_baseline(bits, result["n_train"])
         rows.append((bits, result["n_train"], setup, mean, min(per_tree), baseline))
-    print(f"\ndefault_credit, 2 parties, depth 3, 32 bins, {args.trees} trees per run")
+    print(f"\n{SHAPES[args.workload]}, {args.trees} trees per run")
     print(f"{'key bits':>8} {'rows':>6} {'set-up s':>9} {'s/tree':>7} {'best':>6} "
           f"{'phe baseline s/tree':>20} {'baseline/ours':>14}")
     for bits, n, setup, mean, best, baseline in rows:
         print(f"{bits:>8} {n:>6} {setup:>9.1f} {mean:>7.2f} {best:>6.2f} {baseline:>20.0f} "
               f"{baseline / mean:>14.0f}x")
     print("\nseconds by step (Prefect task run times; each step includes its messaging)")
-    print(f"{'per tree':<28}" + "".join(f"{b:>10}" for b in args.bits))
+    print(f"{'per tree':<28}" + "".join(f"{b:>10}" for b in bits_list))
     for step in TREE_STEPS:
-        cells = [breakdowns[b].get(step, 0.0) / args.trees for b in args.bits]
+        cells = [breakdowns[b].get(step, 0.0) / args.trees for b in bits_list]
+        print(f"  {step:<26}" + "".join(f"{c:>10.3f}" for c in cells))
+    print("per tree and depth")
+    depth_steps = sorted({k for b in bits_list for k in by_depth[b] if re.search(r"-d\d+$", k)},
+                         key=lambda k: (int(k.rsplit("-d", 1)[1]), k))
+    for step in depth_steps:
+        cells = [by_depth[b].get(step, 0.0) / args.trees for b in bits_list]
         print(f"  {step:<26}" + "".join(f"{c:>10.3f}" for c in cells))
     print("per job (once)")
     for step in JOB_STEPS:
-        cells = [breakdowns[b].get(step, 0.0) for b in args.bits]
+        cells = [breakdowns[b].get(step, 0.0) for b in bits_list]
         print(f"  {step:<26}" + "".join(f"{c:>10.3f}" for c in cells))
+    if args.json:
+        only = bits_list[-1]  # the contract's top-level keys: the largest key size's run
+        args.json.write_text(json.dumps({
+            "workload": args.workload, "key_bits": only, "tree_seconds": tree_seconds[only],
+            "steps": {k: v / args.trees for k, v in breakdowns[only].items() if k in TREE_STEPS},
+            "steps_by_depth": {k: v / args.trees for k, v in by_depth[only].items()
+                               if k in depth_steps},
+            "phe_baseline_tree_seconds": rows[-1][5],
+            "by_key_bits": {str(b): {"tree_seconds": tree_seconds[b]} for b in bits_list},
+        }, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ from messages import simfl as s
 from messages.codec import from_wire, to_wire
 from messages.names import JOB_NAME_RULE, is_job_name
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
+"""2: a row's packed (g, h, count) slots are sized by what they hold (``crypto.encoding``); a
+version-1 party would cut the bin sums apart in the wrong places, so the versions refuse each other."""
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """Refuse to parse anything larger; transports chunk big payloads well below this."""
 

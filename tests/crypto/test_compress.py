@@ -39,8 +39,8 @@ def _encrypt_bin(private: PaillierPrivateKey, packer: GradientPacker, cell: Cell
     g, h, count = cell
     if count == 0:
         return mpz(1)
-    w = packer.slot_bits
-    plain = ((g + (count << BITS)) << 2 * w) | (h << w) | count  # the sum of count packed rows
+    c, w = packer.count_bits, packer.h_bits
+    plain = ((g + (count << BITS)) << (w + c)) | (h << c) | count  # the sum of count packed rows
     return private.encrypt_batch([plain])[0]
 
 

@@ -15,7 +15,7 @@ from messages import bodies as b
 from messages import forest as f
 from messages import horizontal as h
 from messages import simfl as s
-from messages.envelope import Envelope, MsgType, decode_envelope, encode_envelope
+from messages.envelope import WIRE_VERSION, Envelope, MsgType, decode_envelope, encode_envelope
 from messages.signing import ForgedMessage, federation_sealers
 from messages.instance_space import BITMAP, GAPS, InstanceSpace, decode_mask, encode_mask
 
@@ -118,7 +118,7 @@ def test_garbage_is_rejected_cleanly(data: bytes) -> None:
                          | st.binary(), lambda c: st.lists(c, max_size=4), max_leaves=10),
        kind=st.sampled_from([int(k) for k in MsgType] + [0, 999]))
 def test_wrong_body_shapes_are_rejected(body: object, kind: int) -> None:
-    data = msgpack.packb({"version": 1, "job": "j", "task": "t", "sender": "s",
+    data = msgpack.packb({"version": WIRE_VERSION, "job": "j", "task": "t", "sender": "s",
                           "recipient": "r", "kind": kind, "body": body}, use_bin_type=True)
     try:
         env = decode_envelope(data)
