@@ -96,14 +96,15 @@ def write_fedtree_data(folder: Path) -> dict[str, Path]:
     return files
 
 
-def workload_config(workload: str, folder: Path, bits: int, trees: int) -> object:
+def workload_config(workload: str, folder: Path, bits: int, trees: int,
+                    pack_bin_sums: str = "key_holder") -> object:
     """The job a workload runs, with ``bits``-bit keys and ``trees`` trees."""
     from flows.config import parse_config
     from tests.scenarios import config_with
 
+    crypto = {"key_bits": bits, "pack_bin_sums": pack_bin_sums}
     if workload == "default_credit":
-        return config_with("default_credit.yaml", crypto={"key_bits": bits},
-                           params={"n_trees": trees})
+        return config_with("default_credit.yaml", crypto=crypto, params={"n_trees": trees})
     files = write_fedtree_data(folder)
     raw = {"job": "fedtree-shape", "protocol": "vertical_secureboost",
            "parties": {"guest": {"role": "active", "data": str(files["guest"]), "id": "id",
@@ -111,7 +112,7 @@ def workload_config(workload: str, folder: Path, bits: int, trees: int) -> objec
                        "host": {"role": "passive", "data": str(files["host"]), "id": "id"}},
            "params": {"n_trees": trees, "max_depth": 6, "learning_rate": 0.1, "max_bin": 32,
                       "objective": "binary", "reg_lambda": 1.0, "seed": 0},
-           "crypto": {"key_bits": bits}, "validation": {"fraction": 0.0, "seed": 0},
+           "crypto": crypto, "validation": {"fraction": 0.0, "seed": 0},
            "transport": {"kind": "memory"}}
     return parse_config(raw, base=folder, source=f"{workload} workload")
 
@@ -126,6 +127,8 @@ def main() -> None:
     parser.add_argument("--trees", type=int, default=5)
     parser.add_argument("--bits", type=int, nargs="+", default=None,
                         help="key sizes (default: 1024 2048; fedtree: 2048)")
+    parser.add_argument("--pack-bin-sums", choices=["key_holder", "passive"], default="key_holder",
+                        help="who folds bin sums into shared ciphertexts (crypto.pack_bin_sums)")
     parser.add_argument("--json", type=Path, help="write the numbers to this file")
     args = parser.parse_args()
     bits_list = args.bits or ([2048] if args.workload == "fedtree" else [1024, 2048])
@@ -142,7 +145,8 @@ def main() -> None:
     breakdowns, by_depth, tree_seconds = {}, {}, {}
     for bits in bits_list:
         with tempfile.TemporaryDirectory() as out:
-            config = workload_config(args.workload, Path(out), bits, args.trees)
+            config = workload_config(args.workload, Path(out), bits, args.trees,
+                                     args.pack_bin_sums)
             state = run_embedded(config.job, party_specs(config, Path(out) / "models"),
                                  lambda: vertical_secureboost(config, return_state=True))
         result = state.result()

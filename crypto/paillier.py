@@ -189,6 +189,32 @@ class PaillierPrivateKey:
         """Decrypt many ciphertexts."""
         return [self.raw_decrypt(c) for c in ciphertexts]
 
+    def decrypt_folded(self, ciphertexts: Sequence[int], shift_bits: int, run: int) -> list[mpz]:
+        """Decrypt ``sum_j m_j * 2**(shift_bits * (k - 1 - j))`` for each run of ``run``
+        ciphertexts (the last run may be shorter): the plaintext a sender's Horner fold
+        ``acc^(2**shift_bits) * c`` would carry (``crypto.compress``), folded here modulo p^2
+        and q^2. Half-size squarings cost about a quarter of the sender's modulo n^2, so folding
+        and decrypting here costs ~1.6x less in all than the sender folding and this decrypting.
+        The caller makes sure each run's plaintext stays below n."""
+        if run < 1 or shift_bits < 1:
+            raise CryptoError(f"runs of {run} ciphertexts shifted by {shift_bits} bits")
+        p, q, psquare, qsquare = self.p, self.q, self.psquare, self.qsquare
+        shift = mpz(1) << shift_bits
+        out = []
+        for start in range(0, len(ciphertexts), run):
+            first = mpz(ciphertexts[start])
+            self.public_key.check_ciphertext(first)
+            acc_p, acc_q = first % psquare, first % qsquare
+            for c in ciphertexts[start + 1:start + run]:
+                c = mpz(c)
+                self.public_key.check_ciphertext(c)
+                acc_p = powmod(acc_p, shift, psquare) * (c % psquare) % psquare
+                acc_q = powmod(acc_q, shift, qsquare) * (c % qsquare) % qsquare
+            mp = _l_function(powmod(acc_p, p - 1, psquare), p) * self.hp % p
+            mq = _l_function(powmod(acc_q, q - 1, qsquare), q) * self.hq % q
+            out.append(crt_pair(mp, mq, p, q, self.p_inverse))
+        return out
+
     def _obfuscator(self) -> mpz:
         if self._tables is None:
             n = self.public_key.n

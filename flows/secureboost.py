@@ -35,7 +35,8 @@ def job_spec(config: JobConfig) -> JobSpec:
         min_child_weight=p.min_child_weight, min_samples_leaf=p.min_samples_leaf,
         subsample=p.subsample, seed=p.seed, complete_secure=p.complete_secure,
         key_bits=config.crypto.key_bits, valid_fraction=config.validation.fraction,
-        valid_seed=config.validation.seed, label=config.parties[config.active].label or "")
+        valid_seed=config.validation.seed, label=config.parties[config.active].label or "",
+        pack_bin_sums=config.crypto.pack_bin_sums)
 
 
 @task(name="open_job", task_run_name="open-job", cache_policy=NO_CACHE)

@@ -48,6 +48,8 @@ class JobSpec:
     valid_seed: int
     label: str
     """The active party's label column name: a passive party refuses a column of that name."""
+    pack_bin_sums: str = "key_holder"
+    """Who folds bin sums into shared ciphertexts: ``key_holder`` or ``passive``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +225,9 @@ class TreeStart:
     n_chunks: int
     value_bits: int
     max_rows: int
+    per_ciphertext: int = 1
+    """Bin sums each passive party folds into one ciphertext of its histograms (1: none, the
+    key holder folds them)."""
 
 
 @dataclass(frozen=True, slots=True)

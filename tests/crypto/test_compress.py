@@ -76,6 +76,36 @@ def test_packed_sums_unpack_to_exactly_the_bin_sums(keypair_1024, keypair_512,  
     assert sums == [c for c in cells if c[2] > 0]
 
 
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), max_rows=st.integers(1, 30_000) | st.just(30_000))
+def test_the_key_holders_fold_gives_the_senders_sums(keypair_1024, keypair_512,  # type: ignore[no-untyped-def]
+                                                      data: st.DataObject, max_rows: int) -> None:
+    # Prepare: bin sums sent one per ciphertext, empty bins left out as the sender does
+    public, private = data.draw(st.sampled_from([keypair_1024, keypair_512]))
+    packer = GradientPacker(value_bits=BITS, max_rows=max_rows)
+    packing = BinSumPacking.for_key(packer.cell_bits, public.n.bit_length())
+    cells = [c for c in data.draw(st.lists(bin_sums(max_rows), max_size=40)) if c[2] > 0]
+    sent = [_encrypt_bin(private, packer, c) for c in cells]
+    # Execute
+    folded = packing.decrypt_sums(private, sent)
+    # Assert: what the sender's fold would have decrypted to, and the sums themselves
+    by_sender = packing.unpack(private.decrypt_batch(packing.pack(sent, public.nsquare)),
+                               len(sent))
+    assert folded == by_sender
+    assert [packer.unpack_sum(m) for m in folded] == cells
+
+
+def test_the_key_holders_fold_refuses_what_is_no_ciphertext(keypair_1024) -> None:  # type: ignore[no-untyped-def]
+    public, private = keypair_1024
+    packing = BinSumPacking(cell_bits=100, per_ciphertext=3)
+    good = private.encrypt_batch([1, 2])
+    for bad in (mpz(0), public.nsquare):
+        with pytest.raises(CryptoError):
+            packing.decrypt_sums(private, [good[0], bad, good[1]])
+    with pytest.raises(OverflowRiskError):  # runs that would wrap modulo n
+        BinSumPacking(cell_bits=400, per_ciphertext=3).decrypt_sums(private, good)
+
+
 def test_homomorphic_bin_sums_of_extreme_rows(keypair_1024) -> None:  # type: ignore[no-untyped-def]
     # Prepare: rows at the packer's bounds, summed per bin the way the passive party does
     public, private = keypair_1024

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from crypto import CryptoError
+from crypto.compress import BinSumPacking
 from crypto.paillier import ciphertexts_from_bytes, ciphertexts_to_bytes
 from crypto.pool import KeyHolderPool
 
@@ -22,6 +23,21 @@ def test_pool_encrypts_and_decrypts_like_the_key(keypair_1024) -> None:  # type:
         assert pool.encrypt([]) == b"" and pool.decrypt(b"") == []
         with pytest.raises(CryptoError):
             pool.decrypt(b"\xff" * pub.ciphertext_bytes)
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 6, 7, 13])
+def test_pool_folds_and_decrypts_bin_sums_like_the_key(keypair_1024, count: int) -> None:  # type: ignore[no-untyped-def]
+    pub, priv = keypair_1024
+    packing = BinSumPacking(cell_bits=150, per_ciphertext=3)  # runs split over two processes
+    sums = [(k * 7919) % (1 << 150) for k in range(count)]
+    blob = ciphertexts_to_bytes(priv.encrypt_batch(sums), pub)
+    pool = KeyHolderPool(priv, processes=2)
+    try:
+        assert pool.decrypt_sums(blob, packing) == sums
+        assert pool.decrypt_sums(blob, packing) == packing.decrypt_sums(
+            priv, ciphertexts_from_bytes(blob, pub))
     finally:
         pool.close()
 

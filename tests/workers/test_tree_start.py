@@ -60,11 +60,11 @@ def _from_guest(kind: MsgType, body: object) -> bytes:
 
 
 def _gradients(public: PaillierPublicKey, private: PaillierPrivateKey,
-               rows: int = ROWS) -> tuple[bytes, list[bytes]]:
+               rows: int = ROWS, per_ciphertext: int = 1) -> tuple[bytes, list[bytes]]:
     blob = ciphertexts_to_bytes(private.encrypt_batch(list(range(1, rows + 1))), public)
     half = (rows // 2) * public.ciphertext_bytes
     start = TreeStart(tree=0, in_tree=encode_mask(np.ones(ROWS, dtype=bool)), n_chunks=2,
-                      value_bits=20, max_rows=ROWS)
+                      value_bits=20, max_rows=ROWS, per_ciphertext=per_ciphertext)
     return (_from_guest(MsgType.TREE_START, start),
             [_from_guest(MsgType.ENCRYPTED_GRADIENTS, EncryptedGradients(0, k, part))
              for k, part in enumerate((blob[:half], blob[half:]))])
@@ -141,3 +141,24 @@ def test_bad_gradients_are_answered_by_the_trees_first_step(
     reply = SEALERS["flow"].open(data)
     assert isinstance(reply.body, ErrorReply)
     assert f"{ROWS - 1} ciphertexts for {ROWS} rows" in reply.body.message
+
+
+@pytest.mark.parametrize("per_ciphertext", [0, 18])
+def test_a_packing_that_does_not_fit_the_key_is_refused(
+        tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey],
+        per_ciphertext: int) -> None:
+    # 20-bit values over 40 rows: 59-bit bin sums, of which 17 fit a 1024-bit key
+    public, private = keypair
+    coordinator, _, hub = _host(tmp_path, public)
+    start, chunks = _gradients(public, private, per_ciphertext=per_ciphertext)
+
+    for message in (start, *chunks):
+        coordinator.handle_bytes(message)
+    coordinator.handle_bytes(SEALERS["flow"].seal(Envelope(
+        "job", "s/build_histograms/t0/d0", "flow", "host", MsgType.BUILD_HISTOGRAMS, Step(0, 0))))
+    data = hub.endpoint("flow").receive(timeout=5)
+    assert data is not None
+    reply = SEALERS["flow"].open(data)
+    assert isinstance(reply.body, ErrorReply)
+    assert f"asked to pack {per_ciphertext} bin sums per ciphertext; 1 to 17 fit" \
+        in reply.body.message

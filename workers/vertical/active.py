@@ -45,6 +45,8 @@ from workers.state import JobState
 
 PROTOCOL = "vertical_secureboost"
 """The protocol whose steps this module and workers.vertical.passive answer (checked against policies)."""
+PACKERS = ("key_holder", "passive")
+"""Who may fold bin sums into shared ciphertexts (the job's ``crypto.pack_bin_sums``)."""
 GRADIENT_CHUNK = 4096
 """Ciphertexts per message: 2 MiB at 2048-bit keys, well below broker message caps."""
 
@@ -65,6 +67,10 @@ class ActiveTraining:
     grads: tuple[np.ndarray, np.ndarray] | None = None
     grower: TreeGrower | None = None
     packer: GradientPacker | None = None
+    pack_bin_sums: str = "key_holder"
+    """Who folds bin sums into shared ciphertexts (the job's ``crypto.pack_bin_sums``)."""
+    per_ciphertext: int = 1
+    """Bin sums per ciphertext the passive parties were told to send for this tree."""
     level_splits: dict[int, SplitCandidate | None] = field(default_factory=dict)
     trees: list[Tree] = field(default_factory=list)
     history: list[TreeFinished] = field(default_factory=list)
@@ -125,10 +131,13 @@ def params_of(open_job: OpenJob) -> BoostParams:
 def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     """Load labels and features, make the Paillier key pair."""
     state = open_active(ctx, body.spec, PROTOCOL)
+    if body.spec.pack_bin_sums not in PACKERS:
+        raise ProtocolError(f"pack_bin_sums {body.spec.pack_bin_sums!r} is not one of {PACKERS}")
     params = params_of(body)
     public, private = generate_keypair(body.spec.key_bits,
                                        obfuscator=ctx.party.policy.obfuscator)
-    state.role_state = ActiveTraining(params=params, public=public, private=private)
+    state.role_state = ActiveTraining(params=params, public=public, private=private,
+                                      pack_bin_sums=body.spec.pack_bin_sums)
     ctx.state = state
     return MsgType.OPENED, Opened(rows=len(state.data.ids),
                                   checkpoints=checkpoint.available(
@@ -194,10 +203,13 @@ def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         packer = GradientPacker(value_bits=g.bits, max_rows=n)
         packer.check_fits(run.public.n.bit_length())
         run.packer = packer
+        most = BinSumPacking.for_key(packer.cell_bits, run.public.n.bit_length()).per_ciphertext
+        run.per_ciphertext = most if run.pack_bin_sums == "passive" else 1
         started = time.perf_counter()
         packed = packer.pack(g.ints[in_tree], h.ints[in_tree])
         start = TreeStart(tree=tree, in_tree=encode_mask(in_tree),
-                          n_chunks=-(-len(packed) // GRADIENT_CHUNK), value_bits=g.bits, max_rows=n)
+                          n_chunks=-(-len(packed) // GRADIENT_CHUNK), value_bits=g.bits, max_rows=n,
+                          per_ciphertext=run.per_ciphertext)
         for passive in participants:
             ctx.send(passive, MsgType.TREE_START, start)
         # each chunk goes out while the next is encrypted: passive parties take in (and pass
@@ -219,10 +231,9 @@ def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: li
         raise ProtocolError(f"{sender} sent histograms of {msg.n_features} x {msg.n_bins} bins")
     if run.packer is None:
         raise StageError("histograms arrived before any gradients were encrypted")
-    most = BinSumPacking.for_key(run.packer.cell_bits, run.public.n.bit_length()).per_ciphertext
-    if not 1 <= msg.per_ciphertext <= most:
+    if msg.per_ciphertext != run.per_ciphertext:
         raise ProtocolError(f"{sender} packed {msg.per_ciphertext} bin sums per ciphertext; "
-                            f"1 to {most} fit")
+                            f"the tree's gradients asked for {run.per_ciphertext}")
     if not msg.shard_features or min(msg.shard_features) < 1 \
             or sum(msg.shard_features) != msg.n_features:
         raise ProtocolError(f"{sender} sent shards of {msg.shard_features} features for "
@@ -241,14 +252,22 @@ def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: li
     if len(msg.ciphertexts) != sum(counts) * width:
         raise ProtocolError(f"{sender} sent {len(msg.ciphertexts)} bytes of histograms, expected "
                             f"{sum(counts)} ciphertexts of {width} bytes")
-    plain = run.crypto_pool().decrypt(msg.ciphertexts)
-    blocks, start = [], 0
-    for features, seg, count in zip(msg.shard_features, segments, counts, strict=True):
+    if packing.per_ciphertext == 1:  # one sum per ciphertext: fold and decrypt them here
+        values = run.crypto_pool().decrypt_sums(msg.ciphertexts, BinSumPacking.for_key(
+            run.packer.cell_bits, run.public.n.bit_length()))
+        starts = np.cumsum([0, *counts]).tolist()
+        shard_sums = [values[a:a + seg.size] for a, seg in zip(starts, segments)]
+    else:
+        plain, shard_sums, start = run.crypto_pool().decrypt(msg.ciphertexts), [], 0
+        for seg, count in zip(segments, counts, strict=True):
+            shard_sums.append(packing.unpack(plain[start:start + count], seg.size))
+            start += count
+    blocks = []
+    for features, seg, values in zip(msg.shard_features, segments, shard_sums, strict=True):
         sums = np.zeros((nodes * features * msg.n_bins, 3), dtype=np.int64)  # empty bins: zero
-        for k, m in zip(seg.tolist(), packing.unpack(plain[start:start + count], seg.size)):
+        for k, m in zip(seg.tolist(), values):
             sums[k] = run.packer.unpack_sum(m)
         blocks.append(sums.reshape(nodes, features, msg.n_bins, 3))
-        start += count
     return np.concatenate(blocks, axis=1)
 
 

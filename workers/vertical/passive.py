@@ -209,8 +209,12 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     chunks: list[EncryptedGradients] = ctx.mailbox.items[key]
     if sorted(c.chunk for c in chunks) != list(range(start.n_chunks)):
         raise ProtocolError(f"tree {tree}: gradient chunks {sorted(c.chunk for c in chunks)}")
-    packing = BinSumPacking.for_key(GradientPacker(start.value_bits, start.max_rows).cell_bits,
-                                    public.n.bit_length())
+    most = BinSumPacking.for_key(GradientPacker(start.value_bits, start.max_rows).cell_bits,
+                                 public.n.bit_length())
+    if not 1 <= start.per_ciphertext <= most.per_ciphertext:
+        raise ProtocolError(f"tree {tree}: asked to pack {start.per_ciphertext} bin sums per "
+                            f"ciphertext; 1 to {most.per_ciphertext} fit")
+    packing = BinSumPacking(most.cell_bits, start.per_ciphertext)
     in_tree = decode_mask(start.in_tree, n_train)
     blob = b"".join(c.ciphertexts for c in sorted(chunks, key=lambda c: c.chunk))
     count, rest = divmod(len(blob), public.ciphertext_bytes)
