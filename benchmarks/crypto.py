@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import phe
 
-from crypto.compress import BinSumPacking
+from crypto.compress import BinSumPacking, decrypt_bin_sums
 from crypto.encoding import GradientPacker
 from crypto.paillier import PaillierPrivateKey, generate_keypair
 
@@ -102,8 +102,19 @@ def bin_sum_rates(public, private, seconds: float) -> dict[str, float]:  # type:
             for m in packing.unpack(private.decrypt_batch(packing.pack(cts, nsq)), per):
                 BENCH_PACKER.unpack_sum(m)
 
+    run = private.fold_run(BENCH_PACKER.cell_bits)
+    if decrypt_bin_sums(private, cts, BENCH_PACKER.cell_bits) != plain:
+        raise RuntimeError("bin sums folded by the key holder did not come back exactly")
+
+    def folded_by_key_holder(k: int) -> None:
+        for _ in range(k):
+            for m in decrypt_bin_sums(private, cts[:run], BENCH_PACKER.cell_bits):
+                BENCH_PACKER.unpack_sum(m)
+
     # rate() counts calls of ``packed``; each brings back one packed ciphertext's sums
     return {
+        "bin sums folded by the key holder mod p^2 (sums/s)": run * rate(folded_by_key_holder,
+                                                                         seconds),
         "bin sums, one decryption each (sums/s)": rate(one_by_one, seconds),
         "bin sums packed (sums/s)": per * rate(packed, seconds),
         "  of which packing them (sums/s)": per * rate(
@@ -139,6 +150,10 @@ def main() -> None:
               f"{r['histogram accumulation (mults/s)'] / r['add raw gmpy2 c1*c2 % n2 (floor)']:.2f}; "
               f"decrypt ours/phe = {r['decrypt ours (CRT)'] / r['decrypt phe (CRT)']:.1f}x")
         per = BinSumPacking.for_key(BENCH_PACKER.cell_bits, b).per_ciphertext
+        by_holder = r["bin sums folded by the key holder mod p^2 (sums/s)"]
+        print(f"{b} bits: per bin sum, folded by the key holder modulo p^2 {1e3 / by_holder:.3f} "
+              f"ms: {packed and by_holder / packed:.2f}x less than packed by the passive party "
+              f"and decrypted (crypto.pack_bin_sums)")
         print(f"{b} bits: per bin sum, one decryption {1e3 / one:.3f} ms; packed {per} per "
               f"ciphertext {1e3 / packed:.3f} ms (passive packing {1e3 / shifts:.3f} ms, key "
               f"holder decrypting {1e3 / holder:.3f} ms); packing pays {packed / one:.1f}x "

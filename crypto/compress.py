@@ -11,12 +11,13 @@ Cost: a shift is ``cell_bits`` squarings modulo n^2 for the passive party; each 
 decryption is two half-size exponentiations for the key holder. ``python -m benchmarks.crypto``
 measures both (at 2048 bits a shift is about a third of a decryption).
 
-Who folds: the key holder can fold the same runs itself, modulo p^2 and q^2, where a squaring
-costs about a quarter of one modulo n^2 (:meth:`BinSumPacking.decrypt_sums`). Sent one sum per
+Who folds: the key holder can fold runs itself, and cheaper: runs short enough to stay below
+p are their own residues modulo p, so it folds and decrypts modulo p^2 only, where a squaring
+costs about an eighth of one modulo n^2 (:func:`decrypt_bin_sums`). Sent one sum per
 ciphertext (16x the bytes of a histogram message), folded and decrypted by the key holder, a
-bin sum costs ~1.6x less CPU in all than folded by the sender: the default
-(``crypto.pack_bin_sums: key_holder``); ``passive`` keeps the fold with the sender, for slow
-links between the parties.
+bin sum costs a fraction of the CPU it costs folded by the sender (``python -m
+benchmarks.crypto`` prints both): the default (``crypto.pack_bin_sums: key_holder``);
+``passive`` keeps the fold with the sender, for slow links between the parties.
 
 What the key holder learns is unchanged: the same bin sums, and which bins are empty. Empty bins
 (the trivial ciphertext 1) used to travel as such; now they travel as a mask and are not packed,
@@ -78,14 +79,6 @@ class BinSumPacking:
             out.append(acc)
         return out
 
-    def decrypt_sums(self, private: PaillierPrivateKey, ciphertexts: Sequence[mpz]) -> list[int]:
-        """The key holder's side of sums sent one per ciphertext: fold runs of
-        ``per_ciphertext`` and decrypt them in CRT form (``decrypt_folded``), then cut them
-        apart: the very sums that decrypting each ciphertext would give, for less work."""
-        self.check_fits(private.public_key.n.bit_length())
-        plain = private.decrypt_folded(ciphertexts, self.cell_bits, self.per_ciphertext)
-        return self.unpack(plain, len(ciphertexts))
-
     def unpack(self, plaintexts: Sequence[int], sums: int) -> list[int]:
         """The ``sums`` bin sums from the decrypted packed plaintexts, in packing order."""
         if len(plaintexts) != self.n_ciphertexts(sums):
@@ -99,6 +92,18 @@ class BinSumPacking:
                 raise OverflowRiskError(f"packed plaintext {k} is wider than its {here} sums")
             out += [(packed >> (i * bits)) & mask for i in reversed(range(here))]
         return out
+
+
+def decrypt_bin_sums(private: PaillierPrivateKey, ciphertexts: Sequence[mpz],
+                     cell_bits: int) -> list[int]:
+    """The key holder's side of bin sums sent one per ciphertext: fold as many as stay below p
+    and decrypt them modulo p (``PaillierPrivateKey.decrypt_folded``), then cut them apart: the
+    very sums that decrypting each ciphertext would give, for far less work."""
+    run = private.fold_run(cell_bits)
+    if run < 1:
+        raise OverflowRiskError(f"bin sums of {cell_bits} bits do not fit below p")
+    plain = private.decrypt_folded(ciphertexts, cell_bits, run)
+    return BinSumPacking(cell_bits, run).unpack(plain, len(ciphertexts))
 
 
 def _pack_block(block: _Block) -> bytes:

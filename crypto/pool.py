@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 
 from crypto._gmp import mpz
-from crypto.compress import BinSumPacking
+from crypto.compress import decrypt_bin_sums
 from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_from_bytes,
                              ciphertexts_to_bytes)
 
@@ -38,11 +38,10 @@ def _decrypt(blob: bytes) -> list[int]:
     return [int(m) for m in _KEY.decrypt_batch(ciphertexts_from_bytes(blob, _KEY.public_key))]
 
 
-def _decrypt_sums(task: tuple[bytes, int, int]) -> list[int]:
+def _decrypt_sums(task: tuple[bytes, int]) -> list[int]:
     assert _KEY is not None
-    blob, cell_bits, per_ciphertext = task
-    return BinSumPacking(cell_bits, per_ciphertext).decrypt_sums(
-        _KEY, ciphertexts_from_bytes(blob, _KEY.public_key))
+    blob, cell_bits = task
+    return decrypt_bin_sums(_KEY, ciphertexts_from_bytes(blob, _KEY.public_key), cell_bits)
 
 
 def default_processes() -> int:
@@ -97,17 +96,18 @@ class KeyHolderPool:
         parts = [ciphertexts[s.start * width:s.stop * width] for s in self._slices(count)]
         return [m for part in self._pool.map(_decrypt, parts) for m in part]
 
-    def decrypt_sums(self, ciphertexts: bytes, packing: BinSumPacking) -> list[int]:
-        """Bin sums sent one per concatenated ciphertext, folded ``packing.per_ciphertext`` at a
-        time and decrypted (``BinSumPacking.decrypt_sums``) on the processes, in order."""
+    def decrypt_sums(self, ciphertexts: bytes, cell_bits: int) -> list[int]:
+        """Bin sums of ``cell_bits`` bits sent one per concatenated ciphertext, folded and
+        decrypted (``crypto.compress.decrypt_bin_sums``) on the processes, in order."""
         width = self.private.public_key.ciphertext_bytes
         count = len(ciphertexts) // width
-        runs = packing.n_ciphertexts(count)
-        if not runs:
+        if not count:
             return []
-        per_process = -(-runs // self.processes) * packing.per_ciphertext
-        tasks = [(ciphertexts[a * width:min(a + per_process, count) * width], packing.cell_bits,
-                  packing.per_ciphertext) for a in range(0, count, per_process)]
+        run = max(1, self.private.fold_run(cell_bits))  # below 1, the processes say why
+        runs = -(-count // run)
+        per_process = -(-runs // self.processes) * run  # whole runs: folds do not depend on it
+        tasks = [(ciphertexts[a * width:min(a + per_process, count) * width], cell_bits)
+                 for a in range(0, count, per_process)]
         return [m for part in self._pool.map(_decrypt_sums, tasks) for m in part]
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from crypto import CryptoError, OverflowRiskError
 from crypto._gmp import mpz
-from crypto.compress import BinSumPacking, pack_bin_sums
+from crypto.compress import BinSumPacking, decrypt_bin_sums, pack_bin_sums
 from crypto.encoding import GradientPacker
 from crypto.paillier import (
     PaillierPrivateKey,
@@ -87,7 +87,7 @@ def test_the_key_holders_fold_gives_the_senders_sums(keypair_1024, keypair_512, 
     cells = [c for c in data.draw(st.lists(bin_sums(max_rows), max_size=40)) if c[2] > 0]
     sent = [_encrypt_bin(private, packer, c) for c in cells]
     # Execute
-    folded = packing.decrypt_sums(private, sent)
+    folded = decrypt_bin_sums(private, sent, packer.cell_bits)
     # Assert: what the sender's fold would have decrypted to, and the sums themselves
     by_sender = packing.unpack(private.decrypt_batch(packing.pack(sent, public.nsquare)),
                                len(sent))
@@ -97,13 +97,15 @@ def test_the_key_holders_fold_gives_the_senders_sums(keypair_1024, keypair_512, 
 
 def test_the_key_holders_fold_refuses_what_is_no_ciphertext(keypair_1024) -> None:  # type: ignore[no-untyped-def]
     public, private = keypair_1024
-    packing = BinSumPacking(cell_bits=100, per_ciphertext=3)
     good = private.encrypt_batch([1, 2])
     for bad in (mpz(0), public.nsquare):
         with pytest.raises(CryptoError):
-            packing.decrypt_sums(private, [good[0], bad, good[1]])
-    with pytest.raises(OverflowRiskError):  # runs that would wrap modulo n
-        BinSumPacking(cell_bits=400, per_ciphertext=3).decrypt_sums(private, good)
+            decrypt_bin_sums(private, [good[0], bad, good[1]], 100)
+    with pytest.raises(OverflowRiskError):  # a sum wider than p: its residue would not be it
+        decrypt_bin_sums(private, good, 512)
+    with pytest.raises(OverflowRiskError):  # runs that would pass p
+        private.decrypt_folded(good, 100, 6)
+    assert decrypt_bin_sums(private, good, 100) == [1, 2]
 
 
 def test_homomorphic_bin_sums_of_extreme_rows(keypair_1024) -> None:  # type: ignore[no-untyped-def]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from crypto import CryptoError
-from crypto.compress import BinSumPacking
 from crypto.paillier import ciphertexts_from_bytes, ciphertexts_to_bytes
 from crypto.pool import KeyHolderPool
 
@@ -30,14 +29,12 @@ def test_pool_encrypts_and_decrypts_like_the_key(keypair_1024) -> None:  # type:
 @pytest.mark.parametrize("count", [0, 1, 5, 6, 7, 13])
 def test_pool_folds_and_decrypts_bin_sums_like_the_key(keypair_1024, count: int) -> None:  # type: ignore[no-untyped-def]
     pub, priv = keypair_1024
-    packing = BinSumPacking(cell_bits=150, per_ciphertext=3)  # runs split over two processes
-    sums = [(k * 7919) % (1 << 150) for k in range(count)]
+    sums = [(k * 7919) % (1 << 150) for k in range(count)]  # runs of 3 below a 512-bit p
     blob = ciphertexts_to_bytes(priv.encrypt_batch(sums), pub)
     pool = KeyHolderPool(priv, processes=2)
     try:
-        assert pool.decrypt_sums(blob, packing) == sums
-        assert pool.decrypt_sums(blob, packing) == packing.decrypt_sums(
-            priv, ciphertexts_from_bytes(blob, pub))
+        assert priv.fold_run(150) == 3
+        assert pool.decrypt_sums(blob, 150) == sums
     finally:
         pool.close()
 

@@ -253,8 +253,7 @@ def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: li
         raise ProtocolError(f"{sender} sent {len(msg.ciphertexts)} bytes of histograms, expected "
                             f"{sum(counts)} ciphertexts of {width} bytes")
     if packing.per_ciphertext == 1:  # one sum per ciphertext: fold and decrypt them here
-        values = run.crypto_pool().decrypt_sums(msg.ciphertexts, BinSumPacking.for_key(
-            run.packer.cell_bits, run.public.n.bit_length()))
+        values = run.crypto_pool().decrypt_sums(msg.ciphertexts, run.packer.cell_bits)
         starts = np.cumsum([0, *counts]).tolist()
         shard_sums = [values[a:a + seg.size] for a, seg in zip(starts, segments)]
     else:
