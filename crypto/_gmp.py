@@ -7,10 +7,11 @@ import secrets
 import gmpy2
 from gmpy2 import mpz
 
-__all__ = ["mpz", "powmod", "invert", "random_below", "random_prime", "crt_pair"]
+__all__ = ["mpz", "powmod", "invert", "jacobi", "random_below", "random_prime", "crt_pair"]
 
 powmod = gmpy2.powmod
 invert = gmpy2.invert
+jacobi = gmpy2.jacobi
 
 
 def random_below(bound: int) -> mpz:
