@@ -47,7 +47,7 @@ from workers.shards import HELPER_GRACE, MAX_KEY_BYTES, MIN_HELPER_WAIT
 log = logging.getLogger("fedboost.worker")
 
 OPS = ("encrypt", "decrypt")
-DECRYPT_UNIT = 128
+DECRYPT_UNIT = 32
 """Ciphertexts per decryption unit; a level with fewer than two units is decrypted here (a
 round trip to a helper would cost more than it saves)."""
 KEPT_KEYS = 2
@@ -262,6 +262,8 @@ def crypto_shard(ctx: StepContext, task: CryptoShard) -> None:
         raise ProtocolError(f"crypto shard: {len(values)} bytes for {task.count} values of "
                             f"{width} bytes")
     units = -(-task.count // task.unit)
+    log.info("%s job=%s t%d d%d: taking %s units of %d", ctx.party.name, ctx.job, task.tree,
+             task.depth, task.op, units)
     done, started = 0, time.perf_counter()
 
     def values_of(unit: int) -> bytes:
