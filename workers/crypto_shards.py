@@ -111,7 +111,7 @@ class SharedCrypto:
     count: int
     done: dict[int, bytes] = field(default_factory=dict)
     by_helpers: int = 0
-    summed_here: tuple[float, float] | None = None
+    done_here: tuple[float, float] | None = None
     """When this process finished its own units (``time.monotonic``) and how long they took."""
     inputs: bytes = b""
     """The coordinating process's copy of the inputs, to do what no helper returned."""
@@ -122,9 +122,9 @@ class SharedCrypto:
     def gives_up_on_helpers(self, now: float) -> bool:
         """As ``workers.shards.LevelWork.gives_up_on_helpers``: a helper still silent
         ``HELPER_GRACE`` times this process's own share after it finished has died or stalled."""
-        if self.summed_here is None:
+        if self.done_here is None:
             return False
-        finished, took = self.summed_here
+        finished, took = self.done_here
         return now - finished > max(MIN_HELPER_WAIT, HELPER_GRACE * took)
 
     def missing(self) -> list[int]:
@@ -146,15 +146,17 @@ class SharedCrypto:
 
 
 def hand_out(ctx: StepContext, op: str, tree: int, depth: int, key: bytes, n: bytes,
-             values: bytes, count: int, width: int, unit: int) -> SharedCrypto | None:
+             values: Callable[[], bytes], count: int, width: int,
+             unit: int) -> SharedCrypto | None:
     """Open a pool of the step's units and queue a shard for each helper process; None (do it
-    all here) when the party has no helper, or the step has fewer than two units."""
+    all here) when the party has no helper, or the step has fewer than two units. ``values``
+    gives the ``count`` inputs, ``width`` bytes each."""
     helpers = ctx.helpers()
     units = -(-count // unit)
     if helpers < 1 or units < 2:
         return None
     claims = ctx.open_claims(units)
-    data = encrypt_body(_key(ctx), values, _bound("data", ctx.job, claims, op, tree, depth))
+    data = encrypt_body(_key(ctx), values(), _bound("data", ctx.job, claims, op, tree, depth))
     shard = CryptoShard(tree=tree, depth=depth, op=op, n=n, key=key, claims=claims, unit=unit,
                         count=count, width=width, data=data)
     for _ in range(helpers):

@@ -78,7 +78,7 @@ def test_a_helper_encrypts_and_decrypts_the_units_it_claims(tmp_path: Path,
     ctx, helper = _ctx(tmp_path, hub), _helper(tmp_path, hub)
     values = [3, 1 << 100, 0, 7, 12345, 99, 5, 1, 2, 4]
     work = hand_out(ctx, "encrypt", 0, -1, seal_key(ctx, PRIVATE), PUBLIC.n_bytes,
-                    to_bytes(values, 13), len(values), 13, 4)
+                    lambda: to_bytes(values, 13), len(values), 13, 4)
     assert work is not None and work.units == 3
     shard = hub.endpoint("guest", helper=True).receive(timeout=5)
     assert shard is not None
@@ -96,8 +96,8 @@ def test_a_helper_encrypts_and_decrypts_the_units_it_claims(tmp_path: Path,
     # decryption: the helper's plaintexts come back sealed, and open to the right values
     dctx = StepContext(ctx.party, "job", "s1/find_splits/t0/d1", None, Mailbox(),
                        lambda *_: None, hub.endpoint("guest"), SEALERS["guest"])
-    work = hand_out(dctx, "decrypt", 0, 1, seal_key(dctx, PRIVATE), PUBLIC.n_bytes, blob,
-                    len(values), PUBLIC.ciphertext_bytes, 5)
+    work = hand_out(dctx, "decrypt", 0, 1, seal_key(dctx, PRIVATE), PUBLIC.n_bytes,
+                    lambda: blob, len(values), PUBLIC.ciphertext_bytes, 5)
     assert work is not None
     shard = hub.endpoint("guest", helper=True).receive(timeout=5)
     helper.handle_bytes(shard)
@@ -116,7 +116,7 @@ def test_forged_and_wrongly_sealed_shards_are_refused_and_the_helper_goes_on(
     host_ctx = _ctx(tmp_path, hub, "host")
     values = list(range(1, 9))
     good = hand_out(ctx, "encrypt", 0, -1, seal_key(ctx, PRIVATE), PUBLIC.n_bytes,
-                    to_bytes(values, 1), len(values), 1, 4)
+                    lambda: to_bytes(values, 1), len(values), 1, 4)
     assert good is not None
     shard = SEALERS["guest"].open(hub.endpoint("guest", helper=True).receive(timeout=5))
     body: CryptoShard = shard.body

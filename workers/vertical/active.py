@@ -29,14 +29,14 @@ from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from crypto.paillier import PaillierPrivateKey, PaillierPublicKey, generate_keypair
 from crypto.pool import KeyHolderPool
-from workers.crypto_shards import (DECRYPT_UNIT, SharedCrypto, encrypt_claimed, from_bytes,
-                                   hand_out, seal_key, take_units, to_bytes, wait_for_helpers)
 from messages.bodies import (Ack, AppliedSplits, EncryptedGradients, EncryptedHistograms, Metric,
                              NodePositions, NodeSplit, Opened, OpenJob, ResumeJob, SplitChoice,
                              SplitChoices, SplitsFound, Step, TreeFinished, TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import ProtocolError, StageError, checkpoint
+from workers.crypto_shards import (DECRYPT_UNIT, SharedCrypto, encrypt_claimed, from_bytes,
+                                   hand_out, seal_key, take_units, to_bytes, wait_for_helpers)
 from workers.vertical.opening import bin_active_rows, open_active
 from workers.vertical.alignment import send_public_key
 from workers.vertical.explain import SplitRecord, leaf_purity, tree_splits, write_splits
@@ -237,7 +237,7 @@ def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
             ctx.send(passive, MsgType.TREE_START, start)
         width = max(1, (max(packed).bit_length() + 7) // 8) if packed else 1
         work = hand_out(ctx, "encrypt", tree, -1, run.sealed_key(ctx), run.public.n_bytes,
-                        to_bytes(packed, width), len(packed), width, GRADIENT_CHUNK)
+                        lambda: to_bytes(packed, width), len(packed), width, GRADIENT_CHUNK)
         if work is not None:
             run.encrypting = Encryption(participants, packed, work, started)
             _encrypt_claimed(ctx, run, run.encrypting)
@@ -259,7 +259,7 @@ def _encrypt_claimed(ctx: StepContext, run: ActiveTraining, enc: Encryption) -> 
                                       work.units, lambda u: enc.packed[work.span(u)]):
         _send_chunk(ctx, enc, unit, blob)
     finished = time.monotonic()
-    work.summed_here = finished, finished - began
+    work.done_here = finished, finished - began
 
 
 def _send_chunk(ctx: StepContext, enc: Encryption, unit: int, blob: bytes) -> None:
@@ -356,14 +356,15 @@ def _decrypt_level(ctx: StepContext, run: ActiveTraining, participants: list[str
             _layout(run, msg, built, passive)  # nothing unchecked goes to the helpers
         blob = b"".join(msg.ciphertexts for msg in msgs)
         work = hand_out(ctx, "decrypt", body.tree, body.depth, run.sealed_key(ctx),
-                        run.public.n_bytes, blob, len(blob) // width, width, DECRYPT_UNIT)
+                        run.public.n_bytes, lambda: blob, len(blob) // width, width,
+                        DECRYPT_UNIT)
         if work is None:
             return {p: None for p in participants}
         run.decrypting, work.inputs, began = work, blob, time.monotonic()
         while (unit := ctx.claim(work.claims)) is not None:
             _decrypt_unit(run, work, unit, width, plain_width)
         finished = time.monotonic()
-        work.summed_here = finished, finished - began
+        work.done_here = finished, finished - began
     take_units(ctx, work, plain_width)
     wait_for_helpers(work)
     for unit in work.missing():  # claimed by a helper that never answered
