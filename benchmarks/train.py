@@ -48,9 +48,11 @@ TREE_STEPS = ["encrypt-gradients", "build-histograms", "find-splits", "apply-spl
               "broadcast-nodes", "finish-tree"]
 
 
-def step_seconds(flow_run_id: object, by_depth: bool = False) -> dict[str, float]:
+def step_seconds(flow_run_id: object, by_depth: bool = False,
+                 by_tree: bool = False) -> dict[str, float]:
     """Total run time per task name of one flow run, read back from the Prefect API (per step,
-    or with ``by_depth`` per step and tree depth: ``build-histograms-d0``)."""
+    or with ``by_depth`` per step and tree depth: ``build-histograms-d0``; with ``by_tree``
+    every task run on its own: ``encrypt-gradients-t1``)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
@@ -65,7 +67,8 @@ def step_seconds(flow_run_id: object, by_depth: bool = False) -> dict[str, float
             if len(page) < 200:
                 break
     for run in runs:
-        name = re.sub(r"-t\d+(?=(-d\d+)?$)" if by_depth else r"-t\d+(-d\d+)?$", "", run.name)
+        name = run.name if by_tree else re.sub(
+            r"-t\d+(?=(-d\d+)?$)" if by_depth else r"-t\d+(-d\d+)?$", "", run.name)
         totals[name] = totals.get(name, 0.0) + run.total_run_time.total_seconds()
     return totals
 

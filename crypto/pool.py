@@ -89,6 +89,13 @@ class KeyHolderPool:
                 yield b"".join(done)
                 done = []
 
+    def encrypt_later(self, plaintexts: Sequence[int]) -> Callable[[], bytes]:
+        """Start encrypting (split over the processes); the returned call waits for the
+        ciphertexts. The caller sends one batch while the next is encrypted."""
+        parts = [list(plaintexts[s]) for s in self._slices(len(plaintexts))]
+        pending = self._pool.map_async(_encrypt, parts)
+        return lambda: b"".join(pending.get())
+
     def decrypt(self, ciphertexts: bytes) -> list[int]:
         """Decrypt concatenated fixed-width ciphertexts."""
         width = self.private.public_key.ciphertext_bytes

@@ -100,7 +100,11 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--config", required=True, type=Path,
                         help="the party's worker file, or a job file naming the party")
     worker.add_argument("--processes", type=int, help="processes to start (default: the file's "
-                        "'processes', 1): the extra ones share histogram work")
+                        "'processes', 1): the extra ones share histogram work (a passive "
+                        "party) or encryption and decryption (the active party)")
+    worker.add_argument("--crypto-processes", type=int,
+                        help="cores each process encrypts and decrypts on (default: the "
+                        "file's 'crypto_processes', every core)")
     worker.add_argument("--models", type=Path, help="model folder (default: the file's 'models')")
     worker.add_argument("--health-file", help="touch this file while serving (health checks)")
     worker.add_argument("--log-level", default="INFO",
@@ -310,6 +314,11 @@ def _worker(args: argparse.Namespace) -> int:
             print("fedboost: error: --processes must be at least 1", file=sys.stderr)
             return EXIT_USER_ERROR
         update["processes"] = args.processes
+    if args.crypto_processes is not None:
+        if args.crypto_processes < 1:
+            print("fedboost: error: --crypto-processes must be at least 1", file=sys.stderr)
+            return EXIT_USER_ERROR
+        update["crypto_processes"] = args.crypto_processes
     if args.models is not None:
         update["models"] = args.models.resolve()
     config = config.model_copy(update=update)

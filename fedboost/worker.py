@@ -2,8 +2,9 @@
 
 One process coordinates the party's jobs (the broker's single active consumer of its inbox);
 every other process of the party, started here or on other machines with the same command,
-takes shards of histogram work from the party's work queue and stands by to take over the
-inbox if the coordinating process dies.
+takes shards of work from the party's work queue (a passive party's histogram sums, the active
+party's encryption and decryption: ``workers.crypto_shards`` says how the job's private key
+reaches those) and stands by to take over the inbox if the coordinating process dies.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def party_spec(config: WorkerConfig) -> PartySpec:
                      model_dir=str(config.models / "{job}" / config.party),
                      columns=config.columns, categorical=config.categorical,
                      processes=config.processes,
+                     crypto_processes=config.crypto_processes or 0,
                      state_dir=str(config.state) if config.state else "",
                      policy=policy_of(config.policy),
                      datasets={name: DataSet(str(d.data), d.id, d.label, d.columns,

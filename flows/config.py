@@ -603,7 +603,10 @@ class WorkerConfig(_Strict):
     """The party's private folder (checkpoint key, answered messages); default
     ``models/.fedboost/<party>``."""
     processes: int = Field(1, ge=1, le=64)
-    """Processes this command starts (one coordinates, the others take histogram shards)."""
+    """Processes this command starts (one coordinates, the others take shards of its work)."""
+    crypto_processes: int | None = Field(None, ge=1, le=256)
+    """Local processes (cores) each process of an active party encrypts and decrypts on
+    (default: one per core of its machine)."""
     max_message_age: float = Field(2 * 3600.0, ge=60.0, le=7 * 24 * 3600.0)
     """Seconds after it was signed that a message is still accepted (default: twice the flows'
     default ``transport.step_timeout``); keep it above the step_timeout of the jobs served.

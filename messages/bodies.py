@@ -322,6 +322,44 @@ class ShardHistogram:
 
 
 @dataclass(frozen=True, slots=True)
+class CryptoShard:
+    """Work for one of the active party's own processes: encrypt (``op`` "encrypt": packed
+    gradients to a tree's chunks) or decrypt (``op`` "decrypt": a level's histograms) the units
+    it claims one by one from the pool ``claims`` (workers.crypto_shards).
+
+    ``key`` is the job's Paillier private key and ``data`` the step's inputs (``count`` values
+    of ``width`` bytes, ``unit`` to a claimable unit), both sealed under a key only the party's
+    own processes can derive, bound to the job and this shard. Never leaves the party.
+    """
+
+    tree: int
+    depth: int
+    op: str
+    n: bytes
+    key: bytes
+    claims: str
+    unit: int
+    count: int
+    width: int
+    data: bytes
+    cell_bits: int = 0
+    """Bits of a bin sum, for ``op`` "fold" (bin sums sent one per ciphertext, folded)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CryptoUnit:
+    """A helper's result for one unit of a ``CryptoShard``: its ciphertexts (encrypt), or its
+    plaintexts sealed like the shard's inputs (decrypt); and the seconds it took."""
+
+    tree: int
+    depth: int
+    claims: str
+    unit: int
+    result: bytes
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class SplitChoice:
     """A split the owner party must apply: its feature index and bin threshold."""
 

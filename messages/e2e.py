@@ -44,6 +44,15 @@ def pair_key(own_private: bytes, own_name: str, peer_public: bytes, peer_name: s
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=_INFO).derive(shared)
 
 
+def own_key(own_private: bytes, own_name: str, purpose: bytes) -> bytes:
+    """A 32-byte key that only holders of ``own_name``'s signing key can derive: the pair key
+    of the identity with itself, through HKDF once more for ``purpose``. A party's processes
+    (on any of its machines) seal to one another with it; the broker and other parties cannot."""
+    public = crypto_sign_seed_keypair(own_private)[0]
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=_INFO, info=purpose).derive(
+        pair_key(own_private, own_name, public, own_name))
+
+
 def encrypt_body(key: bytes, body: bytes, associated: bytes) -> bytes:
     """``nonce || ChaCha20-Poly1305(body)``, bound to ``associated`` (the seal's header)."""
     nonce = os.urandom(NONCE_BYTES)

@@ -68,6 +68,8 @@ class MsgType(IntEnum):
     HISTOGRAM_SHARD = 220
     SHARD_HISTOGRAM = 221
     TREE_CIPHERTEXTS = 222
+    CRYPTO_SHARD = 223
+    CRYPTO_UNIT = 224
 
     TRAVERSE_LEVEL = 33
     """Path-mode prediction, one round per tree level (command to every party)."""
@@ -158,6 +160,8 @@ BODY_TYPES: dict[MsgType, type] = {
     MsgType.HISTOGRAM_SHARD: b.HistogramShard,
     MsgType.SHARD_HISTOGRAM: b.ShardHistogram,
     MsgType.TREE_CIPHERTEXTS: b.TreeCiphertexts,
+    MsgType.CRYPTO_SHARD: b.CryptoShard,
+    MsgType.CRYPTO_UNIT: b.CryptoUnit,
     MsgType.DECISION_REQUEST: b.DecisionRequest,
     MsgType.PATH_DECISIONS: b.PathDecisions,
     MsgType.H_OPEN_JOB: h.OpenHorizontal,
@@ -223,9 +227,10 @@ and one lost with the broker is answered 503 and asked again (a persistent messa
 the broker's fsync: about 0.5 ms more per hop on loopback, and a long tail)."""
 COMMANDS = (STEP_COMMANDS | HORIZONTAL_STEPS | SIMFL_STEPS | FOREST_STEPS | OPENERS
             | UNRECORDED | {MsgType.RESUME_JOB, MsgType.S_HASH_ROWS})
-WORK = frozenset({MsgType.HISTOGRAM_SHARD, MsgType.TREE_CIPHERTEXTS})
+WORK = frozenset({MsgType.HISTOGRAM_SHARD, MsgType.TREE_CIPHERTEXTS, MsgType.CRYPTO_SHARD})
 """What a party's coordinating process hands to its own helper processes: shards of a step, and
-the data those shards share (a tree's ciphertexts)."""
+the data those shards share (a tree's ciphertexts); the active party's encryption and
+decryption shards."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from messages import DecodeError, MessageError
-from messages.e2e import decrypt_body, encrypt_body, pair_key
+from messages.e2e import decrypt_body, encrypt_body, own_key, pair_key
 from messages.envelope import MAX_MESSAGE_BYTES, Envelope, decode_envelope, encode_envelope
 
 SEAL_VERSION = 1
@@ -176,6 +176,11 @@ class Sealer:
                 raise MessageError(f"{self.identity}: no public key for {peer!r} to encrypt to")
             self._pair_keys[peer] = pair_key(self.private, self.identity, public, peer)
         return self._pair_keys[peer]
+
+    def own_key(self, purpose: bytes) -> bytes:
+        """A key for ``purpose`` that only holders of this identity's private key can derive
+        (``messages.e2e.own_key``): what a party's processes seal to one another under."""
+        return own_key(self.private, self.identity, purpose)
 
     def open(self, data: bytes) -> Envelope:
         """Parse, authenticate and de-duplicate a sealed message, or raise ``DecodeError``."""

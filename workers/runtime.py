@@ -83,7 +83,11 @@ class PartySpec:
     categorical: list[str] | None = None
     """Feature columns of text this party encodes itself (``workers.data``)."""
     processes: int = 1
-    """Worker processes of this party: one coordinates, the others take histogram shards."""
+    """Worker processes of this party: one coordinates, the others take shards of its work
+    (a passive party's histograms, the active party's encryption and decryption)."""
+    crypto_processes: int = 0
+    """Local processes (cores) each of this party's processes encrypts and decrypts on
+    (0: one per core)."""
     policy: PartyPolicy = PartyPolicy()
     """The party's own policy (minimum key size, protocols): no job overrides it."""
     state_dir: str = ""
@@ -156,6 +160,10 @@ class StepContext:
         env = Envelope(job=self.job, task=self.task, sender=self.party.name,
                        recipient=self.party.name, kind=kind, body=body)
         self._transport.submit_work(self._sealer.seal(env), before_ack=before_ack)
+
+    def own_key(self, purpose: bytes) -> bytes:
+        """A key only this party's processes can derive (``messages.e2e.own_key``)."""
+        return self._sealer.own_key(purpose)
 
     def helpers(self) -> int:
         """How many helper processes of this party take shards now."""

@@ -71,6 +71,9 @@ SAMPLES = {
     MsgType.SHARD_HISTOGRAM: b.ShardHistogram(1, 0, 1, [0, 1], encode_mask(np.ones(66, bool)),
                                               b"\x03" * 10, 0.25),
     MsgType.TREE_CIPHERTEXTS: b.TreeCiphertexts(1, 0, 2, b"\x05", b"\x02" * 24),
+    MsgType.CRYPTO_SHARD: b.CryptoShard(1, -1, "encrypt", b"\x05", b"key", "pool", 4096, 9000,
+                                        12, b"\x01" * 40),
+    MsgType.CRYPTO_UNIT: b.CryptoUnit(1, -1, "pool", 1, b"\x02" * 24, 0.5),
     MsgType.DECISION_REQUEST: b.DecisionRequest(0, 2, b"\x01\0\0\0", b"\x07\0\0\0"),
     MsgType.PATH_DECISIONS: b.PathDecisions(0, 2, 1, b"\x80"),
     MsgType.F_OPEN_JOB: f.OpenForest(f.ForestSpec(

@@ -91,3 +91,21 @@ def test_training_with_end_to_end_bodies_gives_the_same_model(tmp_path: Path) ->
     train_embedded(plain_config, tmp_path / "plain")
     assert load_model(tmp_path / "e2e" / "guest" / "model.json").trees == \
         load_model(tmp_path / "plain" / "guest" / "model.json").trees
+
+
+def test_a_partys_own_key_is_derived_only_from_its_signing_key() -> None:
+    """What a party's processes seal to one another under (the active party's Paillier key on
+    its way to its helpers): the same in every process holding ``guest.key``, another for each
+    purpose, and neither any pair key nor any other identity's own key."""
+    guest, host = SEALERS["guest"], SEALERS["host"]
+    copy = Sealer("guest", guest.private, dict(guest.trusted))  # another process of the party
+    key = guest.own_key(b"purpose")
+    assert copy.own_key(b"purpose") == key and len(key) == 32
+    assert guest.own_key(b"another purpose") != key
+    assert host.own_key(b"purpose") != key
+    assert key not in {guest._pair_key("host"), guest._pair_key("other"),
+                       pair_key(guest.private, "guest", guest.trusted["guest"], "guest")}
+    sealed = encrypt_body(key, b"secret", b"bound")
+    with pytest.raises(DecodeError):
+        decrypt_body(host.own_key(b"purpose"), sealed, b"bound")
+    assert decrypt_body(copy.own_key(b"purpose"), sealed, b"bound") == b"secret"

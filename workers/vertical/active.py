@@ -35,6 +35,8 @@ from messages.bodies import (Ack, AppliedSplits, EncryptedGradients, EncryptedHi
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import ProtocolError, StageError, checkpoint
+from workers.crypto_shards import (DECRYPT_UNIT, SharedCrypto, encrypt_claimed, from_bytes,
+                                   hand_out, seal_key, take_units, to_bytes, wait_for_helpers)
 from workers.vertical.opening import bin_active_rows, open_active
 from workers.vertical.alignment import send_public_key
 from workers.vertical.explain import SplitRecord, leaf_purity, tree_splits, write_splits
@@ -79,7 +81,16 @@ class ActiveTraining:
     passive_features: dict[str, int] = field(default_factory=dict)
     """Each passive party's feature count, as its root histograms declared and bounded it."""
     pool: KeyHolderPool | None = None
-    """Encryption/decryption processes (both cores), started with the first encrypted tree."""
+    """Encryption/decryption processes (``crypto_processes``, default one per core), started
+    with the first encrypted tree."""
+    crypto_processes: int = 0
+    """Cores this process encrypts and decrypts on (the worker's setting; 0: every core)."""
+    key_share: bytes = b""
+    """The private key sealed for the party's own processes (``workers.crypto_shards``)."""
+    encrypting: Encryption | None = None
+    """The tree whose gradients are being encrypted, with helper processes."""
+    decrypting: SharedCrypto | None = None
+    """The level whose histograms are being decrypted, with helper processes."""
     splits: list[SplitRecord] = field(default_factory=list)
     """Every finished tree's splits with their gains (the run report's feature importance)."""
     staged_margin: np.ndarray | None = None
@@ -87,7 +98,8 @@ class ActiveTraining:
 
     def crypto_pool(self) -> KeyHolderPool:
         if self.pool is None:
-            self.pool = KeyHolderPool(self.private, on_start=die_with_parent)
+            self.pool = KeyHolderPool(self.private, self.crypto_processes or None,
+                                      on_start=die_with_parent)
         return self.pool
 
     def close(self) -> None:
@@ -95,6 +107,11 @@ class ActiveTraining:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+
+    def sealed_key(self, ctx: StepContext) -> bytes:
+        if not self.key_share:
+            self.key_share = seal_key(ctx, self.private)
+        return self.key_share
 
     def require_grower(self, tree: int) -> TreeGrower:
         if self.grower is None or len(self.trees) != tree:
@@ -137,7 +154,8 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     public, private = generate_keypair(body.spec.key_bits,
                                        obfuscator=ctx.party.policy.obfuscator)
     state.role_state = ActiveTraining(params=params, public=public, private=private,
-                                      pack_bin_sums=body.spec.pack_bin_sums)
+                                      pack_bin_sums=body.spec.pack_bin_sums,
+                                      crypto_processes=ctx.party.crypto_processes)
     ctx.state = state
     return MsgType.OPENED, Opened(rows=len(state.data.ids),
                                   checkpoints=checkpoint.available(
@@ -148,7 +166,8 @@ def _checkpoint(ctx: StepContext, state: JobState, trees_done: int) -> None:
     """Keep the job after ``trees_done`` trees: no processes, no tree in progress."""
     run: ActiveTraining = state.role_state
     checkpoint.save_job(ctx.model_dir, trees_done, state, run.public.n,
-                        key=checkpoint.key_of(ctx.party), pool=None, grower=None, level_splits={})
+                        key=checkpoint.key_of(ctx.party), pool=None, grower=None, level_splits={},
+                        key_share=b"", encrypting=None, decrypting=None)
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
@@ -159,6 +178,7 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     done = body.checkpoint.trees_done
     if len(run.trees) != done:
         raise checkpoint.CheckpointError(f"checkpoint holds {len(run.trees)} trees, not {done}")
+    run.crypto_processes = ctx.party.crypto_processes  # this worker's, not the checkpoint's
     ctx.state = state
     return MsgType.RESUMED, checkpoint.resumed(state, done, run.outputs, run.history)
 
@@ -183,11 +203,26 @@ def _participants(state: JobState, run: ActiveTraining, tree: int) -> list[str]:
     return [state.passives[b - 1] for b in blocks if b > 0]
 
 
+@dataclass(slots=True)
+class Encryption:
+    """A tree's encryption shared with helper processes: what goes to whom, and the units."""
+
+    participants: list[str]
+    packed: list[int]
+    work: SharedCrypto
+    started: float
+
+
 def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
-    """Alg. 1 lines 1-3: g and h of the in-tree rows, packed, encrypted, sent to passive parties."""
+    """Alg. 1 lines 1-3: g and h of the in-tree rows, packed, encrypted, sent to passive parties.
+
+    With helper processes, the tree's chunks are claimed one at a time by this process and the
+    helpers (workers.crypto_shards); the step completes when every chunk is sent."""
     state: JobState = ctx.state
     run: ActiveTraining = state.role_state
     tree = body.tree
+    if run.encrypting is not None and run.encrypting.work.tree == tree:
+        return _finish_encryption(ctx, run, run.encrypting)
     if tree != len(run.trees):
         raise StageError(f"encrypt_gradients for tree {tree}, but {len(run.trees)} trees are done")
     output = tree % run.outputs
@@ -212,6 +247,13 @@ def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
                           per_ciphertext=run.per_ciphertext)
         for passive in participants:
             ctx.send(passive, MsgType.TREE_START, start)
+        width = max(1, (max(packed).bit_length() + 7) // 8) if packed else 1
+        work = hand_out(ctx, "encrypt", tree, -1, run.sealed_key(ctx), run.public.n_bytes,
+                        lambda: to_bytes(packed, width), len(packed), width, GRADIENT_CHUNK)
+        if work is not None:
+            run.encrypting = Encryption(participants, packed, work, started)
+            _encrypt_claimed(ctx, run, run.encrypting)
+            return _finish_encryption(ctx, run, run.encrypting)
         # each chunk goes out while the next is encrypted: passive parties take in (and pass
         # on to their helpers) the tree's gradients during the encryption, not after it
         for k, blob in enumerate(run.crypto_pool().encrypt_chunks(packed, GRADIENT_CHUNK)):
@@ -222,9 +264,72 @@ def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=int(in_tree.sum()))
 
 
+def _encrypt_claimed(ctx: StepContext, run: ActiveTraining, enc: Encryption) -> None:
+    """Encrypt and send the chunks this process claims, while helpers do theirs."""
+    work, began = enc.work, time.monotonic()
+    for unit, blob in encrypt_claimed(run.crypto_pool(), lambda: ctx.claim(work.claims),
+                                      work.units, lambda u: enc.packed[work.span(u)]):
+        _send_chunk(ctx, enc, unit, blob)
+    finished = time.monotonic()
+    work.done_here = finished, finished - began
+
+
+def _send_chunk(ctx: StepContext, enc: Encryption, unit: int, blob: bytes) -> None:
+    for passive in enc.participants:
+        ctx.send(passive, MsgType.ENCRYPTED_GRADIENTS, EncryptedGradients(enc.work.tree, unit,
+                                                                          blob))
+    enc.work.done[unit] = b""  # on its way: not kept
+
+
+def _finish_encryption(ctx: StepContext, run: ActiveTraining,
+                       enc: Encryption) -> tuple[MsgType, Any]:
+    """Pass the helpers' chunks on as they come; once they stop coming (a helper died),
+    encrypt the chunks they left here."""
+    work = enc.work
+    for part in take_units(ctx, work, run.public.ciphertext_bytes):
+        _send_chunk(ctx, enc, part.unit, part.result)
+    wait_for_helpers(work)
+    missing = work.missing()
+    if missing:
+        log.warning("%s t%d: %d gradient chunks did not come back from the helpers; "
+                    "encrypting them here", ctx.party.name, work.tree, len(missing))
+    for unit in missing:
+        _send_chunk(ctx, enc, unit, run.crypto_pool().encrypt(enc.packed[work.span(unit)]))
+    ctx.close_claims(work.claims)
+    run.encrypting = None
+    log.info("%s t%d: encrypted and sent %d rows in %.3fs, %d of %d chunks by helpers",
+             ctx.party.name, work.tree, len(enc.packed), time.perf_counter() - enc.started,
+             work.by_helpers, work.units)
+    return MsgType.ACK, Ack(count=len(enc.packed))
+
+
 def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: list[int],
-                        sender: str) -> np.ndarray:
-    """Decrypt and unpack a passive party's histograms to exact (g, h, count) sums."""
+                        sender: str, plain: list[int] | None = None) -> np.ndarray:
+    """Decrypt (unless ``plain`` holds them, decrypted with helpers) and unpack a passive
+    party's histograms to exact (g, h, count) sums. Sent one per ciphertext, the bin sums are
+    folded here (``decrypt_sums``) and ``plain`` holds the sums themselves; packed by the
+    passive party, ``plain`` holds its packed plaintexts."""
+    packing, segments, counts = _layout(run, msg, built, sender)
+    folded = packing.per_ciphertext == 1
+    if plain is None:
+        plain = (run.crypto_pool().decrypt_sums(msg.ciphertexts, packing.cell_bits) if folded
+                 else run.crypto_pool().decrypt(msg.ciphertexts))
+    blocks, start = [], 0
+    for features, seg, count in zip(msg.shard_features, segments, counts, strict=True):
+        sums = np.zeros((len(built) * features * msg.n_bins, 3), dtype=np.int64)  # empty: zero
+        cells = (plain[start:start + count] if folded
+                 else packing.unpack(plain[start:start + count], seg.size))
+        for k, m in zip(seg.tolist(), cells):
+            sums[k] = run.packer.unpack_sum(m)  # type: ignore[union-attr]  # _layout checked it
+        blocks.append(sums.reshape(len(built), features, msg.n_bins, 3))
+        start += count
+    return np.concatenate(blocks, axis=1)
+
+
+def _layout(run: ActiveTraining, msg: EncryptedHistograms, built: list[int],
+            sender: str) -> tuple[BinSumPacking, list[np.ndarray], list[int]]:
+    """Check a passive party's histograms against the level; their packing, each shard's
+    filled bins and ciphertext count."""
     if msg.nodes != built:
         raise ProtocolError(f"{sender} built histograms of nodes {msg.nodes}, expected {built}")
     if msg.n_bins != run.params.max_bin + 1 or msg.n_features < 1:
@@ -252,22 +357,63 @@ def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: li
     if len(msg.ciphertexts) != sum(counts) * width:
         raise ProtocolError(f"{sender} sent {len(msg.ciphertexts)} bytes of histograms, expected "
                             f"{sum(counts)} ciphertexts of {width} bytes")
-    if packing.per_ciphertext == 1:  # one sum per ciphertext: fold and decrypt them here
-        values = run.crypto_pool().decrypt_sums(msg.ciphertexts, run.packer.cell_bits)
-        starts = np.cumsum([0, *counts]).tolist()
-        shard_sums = [values[a:a + seg.size] for a, seg in zip(starts, segments)]
-    else:
-        plain, shard_sums, start = run.crypto_pool().decrypt(msg.ciphertexts), [], 0
-        for seg, count in zip(segments, counts, strict=True):
-            shard_sums.append(packing.unpack(plain[start:start + count], seg.size))
-            start += count
-    blocks = []
-    for features, seg, values in zip(msg.shard_features, segments, shard_sums, strict=True):
-        sums = np.zeros((nodes * features * msg.n_bins, 3), dtype=np.int64)  # empty bins: zero
-        for k, m in zip(seg.tolist(), values):
-            sums[k] = run.packer.unpack_sum(m)
-        blocks.append(sums.reshape(nodes, features, msg.n_bins, 3))
-    return np.concatenate(blocks, axis=1)
+    return packing, segments, counts
+
+
+def _decrypt_level(ctx: StepContext, run: ActiveTraining, participants: list[str],
+                   body: Step, built: list[int]) -> dict[str, list[int] | None]:
+    """Each passive party's histograms decrypted, in units claimed by this process and its
+    helpers (workers.crypto_shards); None for each when they are decrypted here, unshared."""
+    width, plain_width = run.public.ciphertext_bytes, len(run.public.n_bytes)
+    work = run.decrypting
+    if work is None or (work.tree, work.depth) != (body.tree, body.depth):
+        msgs = [ctx.mailbox.items[(MsgType.ENCRYPTED_HISTOGRAMS, p, body.tree, body.depth)][0]
+                for p in participants]
+        for passive, msg in zip(participants, msgs):
+            _layout(run, msg, built, passive)  # nothing unchecked goes to the helpers
+        blob = b"".join(msg.ciphertexts for msg in msgs)
+        cell_bits = run.packer.cell_bits  # type: ignore[union-attr]  # _layout checked it
+        # sums sent one per ciphertext are folded in units of whole runs
+        op, unit = (("fold", DECRYPT_UNIT // run.private.fold_run(cell_bits) *
+                     run.private.fold_run(cell_bits)) if run.per_ciphertext == 1
+                    else ("decrypt", DECRYPT_UNIT))
+        work = hand_out(ctx, op, body.tree, body.depth, run.sealed_key(ctx),
+                        run.public.n_bytes, lambda: blob, len(blob) // width, width, unit,
+                        cell_bits=cell_bits if op == "fold" else 0)
+        if work is None:
+            return {p: None for p in participants}
+        run.decrypting, work.inputs, began = work, blob, time.monotonic()
+        while (unit := ctx.claim(work.claims)) is not None:
+            _decrypt_unit(run, work, unit, width, plain_width)
+        finished = time.monotonic()
+        work.done_here = finished, finished - began
+    take_units(ctx, work, plain_width)
+    wait_for_helpers(work)
+    for unit in work.missing():  # claimed by a helper that never answered
+        _decrypt_unit(run, work, unit, width, plain_width)
+    ctx.close_claims(work.claims)
+    run.decrypting = None
+    log.debug("%s t%d d%d: %d of %d decryption units by helpers", ctx.party.name, body.tree,
+              body.depth, work.by_helpers, work.units)
+    plain = from_bytes(b"".join(work.done[u] for u in range(work.units)), plain_width)
+    out, first = {}, 0
+    for passive in participants:
+        count = len(ctx.mailbox.items[(MsgType.ENCRYPTED_HISTOGRAMS, passive, body.tree,
+                                       body.depth)][0].ciphertexts) // width
+        out[passive], first = plain[first:first + count], first + count
+    return out
+
+
+def _decrypt_unit(run: ActiveTraining, work: SharedCrypto, unit: int, width: int,
+                  plain_width: int) -> None:
+    if not 0 <= unit < work.units or unit in work.done:
+        raise ProtocolError(f"claimed decryption unit {unit} of {work.units} twice or out of "
+                            f"range")
+    span = work.span(unit)
+    inputs = work.inputs[span.start * width:span.stop * width]
+    plain = (run.crypto_pool().decrypt_sums(inputs, work.cell_bits) if work.op == "fold"
+             else run.crypto_pool().decrypt(inputs))
+    work.done[unit] = to_bytes(plain, plain_width)
 
 
 def _check_feature_count(run: ActiveTraining, msg: EncryptedHistograms, sender: str) -> None:
@@ -301,15 +447,17 @@ def find_best_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
                           for p in participants])
     if grower.depth != body.depth:
         raise StageError(f"find_best_splits at depth {body.depth}, tree is at depth {grower.depth}")
-    bins = state.require_bins()
     built = grower.nodes_to_build()
+    plain = _decrypt_level(ctx, run, participants, body, built)  # before the grower changes
+    bins = state.require_bins()
     slots = grower.slot_of_row(built)
     grower.add_histograms(0, built, build_histograms(bins, slots, grower.grad.ints,
                                                      grower.hess.ints, len(built), run.params.max_bin))
     for passive in participants:
         msg = ctx.mailbox.take(MsgType.ENCRYPTED_HISTOGRAMS, passive, body.tree, body.depth)
         block = 1 + state.passives.index(passive)
-        grower.add_histograms(block, built, _decrypt_histograms(run, msg, built, passive))
+        grower.add_histograms(block, built, _decrypt_histograms(run, msg, built, passive,
+                                                                plain[passive]))
     grower.begin_level()
     blocks = allowed_blocks(run.params, body.tree, 1 + len(state.passives), run.outputs)
     run.level_splits = grower.find_splits(blocks)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 from messages.envelope import MsgType
+from workers import crypto_shards
 from workers.vertical import active, alignment, passive, paths, scoring, serving
 from workers.runtime import Arrival, Handler, Protocol, RoleSteps
 
@@ -55,6 +56,8 @@ WORK: dict[MsgType, Handler] = {
     # a passive party's helper processes sum shards of its encrypted histograms
     MsgType.HISTOGRAM_SHARD: passive.histogram_shard,
     MsgType.TREE_CIPHERTEXTS: passive.tree_ciphertexts,
+    # the active party's helper processes encrypt a tree's gradients and decrypt histograms
+    MsgType.CRYPTO_SHARD: crypto_shards.crypto_shard,
 }
 
 VERTICAL = Protocol("vertical_secureboost",
