@@ -371,6 +371,8 @@ def _decrypt_level(ctx: StepContext, run: ActiveTraining, participants: list[str
                 for p in participants]
         for passive, msg in zip(participants, msgs):
             _layout(run, msg, built, passive)  # nothing unchecked goes to the helpers
+        if not msgs:  # a tree of the active party's features only (Completely SecureBoost)
+            return {}
         blob = b"".join(msg.ciphertexts for msg in msgs)
         cell_bits = run.packer.cell_bits  # type: ignore[union-attr]  # _layout checked it
         # sums sent one per ciphertext are folded in units of whole runs
