@@ -134,13 +134,7 @@ def test_bad_gradients_are_answered_by_the_trees_first_step(
         coordinator.handle_bytes(message)
     assert run.tree == -1
 
-    coordinator.handle_bytes(SEALERS["flow"].seal(Envelope(
-        "job", "s/build_histograms/t0/d0", "flow", "host", MsgType.BUILD_HISTOGRAMS, Step(0, 0))))
-    data = hub.endpoint("flow").receive(timeout=5)
-    assert data is not None
-    reply = SEALERS["flow"].open(data)
-    assert isinstance(reply.body, ErrorReply)
-    assert f"{ROWS - 1} ciphertexts for {ROWS} rows" in reply.body.message
+    assert f"{ROWS - 1} ciphertexts for {ROWS} rows" in _first_level_error(coordinator, hub)
 
 
 @pytest.mark.parametrize("per_ciphertext", [0, 18])
@@ -154,11 +148,16 @@ def test_a_packing_that_does_not_fit_the_key_is_refused(
 
     for message in (start, *chunks):
         coordinator.handle_bytes(message)
+    assert f"asked to pack {per_ciphertext} bin sums per ciphertext; 1 to 17 fit" \
+        in _first_level_error(coordinator, hub)
+
+
+def _first_level_error(coordinator: Worker, hub: MemoryHub) -> str:
+    """Ask for the tree's first histograms; the error the step answers with."""
     coordinator.handle_bytes(SEALERS["flow"].seal(Envelope(
         "job", "s/build_histograms/t0/d0", "flow", "host", MsgType.BUILD_HISTOGRAMS, Step(0, 0))))
     data = hub.endpoint("flow").receive(timeout=5)
     assert data is not None
     reply = SEALERS["flow"].open(data)
     assert isinstance(reply.body, ErrorReply)
-    assert f"asked to pack {per_ciphertext} bin sums per ciphertext; 1 to 17 fit" \
-        in reply.body.message
+    return reply.body.message
