@@ -234,25 +234,36 @@ class PaillierPrivateKey:
         return (powmod(r, n % (self.p * (self.p - 1)), self.psquare),
                 powmod(r, n % (self.q * (self.q - 1)), self.qsquare))
 
-    def encrypt_batch(self, plaintexts: Iterable[int]) -> list[mpz]:
-        """Encrypt as the key holder: the whole ciphertext ``(1 + mn) r^n`` is computed modulo
-        p^2 and q^2 (half-size numbers) and joined once by CRT."""
-        full = self.obfuscator == "full"
-        if not full:
+    def _obfuscator_pair(self) -> tuple[mpz, mpz]:
+        """One fresh obfuscator as its residues modulo p^2 and q^2."""
+        if self.obfuscator == "full":
+            return self._full_obfuscator()
+        if self._tables is None:
             self._obfuscator()  # builds the tables on first use
-            assert self._tables is not None
-            tp, tq = self._tables
+        assert self._tables is not None
+        tp, tq = self._tables
+        a = secrets.randbits(OBFUSCATOR_EXPONENT_BITS)
+        return tp.power(a), tq.power(a)
+
+    def obfuscators(self, count: int) -> list[tuple[mpz, mpz]]:
+        """``count`` fresh obfuscators (residues modulo p^2 and q^2), made ahead of the
+        plaintexts they will hide: they do not depend on them. Each must be used once
+        (:meth:`encrypt_batch`'s ``spare``) and, like the key, never leaves the key holder."""
+        return [self._obfuscator_pair() for _ in range(count)]
+
+    def encrypt_batch(self, plaintexts: Iterable[int],
+                      spare: list[tuple[mpz, mpz]] | None = None) -> list[mpz]:
+        """Encrypt as the key holder: the whole ciphertext ``(1 + mn) r^n`` is computed modulo
+        p^2 and q^2 (half-size numbers) and joined once by CRT. Obfuscators come from the end
+        of ``spare`` (:meth:`obfuscators`; each taken out, so never used twice) while it
+        lasts, then fresh."""
         n = self.public_key.n
         psquare, qsquare, inverse = self.psquare, self.qsquare, self._psq_inv
         out = []
         for m in plaintexts:
             if not 0 <= m < n:
                 raise CryptoError("plaintext outside [0, n)")
-            if full:
-                rp, rq = self._full_obfuscator()
-            else:
-                a = secrets.randbits(OBFUSCATOR_EXPONENT_BITS)
-                rp, rq = tp.power(a), tq.power(a)
+            rp, rq = spare.pop() if spare else self._obfuscator_pair()
             g_m = 1 + mpz(m) * n
             out.append(crt_pair(g_m % psquare * rp % psquare, g_m % qsquare * rq % qsquare,
                                 psquare, qsquare, inverse))

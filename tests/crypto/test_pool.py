@@ -65,3 +65,37 @@ def test_pool_with_the_full_obfuscator(keypair_1024) -> None:  # type: ignore[no
         assert len(set(cts)) == 40 and [int(m) for m in short.decrypt_batch(cts)] == plain
     finally:
         pool.close()
+
+
+def test_obfuscators_made_ahead_are_each_used_once(keypair_1024) -> None:  # type: ignore[no-untyped-def]
+    pub, priv = keypair_1024
+    spare = priv.obfuscators(5)
+    cts = priv.encrypt_batch([7] * 8, spare)  # 5 made ahead, then 3 fresh
+    assert spare == [] and len(set(cts)) == 8
+    assert [int(m) for m in priv.decrypt_batch(cts)] == [7] * 8
+
+
+@pytest.mark.parametrize("obfuscator", ["short", "full"])
+def test_pool_encrypts_with_obfuscators_made_ahead(keypair_1024, obfuscator: str) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    from crypto import pool as pool_module
+    from crypto.paillier import PaillierPrivateKey
+
+    pub, short = keypair_1024
+    pool = KeyHolderPool(PaillierPrivateKey(pub, short.p, short.q, obfuscator), processes=2)
+    try:
+        pool.prepare(3 * pool_module.PREPARE_BATCH)
+        deadline = time.monotonic() + 60
+        while (pool._to_prepare or pool._preparing) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.made_ahead == 3 * pool_module.PREPARE_BATCH
+        plain = [7] * (4 * pool_module.PREPARE_BATCH)  # more than were made ahead
+        cts = ciphertexts_from_bytes(pool.encrypt(plain), pub)
+        assert len(set(cts)) == len(plain)  # no obfuscator served twice, in or across processes
+        assert [int(m) for m in short.decrypt_batch(cts)] == plain
+        pool.prepare(10 ** 9)  # real work meanwhile waits for one batch at most
+        assert pool.decrypt(ciphertexts_to_bytes(cts[:50], pub)) == plain[:50]
+        assert pool._preparing <= pool.processes
+    finally:
+        pool.close()

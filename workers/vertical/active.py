@@ -102,6 +102,12 @@ class ActiveTraining:
                                       on_start=die_with_parent)
         return self.pool
 
+    def prepare_encryption(self, rows: int, tree: int) -> None:
+        """Have the crypto processes make obfuscators for tree ``tree``'s ``rows`` ahead,
+        while this party waits for others (PSI, passive parties' histograms)."""
+        if tree < self.params.n_trees * self.outputs:
+            self.crypto_pool().prepare(rows)
+
     def close(self) -> None:
         """Stop the crypto processes."""
         if self.pool is not None:
@@ -153,9 +159,10 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     params = params_of(body)
     public, private = generate_keypair(body.spec.key_bits,
                                        obfuscator=ctx.party.policy.obfuscator)
-    state.role_state = ActiveTraining(params=params, public=public, private=private,
-                                      pack_bin_sums=body.spec.pack_bin_sums,
-                                      crypto_processes=ctx.party.crypto_processes)
+    state.role_state = run = ActiveTraining(params=params, public=public, private=private,
+                                            pack_bin_sums=body.spec.pack_bin_sums,
+                                            crypto_processes=ctx.party.crypto_processes)
+    run.crypto_pool().prepare(len(state.data.ids))  # the crypto processes start during PSI
     ctx.state = state
     return MsgType.OPENED, Opened(rows=len(state.data.ids),
                                   checkpoints=checkpoint.available(
@@ -179,6 +186,7 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     if len(run.trees) != done:
         raise checkpoint.CheckpointError(f"checkpoint holds {len(run.trees)} trees, not {done}")
     run.crypto_processes = ctx.party.crypto_processes  # this worker's, not the checkpoint's
+    run.prepare_encryption(run.y.size, done)
     ctx.state = state
     return MsgType.RESUMED, checkpoint.resumed(state, done, run.outputs, run.history)
 
@@ -261,6 +269,7 @@ def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
                 ctx.send(passive, MsgType.ENCRYPTED_GRADIENTS, EncryptedGradients(tree, k, blob))
         log.debug("%s t%d: encrypted and sent %d rows in %.3fs", ctx.party.name, tree,
                   int(in_tree.sum()), time.perf_counter() - started)
+        run.prepare_encryption(len(packed), tree + 1)
     return MsgType.ACK, Ack(count=int(in_tree.sum()))
 
 
@@ -297,6 +306,7 @@ def _finish_encryption(ctx: StepContext, run: ActiveTraining,
         _send_chunk(ctx, enc, unit, run.crypto_pool().encrypt(enc.packed[work.span(unit)]))
     ctx.close_claims(work.claims)
     run.encrypting = None
+    run.prepare_encryption(len(enc.packed), work.tree + 1)
     log.info("%s t%d: encrypted and sent %d rows in %.3fs, %d of %d chunks by helpers",
              ctx.party.name, work.tree, len(enc.packed), time.perf_counter() - enc.started,
              work.by_helpers, work.units)
