@@ -5,7 +5,7 @@ worker process (a local pipe on the party's machine, never the wire) and build t
 window tables once. Each batch is cut into one slice per process.
 
 Obfuscators do not depend on the plaintexts, so the processes make them ahead while they would
-otherwise wait (``KeyHolderPool.prepare``: during PSI, while passive parties build histograms)
+otherwise wait (``KeyHolderPool.prepare``: while passive parties build histograms)
 and keep them, like the key, in their own memory; an encryption then costs a few products
 instead of ~44. Preparing goes one small batch per process at a time and pauses for real work,
 which waits for one batch at most.

@@ -104,7 +104,8 @@ class ActiveTraining:
 
     def prepare_encryption(self, rows: int, tree: int) -> None:
         """Have the crypto processes make obfuscators for tree ``tree``'s ``rows`` ahead,
-        while this party waits for others (PSI, passive parties' histograms)."""
+        while this party waits for the passive parties' histograms. Not during PSI, which
+        keeps every core busy."""
         if tree < self.params.n_trees * self.outputs:
             self.crypto_pool().prepare(rows)
 
@@ -162,7 +163,7 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     state.role_state = run = ActiveTraining(params=params, public=public, private=private,
                                             pack_bin_sums=body.spec.pack_bin_sums,
                                             crypto_processes=ctx.party.crypto_processes)
-    run.crypto_pool().prepare(len(state.data.ids))  # the crypto processes start during PSI
+    run.crypto_pool()  # the crypto processes start (and build their tables) during PSI
     ctx.state = state
     return MsgType.OPENED, Opened(rows=len(state.data.ids),
                                   checkpoints=checkpoint.available(
