@@ -42,6 +42,7 @@ from fedboost import _prefect_env
 from messages.rabbitmq import delete_party_queues
 from messages.signing import write_key_pair
 
+log = logging.getLogger("benchmarks.scale")
 SEED = 17
 CHUNK_ROWS = 50_000
 """Rows generated and written at a time: a chunk of 100 float64 features is 40 MB."""
@@ -119,9 +120,13 @@ class RssTracer:
     children (crypto and PSI pools), which come and go.
     """
 
-    def __init__(self, roots: dict[str, tuple[int, int]], every: float = 0.5) -> None:
-        """``roots``: per party, its worker's pid and how many processes it starts."""
-        self.roots, self.every = roots, every
+    def __init__(self, roots: dict[str, tuple[int, int]], every: float = 0.5,
+                 show_every: float = 0.0) -> None:
+        """``roots``: per party, its worker's pid and how many processes it starts;
+        ``show_every``: log the current RSS of each process that often (0: never)."""
+        self.roots, self.every, self.show_every = roots, every, show_every
+        self.now: dict[str, int] = {}
+        self._shown = 0.0
         self.peak: dict[str, int] = {}
         self.cpu: dict[tuple[str, int], float] = {}
         self._stop = threading.Event()
@@ -139,7 +144,12 @@ class RssTracer:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
+            self.now = {}
             self.sample()
+            if self.show_every and time.monotonic() - self._shown >= self.show_every:
+                self._shown = time.monotonic()
+                log.info("RSS now: %s", ", ".join(f"{label} {rss / 2 ** 30:.2f} GB"
+                                                  for label, rss in sorted(self.now.items())))
 
     def sample(self) -> None:
         """Read every process of the tree once."""
@@ -164,8 +174,10 @@ class RssTracer:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             return  # it ended between listing and reading
-        hwm = next((int(line.split()[1]) * 1024 for line in status.splitlines()
-                    if line.startswith("VmHWM:")), 0)
+        kb = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines()
+              if line.startswith(("VmHWM:", "VmRSS:"))}
+        hwm = kb.get("VmHWM", 0) * 1024
+        self.now[label] = max(self.now.get(label, 0), kb.get("VmRSS", 0) * 1024)
         self.peak[label] = max(self.peak.get(label, 0), hwm)
         cpu = (int(fields[11]) + int(fields[12])) / self._tick  # utime + stime
         self.cpu[label, pid] = max(self.cpu.get((label, pid), 0.0), cpu)
@@ -213,8 +225,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     procs = start_workers(path, work / "models", work, processes,
                           log_level="INFO" if args.verbose else "WARNING")
     try:
-        with RssTracer({"guest": (procs[0].pid, 1),
-                        "host": (procs[1].pid, processes[host])}) as tracer:
+        with RssTracer({"guest": (procs[0].pid, 1), "host": (procs[1].pid, processes[host])},
+                       show_every=5.0 if args.verbose else 0.0) as tracer:
             state = vertical_secureboost(load_config(path), return_state=True)
             result = state.result()
     finally:
@@ -276,6 +288,8 @@ def main() -> None:
     level = logging.INFO if args.verbose else logging.WARNING
     for name in ("prefect", "prefect.task_runs", "prefect.flow_runs"):
         logging.getLogger(name).setLevel(level)
+    logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
+    log.setLevel(level)
     if args.work:
         args.work.mkdir(parents=True, exist_ok=True)
         numbers = run(args, args.work.resolve())
