@@ -165,7 +165,8 @@ def save(directory: Path, trees_done: int, digest: str, run: str, state: Any,
     tmp = target.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(MAGIC + _tag(key, payload) + payload)
+        f.write(MAGIC + _tag(key, payload))
+        f.write(payload)  # not joined to the header: the payload holds the party's data
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, target)
