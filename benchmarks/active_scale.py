@@ -18,10 +18,6 @@ runs; asserts every run's guest model file is byte-identical.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -29,12 +25,10 @@ from typing import Any
 
 import yaml
 
-from benchmarks.rabbitmq import _job
+from benchmarks.rabbitmq import _job, start_workers, stop_workers
 from benchmarks.train import step_seconds
 from fedboost import _prefect_env
 from messages.rabbitmq import delete_party_queues
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _run(url: str, bits: int, trees: int, guest_processes: int, work: Path,
@@ -49,12 +43,9 @@ def _run(url: str, bits: int, trees: int, guest_processes: int, work: Path,
     job_file = work / f"job-{tag}.yaml"
     job_file.write_text(yaml.safe_dump(raw))
     models = work / f"models-{tag}"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "fedboost.cli", "worker", "--party", party, "--config",
-         str(job_file), "--models", str(models), "--processes", str(n),
-         "--crypto-processes", "1", "--log-level", "WARNING"], env=env, cwd=work)
-        for party, n in ((f"guest{tag}", guest_processes), (f"host{tag}", 1))]
+    procs = start_workers(job_file, models, work,
+                          {f"guest{tag}": guest_processes, f"host{tag}": 1},
+                          extra=("--crypto-processes", "1"))
     try:
         config = load_config(job_file)
         state = vertical_secureboost(config, return_state=True)
@@ -70,10 +61,7 @@ def _run(url: str, bits: int, trees: int, guest_processes: int, work: Path,
         model = (models / "bench-active" / f"guest{tag}" / "model.json").read_bytes()
         return seconds, model.replace(tag.encode(), b"<tag>")  # party names: this run's own
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(timeout=60)
+        stop_workers(procs)
         delete_party_queues(url, [f"guest{tag}", f"host{tag}"])
 
 

@@ -50,6 +50,27 @@ def _job(tag: str, url: str, bits: int, trees: int, keys: Path) -> dict[str, Any
     return raw
 
 
+def start_workers(job_file: Path, models: Path, work: Path, processes: dict[str, int],
+                  extra: tuple[str, ...] = (), log_level: str = "WARNING",
+                  ) -> list[subprocess.Popen[bytes]]:
+    """One 'fedboost worker' per party (``processes``: party -> its --processes), as an
+    operator would start them; this checkout's code on their path."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return [subprocess.Popen(
+        [sys.executable, "-m", "fedboost.cli", "worker", "--party", party, "--config",
+         str(job_file), "--models", str(models), "--processes", str(n), *extra,
+         "--log-level", log_level], env=env, cwd=work)
+        for party, n in processes.items()]
+
+
+def stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every worker and wait for it (a worker forwards the signal to its processes)."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        proc.wait(timeout=60)
+
+
 def _measure(run: Any) -> dict[str, float]:
     state = run()
     result = state.result()
@@ -70,20 +91,13 @@ def _rabbit_run(url: str, bits: int, trees: int, host_processes: int, work: Path
     tag = uuid.uuid4().hex[:6]
     job_file = work / f"job-{tag}.yaml"
     job_file.write_text(yaml.safe_dump(_job(tag, url, bits, trees, work / "keys")))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "fedboost.cli", "worker", "--party", party, "--config",
-         str(job_file), "--models", str(work / "models"), "--processes", str(n),
-         "--log-level", "WARNING"], env=env, cwd=work)
-        for party, n in ((f"guest{tag}", 1), (f"host{tag}", host_processes))]
+    procs = start_workers(job_file, work / "models", work,
+                          {f"guest{tag}": 1, f"host{tag}": host_processes})
     try:
         config = load_config(job_file)
         return _measure(lambda: vertical_secureboost(config, return_state=True))
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(timeout=60)
+        stop_workers(procs)
         delete_party_queues(url, [f"guest{tag}", f"host{tag}"])
 
 

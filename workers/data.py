@@ -19,7 +19,7 @@ import numpy as np
 from boosting._typing import FloatArray
 from boosting.tree import write_json_atomic
 from workers import DataError
-from workers.tables import column_text, read_table
+from workers.tables import NumericColumn, column_text, read_table, release_arrow_memory
 
 log = logging.getLogger("fedboost.worker")
 
@@ -91,9 +91,12 @@ def load_party_data(party: str, path: Path | str, id_column: str, label: str | N
     y = None
     if label_at >= 0:
         y = _numeric_column(where, header[label_at], table.columns[label_at], table.first_row,
-                            feature=False)
+                            feature=False).copy()  # not a view of Arrow's buffer
+    first_row = table.first_row
+    del table
+    release_arrow_memory()
     if y is not None and np.isnan(y).any():
-        row = int(np.flatnonzero(np.isnan(y))[0]) + table.first_row
+        row = int(np.flatnonzero(np.isnan(y))[0]) + first_row
         raise DataError(f"{where}: row {row}, label column {label!r} is empty")
     return PartyData(ids=ids, names=tuple(header[j] for j in feature_at), x=x, y=y,
                      categories=encoded)
@@ -127,9 +130,11 @@ def _check_ids(where: str, ids: list[str], first_row: int) -> None:
         first[ident] = k
 
 
-def _numeric_column(where: str, name: str, column: list[str] | FloatArray, first_row: int,
-                    *, feature: bool) -> FloatArray:
-    if isinstance(column, np.ndarray):
+def _numeric_column(where: str, name: str, column: list[str] | FloatArray | NumericColumn,
+                    first_row: int, *, feature: bool) -> FloatArray:
+    if isinstance(column, NumericColumn):
+        values = column.numbers()
+    elif isinstance(column, np.ndarray):
         values = column
     else:
         values = _parse_numbers(where, name, column, first_row, feature)

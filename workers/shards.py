@@ -99,9 +99,14 @@ def hold_tree_chunk(task: TreeCiphertexts) -> None:
     chunks[task.chunk] = (task.ciphertexts, ciphertexts_from_bytes(task.ciphertexts, public))
     if len(chunks) < task.n_chunks:
         return
-    ordered = [chunks[k] for k in range(task.n_chunks)]
-    _keep_tree(hashlib.sha256(b"".join(raw for raw, _ in ordered)).digest(), task.n,
-               [c for _, parsed in ordered for c in parsed])
+    digest = hashlib.sha256()
+    tree: list[mpz] = []
+    for k in range(task.n_chunks):  # in order, chunk by chunk: never one joined copy
+        raw, parsed = chunks.pop(k)
+        digest.update(raw)
+        tree += parsed
+        del raw, parsed
+    _keep_tree(digest.digest(), task.n, tree)
 
 
 def _keep_tree(digest: bytes, n: bytes, ciphertexts: list[mpz]) -> None:

@@ -55,3 +55,37 @@ def test_the_map_is_rfc_9380s_elligator_2(r: int) -> None:
     gx1 = (x1 ** 3 + a * x1 * x1 + x1) % P
     expected = x1 if pow(gx1, (P - 1) // 2, P) in (0, 1) else (-x1 - a) % P
     assert elligator2_u(r) == expected
+
+
+def test_a_key_rebuilt_from_its_secret_blinds_alike() -> None:
+    key = PsiKey()
+    points = hash_to_group(["a", "b"])
+    assert PsiKey(key.secret_bytes).blind(points) == key.blind(points)
+
+
+def test_batched_blinding_on_processes_equals_blinding_in_one_go() -> None:
+    # Prepare: more points than one batch, so batches go to two pool processes
+    key = PsiKey()
+    ids = [f"customer-{k}" for k in range(300)]
+    points = hash_to_group(ids)
+    seen: list[tuple[int, int]] = []
+    # Execute
+    blinded = key.blind_batched(b"".join(points), processes=2, batch=64,
+                                progress=lambda done, total: seen.append((done, total)))
+    hashed = key.hash_and_blind(ids, processes=2, batch=64)
+    inline = key.hash_and_blind(ids, processes=1, batch=64)
+    # Assert
+    expected = b"".join(key.blind(points))
+    assert blinded == hashed == inline == expected
+    assert seen == [(64, 300), (128, 300), (192, 300), (256, 300), (300, 300)]
+
+
+def test_batched_blinding_refuses_a_low_order_point() -> None:
+    points = hash_to_group([f"id{k}" for k in range(40)])
+    points[33] = b"\x00" * 32  # low order, in the second batch
+    with pytest.raises(CryptoError, match="low order"):
+        PsiKey().blind_batched(b"".join(points), processes=2, batch=16)
+    with pytest.raises(CryptoError, match="low order"):
+        PsiKey().blind_batched(b"".join(points), processes=1, batch=16)
+    with pytest.raises(CryptoError):
+        PsiKey().blind_batched(b"\x01" * 33)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from boosting._typing import IntArray
-from boosting.binning import apply_cuts, fit_cuts, goes_left, split_threshold
+from boosting.binning import goes_left, split_threshold
 from boosting.tree import write_json_atomic
 from crypto._gmp import mpz
 from crypto.compress import BinSumPacking
@@ -39,7 +39,7 @@ from workers.policy import check_key_bits
 from workers.runtime import StepContext
 from workers.shards import _node_histogram
 from workers.state import JobState
-from workers.vertical.opening import open_passive
+from workers.vertical.opening import bin_training_rows, open_passive
 from workers.vertical.alignment import receive_alignment
 from workers.vertical.passive import LookupRecord, lookup_to_dict
 
@@ -105,22 +105,20 @@ def prepare(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
                    f"the public key {state.active} sent")
     run.public = public_key_from_n(n, expected_bits=state.key_bits)
     receive_alignment(ctx)
-    x = state.data.x[state.train_rows]
+    n_train = state.train_rows.size
     labels: EncryptedLabels = ctx.mailbox.take(MsgType.F_LABELS, state.active)
     if not 1 <= labels.groups <= 64 or not 1 <= labels.value_bits <= 64 \
-            or labels.max_rows != x.shape[0]:
+            or labels.max_rows != n_train:
         raise ProtocolError(f"labels of {labels.groups} groups, {labels.value_bits} bits for "
-                            f"{labels.max_rows} rows; this party has {x.shape[0]} rows")
+                            f"{labels.max_rows} rows; this party has {n_train} rows")
     parsed = ciphertexts_from_bytes(labels.ciphertexts, run.public)  # range-checked
-    if len(parsed) != labels.groups * x.shape[0]:
-        raise ProtocolError(f"{len(parsed)} label ciphertexts for {x.shape[0]} rows in "
+    if len(parsed) != labels.groups * n_train:
+        raise ProtocolError(f"{len(parsed)} label ciphertexts for {n_train} rows in "
                             f"{labels.groups} groups")
-    run.labels = [parsed[g * x.shape[0]:(g + 1) * x.shape[0]] for g in range(labels.groups)]
+    run.labels = [parsed[g * n_train:(g + 1) * n_train] for g in range(labels.groups)]
     packer = GradientPacker(labels.value_bits, labels.max_rows)
     run.packing = BinSumPacking.for_key(packer.cell_bits, n.bit_length())
-    state.cuts = fit_cuts(x, run.spec.max_bin)
-    state.bins = apply_cuts(x, state.cuts, run.spec.max_bin)
-    state.score_x = state.data.x[state.valid_rows]
+    bin_training_rows(state, run.spec.max_bin)
     for tree in body.keep:
         raw = kept.load_tree(ctx.model_dir, checkpoint.key_of(ctx.party), state.digest, tree)
         for rid, r in raw.items():
@@ -128,7 +126,7 @@ def prepare(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
                                                  float(r["threshold"]), bool(r["missing_left"]),
                                                  bool(r["flip"]))
     kept.keep_only(ctx.model_dir, set(body.keep))
-    return MsgType.ACK, Ack(count=x.shape[1])
+    return MsgType.ACK, Ack(count=state.data.x.shape[1])
 
 
 def build_histograms(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:

@@ -12,22 +12,45 @@ Each party learns only which of its own ids are in the intersection, and the oth
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import numpy as np
 
 from crypto.paillier import PaillierPublicKey
-from crypto.psi import hash_to_group, split_points
+from crypto.psi import POINT_BYTES, split_points
 from messages.bodies import Ack, Aligned, AlignedRows, PsiPoints, PublicKeyMsg, Step
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, ProtocolError
+from workers.lifeline import die_with_parent
 from workers.runtime import StepContext
 from workers.state import JobState
 
 STAGE_PASSIVE_IDS = 1
 STAGE_ACTIVE_IDS = 2
 STAGE_ACTIVE_REBLINDED = 3
+
+log = logging.getLogger("fedboost.worker")
+PROGRESS_SECONDS = 10.0
+"""How often a long blinding logs how far it is (a million ids take minutes)."""
+
+
+class _Progress:
+    """Logs ``done/total`` points and the rate, at most every ``PROGRESS_SECONDS``."""
+
+    def __init__(self, party: str, what: str) -> None:
+        self.party, self.what = party, what
+        self.started = self.logged = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.logged >= PROGRESS_SECONDS or (done == total and now - self.started
+                                                      >= PROGRESS_SECONDS):
+            self.logged = now
+            log.info("%s: %s %d/%d points (%.0f/s)", self.party, self.what, done, total,
+                     done / max(now - self.started, 1e-9))
 
 
 def holdout_mask(n_rows: int, fraction: float, seed: int) -> np.ndarray:
@@ -44,23 +67,27 @@ def psi_blind(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     state: JobState = ctx.state
     order = np.random.default_rng().permutation(len(state.data.ids))
     state.psi_order = order
-    points = state.psi_key().blind(hash_to_group([state.data.ids[i] for i in order]))
-    blob = b"".join(points)
+    ids = state.data.ids
+    blob = state.psi_key().hash_and_blind([ids[i] for i in order.tolist()],
+                                          progress=_Progress(state.party, "psi_blind"),
+                                          on_start=die_with_parent)
     if state.party == state.active:
         for passive in state.passives:
             ctx.send(passive, MsgType.PSI_POINTS, PsiPoints(STAGE_ACTIVE_IDS, blob))
     else:
         ctx.send(state.active, MsgType.PSI_POINTS, PsiPoints(STAGE_PASSIVE_IDS, blob))
-    return MsgType.ACK, Ack(count=len(points))
+    return MsgType.ACK, Ack(count=len(blob) // POINT_BYTES)
 
 
 def psi_reblind(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     """Step 2 (passive): re-blind the active party's points, keeping their order."""
     state: JobState = ctx.state
     received: PsiPoints = ctx.mailbox.take(MsgType.PSI_POINTS, state.active, -1, STAGE_ACTIVE_IDS)
-    again = state.psi_key().blind(split_points(received.points))
-    ctx.send(state.active, MsgType.PSI_POINTS, PsiPoints(STAGE_ACTIVE_REBLINDED, b"".join(again)))
-    return MsgType.ACK, Ack(count=len(again))
+    again = state.psi_key().blind_batched(received.points,
+                                          progress=_Progress(state.party, "psi_reblind"),
+                                          on_start=die_with_parent)
+    ctx.send(state.active, MsgType.PSI_POINTS, PsiPoints(STAGE_ACTIVE_REBLINDED, again))
+    return MsgType.ACK, Ack(count=len(again) // POINT_BYTES)
 
 
 def psi_intersect(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
@@ -75,13 +102,19 @@ def psi_intersect(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     present = np.ones(n_own, dtype=bool)
     matches: dict[str, np.ndarray] = {}
     for passive in state.passives:
-        theirs = split_points(ctx.mailbox.take(MsgType.PSI_POINTS, passive, -1, STAGE_PASSIVE_IDS).points)
+        theirs = ctx.mailbox.take(MsgType.PSI_POINTS, passive, -1, STAGE_PASSIVE_IDS).points
         ours = split_points(ctx.mailbox.take(MsgType.PSI_POINTS, passive, -1, STAGE_ACTIVE_REBLINDED).points)
         if len(ours) != n_own:
             raise ProtocolError(f"{passive} returned {len(ours)} re-blinded ids, expected {n_own}")
-        row_of = {point: int(state.psi_order[k]) for k, point in enumerate(ours)}
-        matched = np.array([row_of.get(p, -1) for p in state.psi_key().blind(theirs)],
-                           dtype=np.int64)
+        row_of = dict(zip(ours, state.psi_order.tolist()))
+        del ours
+        again = state.psi_key().blind_batched(theirs, progress=_Progress(state.party,
+                                                                         "psi_intersect"),
+                                              on_start=die_with_parent)
+        matched = np.fromiter((row_of.get(again[a:a + POINT_BYTES], -1)
+                               for a in range(0, len(again), POINT_BYTES)),
+                              dtype=np.int64, count=len(again) // POINT_BYTES)
+        del row_of
         seen = np.zeros(n_own, dtype=bool)
         seen[matched[matched >= 0]] = True
         present &= seen

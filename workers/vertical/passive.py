@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from boosting.binning import apply_cuts, fit_cuts, goes_left, goes_left_raw, split_threshold
+from boosting.binning import goes_left, goes_left_raw, split_threshold
 from boosting.grow import smaller_child
 from boosting.params import BoostParams
 from boosting.tree import write_json_atomic
@@ -32,7 +32,7 @@ from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import NotReady, ProtocolError, StageError, checkpoint
 from workers.vertical.active import PROTOCOL, params_of
-from workers.vertical.opening import open_passive
+from workers.vertical.opening import bin_training_rows, open_passive
 from workers.vertical.alignment import receive_alignment
 from workers.data import save_categories
 from workers.policy import check_key_bits
@@ -78,12 +78,15 @@ class PassiveTraining:
     params: BoostParams
     public: PaillierPublicKey | None = None
     tree: int = -1
-    ciphertexts: bytes = b""
-    """The tree's E(g, h, 1) of in-tree rows, fixed width, as received (helpers get slices)."""
+    growing: bool = False
+    """The tree's gradients are taken and the tree is not finished yet."""
+    chunks: tuple[bytes, ...] = ()
+    """The tree's E(g, h, 1) of in-tree rows, fixed width, chunks as received: kept only with
+    several helpers, whose first level brings them the whole tree."""
     tree_ciphertexts: list[mpz] = field(default_factory=list)
     """The same, parsed and range-checked once per tree (this process sums from them)."""
     tree_digest: bytes = b""
-    """Their SHA-256, which names them to helpers (hashed once a tree, when first handed out)."""
+    """Their SHA-256, which names them to helpers (hashed chunk by chunk as the tree starts)."""
     enc_index: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     in_tree: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     node_of_row: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
@@ -116,8 +119,8 @@ def _checkpoint(ctx: StepContext, state: JobState, trees_done: int) -> None:
     """Keep the job after ``trees_done`` trees: lookup records and bins, no tree in progress."""
     run: PassiveTraining = state.role_state
     checkpoint.save_job(ctx.model_dir, trees_done, state, _require_key(run).n,
-                        key=checkpoint.key_of(ctx.party), ciphertexts=b"", tree_ciphertexts=[],
-                        tree_digest=b"", level=None, tree=-1, depth=-1)
+                        key=checkpoint.key_of(ctx.party), growing=False, chunks=(),
+                        tree_ciphertexts=[], tree_digest=b"", level=None, tree=-1, depth=-1)
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
@@ -140,13 +143,10 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
                    f"the public key {state.active} sent")
     run.public = public_key_from_n(n, expected_bits=state.key_bits)
     receive_alignment(ctx)
-    x = state.data.x[state.train_rows]
-    state.cuts = fit_cuts(x, run.params.max_bin)
-    state.bins = apply_cuts(x, state.cuts, run.params.max_bin)
-    state.score_x = state.data.x[state.valid_rows]
+    bin_training_rows(state, run.params.max_bin)
     checkpoint.discard(ctx.model_dir)  # a fresh start: older checkpoints are of another run
     _checkpoint(ctx, state, 0)
-    return MsgType.ACK, Ack(count=x.shape[1])
+    return MsgType.ACK, Ack(count=state.data.x.shape[1])
 
 
 def gradients_arrived(ctx: StepContext, sender: str,
@@ -157,7 +157,7 @@ def gradients_arrived(ctx: StepContext, sender: str,
     state: JobState | None = ctx.state
     run = None if state is None else state.role_state
     if (not isinstance(run, PassiveTraining) or sender != state.active
-            or run.tree >= body.tree or run.ciphertexts):
+            or run.tree >= body.tree or run.growing):
         return  # not training, this tree started already, or the previous one is not finished
     if isinstance(body, EncryptedGradients):
         _pass_on_chunk(ctx, state, run, body)
@@ -216,15 +216,23 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
                             f"ciphertext; 1 to {most.per_ciphertext} fit")
     packing = BinSumPacking(most.cell_bits, start.per_ciphertext)
     in_tree = decode_mask(start.in_tree, n_train)
-    blob = b"".join(c.ciphertexts for c in sorted(chunks, key=lambda c: c.chunk))
-    count, rest = divmod(len(blob), public.ciphertext_bytes)
+    ordered = tuple(c.ciphertexts for c in sorted(chunks, key=lambda c: c.chunk))
+    count, rest = divmod(sum(len(c) for c in ordered), public.ciphertext_bytes)
     if rest or count != int(in_tree.sum()):
         raise ProtocolError(f"tree {tree}: {count} ciphertexts for {int(in_tree.sum())} rows")
-    parsed = ciphertexts_from_bytes(blob, public)  # range-checked here, once a tree
+    # chunk by chunk, never joined: a million rows' ciphertexts are 512 MB at 2048 bits
+    helpers = ctx.helpers()
+    parsed: list[mpz] = []
+    digest = hashlib.sha256()
+    for raw in ordered:
+        parsed += ciphertexts_from_bytes(raw, public)  # range-checked here, once a tree
+        if helpers:
+            digest.update(raw)
     ctx.mailbox.take(MsgType.TREE_START, state.active, tree)
     ctx.mailbox.take_all(*key)
-    run.tree, run.ciphertexts, run.in_tree, run.packing = tree, blob, in_tree, packing
-    run.tree_ciphertexts, run.tree_digest = parsed, b""
+    run.tree, run.growing, run.in_tree, run.packing = tree, True, in_tree, packing
+    run.chunks = ordered if helpers > 1 else ()
+    run.tree_ciphertexts, run.tree_digest = parsed, digest.digest() if helpers else b""
     run.enc_index = np.cumsum(in_tree) - 1
     run.node_of_row = np.zeros(n_train, dtype=np.int64)
     run.depth = 0
@@ -396,21 +404,13 @@ def _hand_out(ctx: StepContext, run: PassiveTraining, body: Step, helpers: int, 
             n_bins=run.params.max_bin + 1, n_features=bins.shape[1], rows=counts,
             bins=np.ascontiguousarray(bins[rows]).tobytes(),
             index=run.enc_index[rows].astype("<u4").tobytes(),
-            tree_digest=_tree_digest(run),
-            tree_ciphertexts=run.ciphertexts if body.depth == 0 and helpers > 1 else b"",
+            tree_digest=run.tree_digest,
+            tree_ciphertexts=b"".join(run.chunks) if body.depth == 0 and helpers > 1 else b"",
             cell_bits=packing.cell_bits,
             per_ciphertext=packing.per_ciphertext, claims=pool)
         for k in range(1, helpers + 1):
             ctx.submit_work(MsgType.HISTOGRAM_SHARD, replace(shard, shard=k))
     return time.perf_counter()
-
-
-def _tree_digest(run: PassiveTraining) -> bytes:
-    """The tree's ciphertexts' SHA-256, which names them to helpers (hashed once a tree, when
-    first handed out; a level's hand-out runs only after the previous one finished)."""
-    if not run.tree_digest:
-        run.tree_digest = hashlib.sha256(run.ciphertexts).digest()
-    return run.tree_digest
 
 
 def histogram_shard(ctx: StepContext, body: HistogramShard) -> tuple[MsgType, Any]:
@@ -472,7 +472,8 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     run: PassiveTraining = state.role_state
     if run.tree > body.tree:
         raise StageError(f"finish_tree t{body.tree}: party is at t{run.tree}")
-    run.ciphertexts, run.tree_ciphertexts, run.tree_digest, run.level = b"", [], b"", None
+    run.growing, run.chunks, run.level = False, (), None
+    run.tree_ciphertexts, run.tree_digest = [], b""
     ctx.mailbox.drop_tree(body.tree)
     _checkpoint(ctx, state, body.tree + 1)
     return MsgType.ACK, Ack(count=len(run.records))
