@@ -4,11 +4,14 @@ The key holder's pool processes receive the private key at start-up from the par
 worker process (a local pipe on the party's machine, never the wire) and build their own
 window tables once. Each batch is cut into one slice per process.
 
-Obfuscators do not depend on the plaintexts, so the processes make them ahead while they would
-otherwise wait (``KeyHolderPool.prepare``: while passive parties build histograms)
-and keep them, like the key, in their own memory; an encryption then costs a few products
-instead of ~44. Preparing goes one small batch per process at a time and pauses for real work,
-which waits for one batch at most.
+Obfuscators do not depend on the plaintexts, so they are made ahead (``KeyHolderPool.prepare``)
+by preparer processes running at the kernel's idle priority (``SCHED_IDLE``; ``nice 19`` where
+that is refused): they take only CPU time nothing else on the machine wants, such as the cores
+that wait while passive parties build histograms, and never slow the party's own work or a
+neighbour's. Their obfuscators come back over a local pipe to the worker process, which hands
+each one, once, to the process encrypting the row it hides; an encryption then costs a few
+products instead of ~44. Like the key, they never leave the party's machine, and they are
+dropped with the pool.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import logging
 import multiprocessing as mp
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.pool import Pool
 
 from crypto._gmp import mpz
 from crypto.compress import decrypt_bin_sums
@@ -27,13 +32,11 @@ from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_
 log = logging.getLogger(__name__)
 
 _KEY: PaillierPrivateKey | None = None
-_SPARE: list[tuple[mpz, mpz]] = []
-"""This process's obfuscators made ahead (each used once, then dropped)."""
 
-SPARE_BYTES = 128 << 20
-"""Memory each crypto process may fill with obfuscators made ahead (~220,000 at 2048 bits)."""
-PREPARE_BATCH = 128
-"""Obfuscators per preparing task: real work waits for at most one (~15 ms at 2048 bits)."""
+SPARE_BYTES = 256 << 20
+"""Memory the worker process may fill with obfuscators made ahead (~500,000 at 2048 bits)."""
+PREPARE_BATCH = 256
+"""Obfuscators per preparing task."""
 
 
 def _init(n: int, p: int, q: int, obfuscator: str,
@@ -45,18 +48,37 @@ def _init(n: int, p: int, q: int, obfuscator: str,
     _KEY.encrypt_batch([0])  # build the obfuscator tables now, not in the first batch
 
 
-def _encrypt(plaintexts: list[int]) -> bytes:
-    assert _KEY is not None  # set by the pool initializer
-    return ciphertexts_to_bytes(_KEY.encrypt_batch(plaintexts, _SPARE), _KEY.public_key)
+def _init_preparer(n: int, p: int, q: int, obfuscator: str,
+                   on_start: Callable[[], None] | None) -> None:
+    try:  # only CPU time nobody else wants
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
+    _init(n, p, q, obfuscator, on_start)
 
 
-def _prepare(count: int) -> int:
-    """Make up to ``count`` obfuscators ahead, within ``SPARE_BYTES``; how many were made."""
+def _halves(key: PaillierPrivateKey) -> tuple[int, int]:
+    """Byte widths of an obfuscator's residues modulo p^2 and q^2."""
+    return (key.psquare.bit_length() + 7) // 8, (key.qsquare.bit_length() + 7) // 8
+
+
+def _make_obfuscators(count: int) -> bytes:
+    """``count`` obfuscators as concatenated fixed-width residue pairs (a preparer's task)."""
     assert _KEY is not None
-    room = SPARE_BYTES // (_KEY.public_key.ciphertext_bytes + 64) - len(_SPARE)
-    made = max(0, min(count, room))
-    _SPARE.extend(_KEY.obfuscators(made))
-    return made
+    wp, wq = _halves(_KEY)
+    return b"".join(int(rp).to_bytes(wp, "big") + int(rq).to_bytes(wq, "big")
+                    for rp, rq in _KEY.obfuscators(count))
+
+
+def _encrypt(task: tuple[list[int], bytes]) -> bytes:
+    assert _KEY is not None  # set by the pool initializer
+    plaintexts, spare_blob = task
+    wp, wq = _halves(_KEY)
+    width = wp + wq
+    spare = [(mpz(int.from_bytes(spare_blob[i:i + wp], "big")),
+              mpz(int.from_bytes(spare_blob[i + wp:i + width], "big")))
+             for i in range(0, len(spare_blob), width)]
+    return ciphertexts_to_bytes(_KEY.encrypt_batch(plaintexts, spare), _KEY.public_key)
 
 
 def _decrypt(blob: bytes) -> list[int]:
@@ -78,53 +100,70 @@ def default_processes() -> int:
 class KeyHolderPool:
     """Encrypt and decrypt for the key holder on ``processes`` processes; each runs
     ``on_start`` first (a worker passes ``workers.lifeline.die_with_parent``: the processes
-    hold the private key and must not outlive it)."""
+    hold the private key and must not outlive it). As many preparer processes make
+    obfuscators ahead when asked (module docstring)."""
 
     def __init__(self, private: PaillierPrivateKey, processes: int | None = None,
                  on_start: Callable[[], None] | None = None) -> None:
         self.private = private
         self.processes = processes or default_processes()
-        self._pool = mp.get_context("spawn").Pool(
-            self.processes, initializer=_init,
-            initargs=(int(private.public_key.n), int(private.p), int(private.q),
-                      private.obfuscator, on_start))
+        initargs = (int(private.public_key.n), int(private.p), int(private.q),
+                    private.obfuscator, on_start)
+        context = mp.get_context("spawn")
+        self._pool = context.Pool(self.processes, initializer=_init, initargs=initargs)
+        self._initargs = initargs
+        self._preparers: Pool | None = None  # started with the first prepare()
+        wp, wq = _halves(private)
+        self._spare_width = wp + wq
+        self._spare: deque[bytes] = deque()  # blobs of obfuscators, each handed out once
+        self._spare_count = 0
         self._lock = threading.Lock()
         self._to_prepare = 0  # obfuscators still wanted ahead
         self._preparing = 0  # preparing tasks in flight
-        self._busy = 0  # real work in progress: preparing pauses
         self._closed = False
         self.made_ahead = 0
-        """Obfuscators the processes have made ahead so far."""
+        """Obfuscators made ahead so far."""
 
     def prepare(self, count: int) -> None:
-        """Make about ``count`` obfuscators ahead, in the background (module docstring)."""
+        """Have about ``count`` obfuscators made ahead, at idle priority (module docstring)."""
         with self._lock:
-            self._to_prepare = max(0, count)
+            if self._closed:
+                return
+            self._to_prepare = max(0, count - self._spare_count)
+            if self._preparers is None and self._to_prepare:
+                self._preparers = mp.get_context("spawn").Pool(
+                    self.processes, initializer=_init_preparer, initargs=self._initargs)
         self._prepare_more()
 
     def _prepare_more(self) -> None:
-        """Keep one preparing task per process in flight while obfuscators are wanted and no
-        real work runs (called again as each task ends)."""
+        """Keep one preparing task per preparer in flight while obfuscators are wanted and
+        there is room for them (called again as each task ends)."""
+        cap = SPARE_BYTES // self._spare_width
         while True:
             with self._lock:
-                if (self._closed or self._busy or self._to_prepare <= 0
-                        or self._preparing >= self.processes):
+                if (self._closed or self._preparers is None or self._to_prepare <= 0
+                        or self._preparing >= self.processes
+                        or self._spare_count + (self._preparing + 1) * PREPARE_BATCH > cap):
                     return
                 batch = min(PREPARE_BATCH, self._to_prepare)
                 self._to_prepare -= batch
                 self._preparing += 1
+                preparers = self._preparers
             try:
-                self._pool.apply_async(_prepare, (batch,), callback=self._prepared,
-                                       error_callback=self._prepare_failed)
+                preparers.apply_async(_make_obfuscators, (batch,), callback=self._prepared,
+                                      error_callback=self._prepare_failed)
             except ValueError:  # the pool was closed meanwhile
                 return
 
-    def _prepared(self, made: int) -> None:
+    def _prepared(self, blob: bytes) -> None:
         with self._lock:
             self._preparing -= 1
+            if self._closed:
+                return
+            self._spare.append(blob)
+            made = len(blob) // self._spare_width
+            self._spare_count += made
             self.made_ahead += made
-            if made == 0:  # that process is full: stop rather than spin
-                self._to_prepare = 0
         self._prepare_more()
 
     def _prepare_failed(self, exc: BaseException) -> None:
@@ -133,15 +172,21 @@ class KeyHolderPool:
             self._to_prepare = 0
         log.warning("making obfuscators ahead failed (encryption makes them as it goes): %s", exc)
 
-    def _work(self) -> None:
-        """Real work starts: preparing pauses (tasks in flight finish)."""
+    def _take_spare(self, count: int) -> bytes:
+        """Up to ``count`` obfuscators made ahead, taken out (never handed out twice)."""
+        taken: list[bytes] = []
         with self._lock:
-            self._busy += 1
-
-    def _done(self) -> None:
-        with self._lock:
-            self._busy -= 1
-        self._prepare_more()
+            while count > 0 and self._spare:
+                blob = self._spare.popleft()
+                cut = count * self._spare_width
+                if len(blob) > cut:
+                    self._spare.appendleft(blob[cut:])
+                    blob = blob[:cut]
+                taken.append(blob)
+                made = len(blob) // self._spare_width
+                count -= made
+                self._spare_count -= made
+        return b"".join(taken)
 
     def _slices(self, count: int) -> list[slice]:
         step = -(-count // self.processes) if count else 1
@@ -162,24 +207,20 @@ class KeyHolderPool:
                 for first in range(0, count, chunk)
                 for a in range(first, min(first + chunk, count), part)]
         done: list[bytes] = []
-        self._work()
-        try:
-            blobs = self._pool.imap(_encrypt, [list(plaintexts[a:b]) for a, b in cuts])
-            for (_, stop), blob in zip(cuts, blobs, strict=True):
-                done.append(blob)
-                if stop % chunk == 0 or stop == count:  # a chunk's last part
-                    yield b"".join(done)
-                    done = []
-        finally:
-            self._done()
+        blobs = self._pool.imap(_encrypt, [(list(plaintexts[a:b]), self._take_spare(b - a))
+                                           for a, b in cuts])
+        for (_, stop), blob in zip(cuts, blobs, strict=True):
+            done.append(blob)
+            if stop % chunk == 0 or stop == count:  # a chunk's last part
+                yield b"".join(done)
+                done = []
 
     def encrypt_later(self, plaintexts: Sequence[int]) -> Callable[[], bytes]:
         """Start encrypting (split over the processes); the returned call waits for the
         ciphertexts. The caller sends one batch while the next is encrypted."""
-        parts = [list(plaintexts[s]) for s in self._slices(len(plaintexts))]
-        self._work()  # done when the batch is, whether or not the caller waits for it
-        pending = self._pool.map_async(_encrypt, parts, callback=lambda _: self._done(),
-                                       error_callback=lambda _: self._done())
+        parts = [(list(plaintexts[s]), self._take_spare(s.stop - s.start))
+                 for s in self._slices(len(plaintexts))]
+        pending = self._pool.map_async(_encrypt, parts)
         return lambda: b"".join(pending.get())
 
     def decrypt(self, ciphertexts: bytes) -> list[int]:
@@ -187,11 +228,7 @@ class KeyHolderPool:
         width = self.private.public_key.ciphertext_bytes
         count = len(ciphertexts) // width
         parts = [ciphertexts[s.start * width:s.stop * width] for s in self._slices(count)]
-        self._work()
-        try:
-            return [m for part in self._pool.map(_decrypt, parts) for m in part]
-        finally:
-            self._done()
+        return [m for part in self._pool.map(_decrypt, parts) for m in part]
 
     def decrypt_sums(self, ciphertexts: bytes, cell_bits: int) -> list[int]:
         """Bin sums of ``cell_bits`` bits sent one per concatenated ciphertext, folded and
@@ -205,15 +242,17 @@ class KeyHolderPool:
         per_process = -(-runs // self.processes) * run  # whole runs: folds do not depend on it
         tasks = [(ciphertexts[a * width:min(a + per_process, count) * width], cell_bits)
                  for a in range(0, count, per_process)]
-        self._work()
-        try:
-            return [m for part in self._pool.map(_decrypt_sums, tasks) for m in part]
-        finally:
-            self._done()
+        return [m for part in self._pool.map(_decrypt_sums, tasks) for m in part]
 
     def close(self) -> None:
-        """Stop the processes (and with them the obfuscators they made ahead)."""
+        """Stop the processes; drop the obfuscators made ahead."""
         with self._lock:
             self._closed = True
+            self._spare.clear()
+            self._spare_count = 0
+            preparers, self._preparers = self._preparers, None
+        if preparers is not None:
+            preparers.terminate()
+            preparers.join()
         self._pool.terminate()
         self._pool.join()

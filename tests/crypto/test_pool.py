@@ -86,16 +86,18 @@ def test_pool_encrypts_with_obfuscators_made_ahead(keypair_1024, obfuscator: str
     pool = KeyHolderPool(PaillierPrivateKey(pub, short.p, short.q, obfuscator), processes=2)
     try:
         pool.prepare(3 * pool_module.PREPARE_BATCH)
-        deadline = time.monotonic() + 60
-        while (pool._to_prepare or pool._preparing) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 120
+        while pool.made_ahead < 3 * pool_module.PREPARE_BATCH and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert pool.made_ahead == 3 * pool_module.PREPARE_BATCH
+        assert pool.made_ahead == 3 * pool_module.PREPARE_BATCH and pool._preparing == 0
         plain = [7] * (4 * pool_module.PREPARE_BATCH)  # more than were made ahead
         cts = ciphertexts_from_bytes(pool.encrypt(plain), pub)
-        assert len(set(cts)) == len(plain)  # no obfuscator served twice, in or across processes
+        assert pool._spare_count == 0 and not pool._spare  # every one handed out, once
+        assert len(set(cts)) == len(plain)  # no obfuscator served twice
         assert [int(m) for m in short.decrypt_batch(cts)] == plain
-        pool.prepare(10 ** 9)  # real work meanwhile waits for one batch at most
-        assert pool.decrypt(ciphertexts_to_bytes(cts[:50], pub)) == plain[:50]
-        assert pool._preparing <= pool.processes
+        pool.prepare(2 * pool_module.PREPARE_BATCH)
+        chunks = list(pool.encrypt_chunks([9] * 100, 30))  # spare or not, while it is made
+        assert [int(m) for m in short.decrypt_batch(
+            ciphertexts_from_bytes(b"".join(chunks), pub))] == [9] * 100
     finally:
         pool.close()

@@ -103,9 +103,8 @@ class ActiveTraining:
         return self.pool
 
     def prepare_encryption(self, rows: int, tree: int) -> None:
-        """Have the crypto processes make obfuscators for tree ``tree``'s ``rows`` ahead,
-        while this party waits for the passive parties' histograms. Not during PSI, which
-        keeps every core busy."""
+        """Have obfuscators for tree ``tree``'s ``rows`` made ahead on idle CPU
+        (``crypto.pool``), such as while this party waits for the passive parties' histograms."""
         if tree < self.params.n_trees * self.outputs:
             self.crypto_pool().prepare(rows)
 
@@ -163,7 +162,7 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     state.role_state = run = ActiveTraining(params=params, public=public, private=private,
                                             pack_bin_sums=body.spec.pack_bin_sums,
                                             crypto_processes=ctx.party.crypto_processes)
-    run.crypto_pool()  # the crypto processes start (and build their tables) during PSI
+    run.crypto_pool().prepare(len(state.data.ids))  # during PSI, on idle CPU only
     ctx.state = state
     return MsgType.OPENED, Opened(rows=len(state.data.ids),
                                   checkpoints=checkpoint.available(
