@@ -4,7 +4,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: train test bench
+.PHONY: train test test-all bench
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -16,6 +16,10 @@ train: $(VENV)/.installed
 	$(VENV)/bin/fedboost train configs/default_credit.yaml --out runs/default-credit
 
 test: $(VENV)/.installed
+	$(PY) -m pytest -m "not heavy"
+
+# everything, with the quality benchmarks and the longest drills (about 10 minutes more)
+test-all: $(VENV)/.installed
 	$(PY) -m pytest
 
 bench: $(VENV)/.installed

@@ -186,6 +186,7 @@ def test_killed_training_continues_when_run_again(tmp_path: Path) -> None:
     assert not (out / "guest" / "checkpoints").exists()  # a finished job keeps none
 
 
+@pytest.mark.heavy
 def test_ctrl_c_ends_in_one_line_naming_the_resume_command(tmp_path: Path) -> None:
     """SIGINT to the whole group, as a terminal's Ctrl-C: exit 130 with the command that
     continues the job, which then resumes after the finished trees."""

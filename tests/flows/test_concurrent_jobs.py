@@ -66,6 +66,7 @@ def _model_files(folder: Path, config: JobConfig) -> tuple[bytes, Any]:
     return (folder / config.active / "model.json").read_bytes(), lookup["records"]
 
 
+@pytest.mark.heavy
 def test_four_jobs_at_once_each_equal_their_solo_run(rabbit_url: str, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex[:6]
     job_file = _job_file(tmp_path, tag, rabbit_url)

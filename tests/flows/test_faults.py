@@ -264,6 +264,7 @@ def test_a_party_that_never_answers_fails_the_job_naming_it(rabbit_url: str,
         delete_party_queues(rabbit_url, [fed.guest, fed.host])
 
 
+@pytest.mark.heavy
 def test_retry_of_a_failed_deployment_run_resumes(federation: Federation, reference: Path,
                                                   prefect_server: str) -> None:
     """A run of the served deployment fails when the host's worker dies for good (step

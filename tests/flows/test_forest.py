@@ -56,6 +56,7 @@ def _sklearn_auc(config: ForestJobConfig) -> float:
     return float(roc_auc_score(y_test, score))
 
 
+@pytest.mark.heavy
 def test_forest_matches_scikit_learn_on_default_credit(tmp_path: Path) -> None:
     config = _default_credit_forest()
     result = train_embedded(config, tmp_path)
@@ -80,6 +81,7 @@ def test_forest_matches_scikit_learn_on_default_credit(tmp_path: Path) -> None:
         assert not (tmp_path / party / "forest").exists()
 
 
+@pytest.mark.heavy
 def test_adult_over_three_parties_reaches_the_papers_auc(tmp_path: Path) -> None:
     files = write_vertical_adult(tmp_path / "data")
     raw = forest_job(files, job="adult-forest-test", n_trees=16)

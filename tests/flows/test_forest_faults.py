@@ -98,6 +98,7 @@ def test_passive_worker_killed_mid_forest_and_restarted(forest_federation: Fores
     assert metrics["valid_auc"] == pytest.approx(reference["valid_auc"], abs=1e-12)
 
 
+@pytest.mark.heavy
 def test_trees_of_a_frozen_party_are_dropped_and_the_forest_saved(
         forest_federation: ForestFederation) -> None:
     """The host is frozen (SIGSTOP) past the step timeout: the trees in flight fail, are not

@@ -12,6 +12,7 @@ from tests.scenarios import config_with
 pytestmark = [pytest.mark.usefixtures("prefect_harness"), pytest.mark.slow]
 
 
+@pytest.mark.heavy
 def test_default_credit_holdout(tmp_path: Path) -> None:
     """30 trees, depth 3, 32 bins, 1/3 held out: the paper reports 0.7701, XGBoost 0.7725."""
     config = config_with("default_credit.yaml", crypto={"key_bits": 1024},
