@@ -1,6 +1,7 @@
 """Scaling the active party out over processes: a tree's encryption with one guest process or two.
 
-    python -m benchmarks.active_scale [--trees 3] [--rounds 3] [--bits 2048] [--url amqp://...]
+    python -m benchmarks.active_scale [--trees 3] [--rounds 3] [--bits 2048] [--no-make-ahead]
+                                      [--url amqp://...]
 
 Each round trains default_credit over RabbitMQ twice, same config and seed, guest workers
 started with 'fedboost worker --crypto-processes 1' (each guest process encrypts and decrypts
@@ -12,7 +13,10 @@ machine of the guest's organisation and brings its own cores; on one machine, on
 per process shows the same thing honestly: two processes have twice the cores, not more.
 Prints the guest's encrypt-gradients and find-splits seconds per tree (Prefect task run times)
 of every run, their means, and the 1-process/2-process ratio of the means and of the fastest
-runs; asserts every run's guest model file is byte-identical.
+runs; asserts every run's guest model file is byte-identical. ``--no-make-ahead`` starts the
+guest workers with ``--no-make-ahead``: every obfuscator is made in the encryption step, which
+is then all CPU work, so the split of that work is what the ratio shows (with obfuscators made
+ahead on idle cores, a tree's encryption after the first is mostly sending, see README).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from messages.rabbitmq import delete_party_queues
 
 
 def _run(url: str, bits: int, trees: int, guest_processes: int, work: Path,
-         ) -> tuple[dict[str, float], bytes]:
+         extra: tuple[str, ...] = ()) -> tuple[dict[str, float], bytes]:
     """One training run; its guest's step seconds per tree and its model file."""
     from flows.config import load_config
     from flows.secureboost import vertical_secureboost
@@ -45,7 +49,7 @@ def _run(url: str, bits: int, trees: int, guest_processes: int, work: Path,
     models = work / f"models-{tag}"
     procs = start_workers(job_file, models, work,
                           {f"guest{tag}": guest_processes, f"host{tag}": 1},
-                          extra=("--crypto-processes", "1"))
+                          extra=("--crypto-processes", "1", *extra))
     try:
         config = load_config(job_file)
         state = vertical_secureboost(config, return_state=True)
@@ -72,7 +76,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bits", type=int, default=2048)
     parser.add_argument("--url", default="amqp://guest:guest@127.0.0.1:5672/%2F")
+    parser.add_argument("--no-make-ahead", action="store_true",
+                        help="guest workers make every obfuscator in the encryption step")
     args = parser.parse_args()
+    extra = ("--no-make-ahead",) if args.no_make_ahead else ()
     _prefect_env.configure()
     import logging
 
@@ -84,11 +91,12 @@ def main() -> None:
         work = Path(tmp)
         for _ in range(args.rounds):
             for name, processes in (("guest-1", 1), ("guest-2", 2)):
-                seconds, model = _run(args.url, args.bits, args.trees, processes, work)
+                seconds, model = _run(args.url, args.bits, args.trees, processes, work, extra)
                 runs[name].append(seconds)
                 models.add(model)
     print(f"\ndefault_credit, {args.bits}-bit keys, {args.trees} trees per run, "
-          f"{args.rounds} rounds, one crypto core per guest process")
+          f"{args.rounds} rounds, one crypto core per guest process"
+          + (", no obfuscators made ahead" if args.no_make_ahead else ""))
     print(f"{'run':<10} {'encrypt s/tree':>15} {'after t0':>9} {'find-splits s/tree':>19} "
           f"{'s/tree':>8}")
     mean: dict[str, dict[str, float]] = {}

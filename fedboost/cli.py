@@ -105,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--crypto-processes", type=int,
                         help="cores each process encrypts and decrypts on (default: the "
                         "file's 'crypto_processes', every core)")
+    worker.add_argument("--no-make-ahead", action="store_true",
+                        help="as the active party, make no Paillier obfuscators ahead on idle "
+                        "CPU (the file's 'make_ahead: false')")
     worker.add_argument("--models", type=Path, help="model folder (default: the file's 'models')")
     worker.add_argument("--health-file", help="touch this file while serving (health checks)")
     worker.add_argument("--log-level", default="INFO",
@@ -319,6 +322,8 @@ def _worker(args: argparse.Namespace) -> int:
             print("fedboost: error: --crypto-processes must be at least 1", file=sys.stderr)
             return EXIT_USER_ERROR
         update["crypto_processes"] = args.crypto_processes
+    if args.no_make_ahead:
+        update["make_ahead"] = False
     if args.models is not None:
         update["models"] = args.models.resolve()
     config = config.model_copy(update=update)

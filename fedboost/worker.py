@@ -37,6 +37,7 @@ def party_spec(config: WorkerConfig) -> PartySpec:
                      columns=config.columns, categorical=config.categorical,
                      processes=config.processes,
                      crypto_processes=config.crypto_processes or 0,
+                     make_ahead=config.make_ahead,
                      state_dir=str(config.state) if config.state else "",
                      policy=policy_of(config.policy),
                      datasets={name: DataSet(str(d.data), d.id, d.label, d.columns,

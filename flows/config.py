@@ -607,6 +607,9 @@ class WorkerConfig(_Strict):
     crypto_processes: int | None = Field(None, ge=1, le=256)
     """Local processes (cores) each process of an active party encrypts and decrypts on
     (default: one per core of its machine)."""
+    make_ahead: bool = True
+    """An active party makes Paillier obfuscators ahead on CPU time nothing else wants (idle
+    priority, at most 256 MB of them; ``crypto.pool``); false: only as encryption needs them."""
     max_message_age: float = Field(2 * 3600.0, ge=60.0, le=7 * 24 * 3600.0)
     """Seconds after it was signed that a message is still accepted (default: twice the flows'
     default ``transport.step_timeout``); keep it above the step_timeout of the jobs served.

@@ -287,7 +287,8 @@ def crypto_shard(ctx: StepContext, task: CryptoShard) -> None:
         for unit, result in encrypt_claimed(pool, claim, units,
                                             lambda u: from_bytes(values_of(u), width)):
             answer(unit, result)
-        pool.prepare(done * task.unit)  # the next tree's share, made while the others work
+        if ctx.party.make_ahead:  # the next tree's share, on idle CPU
+            pool.prepare(done * task.unit)
     else:
         while (unit := claim()) is not None:
             if not 0 <= unit < units:

@@ -88,6 +88,8 @@ class PartySpec:
     crypto_processes: int = 0
     """Local processes (cores) each of this party's processes encrypts and decrypts on
     (0: one per core)."""
+    make_ahead: bool = True
+    """Make Paillier obfuscators ahead on idle CPU (``crypto.pool``), as the active party."""
     policy: PartyPolicy = PartyPolicy()
     """The party's own policy (minimum key size, protocols): no job overrides it."""
     state_dir: str = ""

@@ -181,3 +181,21 @@ def test_a_unit_of_the_wrong_size_or_count_is_refused_with_a_clear_error(tmp_pat
 
 def test_the_private_key_prints_no_factor() -> None:
     assert str(int(PRIVATE.p)) not in repr(PRIVATE) and isinstance(PRIVATE, PaillierPrivateKey)
+
+
+@pytest.mark.parametrize("make_ahead", [True, False])
+def test_the_party_decides_whether_obfuscators_are_made_ahead(make_ahead: bool) -> None:
+    """A worker's make_ahead (its file, or --no-make-ahead) decides; the active party's state
+    follows it and makes none after the last tree."""
+    from boosting.params import BoostParams
+    from workers.vertical.active import ActiveTraining
+
+    run = ActiveTraining(params=BoostParams(n_trees=2), public=PUBLIC, private=PRIVATE,
+                         crypto_processes=1, make_ahead=make_ahead)
+    try:
+        run.prepare_encryption(10, 2)  # after the last tree: none
+        assert run.pool is None
+        run.prepare_encryption(10, 1)
+        assert (run.pool is not None and run.pool._preparers is not None) is make_ahead
+    finally:
+        run.close()

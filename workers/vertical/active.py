@@ -85,6 +85,8 @@ class ActiveTraining:
     with the first encrypted tree."""
     crypto_processes: int = 0
     """Cores this process encrypts and decrypts on (the worker's setting; 0: every core)."""
+    make_ahead: bool = True
+    """Make obfuscators ahead on idle CPU (the worker's setting)."""
     key_share: bytes = b""
     """The private key sealed for the party's own processes (``workers.crypto_shards``)."""
     encrypting: Encryption | None = None
@@ -105,7 +107,7 @@ class ActiveTraining:
     def prepare_encryption(self, rows: int, tree: int) -> None:
         """Have obfuscators for tree ``tree``'s ``rows`` made ahead on idle CPU
         (``crypto.pool``), such as while this party waits for the passive parties' histograms."""
-        if tree < self.params.n_trees * self.outputs:
+        if self.make_ahead and tree < self.params.n_trees * self.outputs:
             self.crypto_pool().prepare(rows)
 
     def close(self) -> None:
@@ -161,8 +163,10 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
                                        obfuscator=ctx.party.policy.obfuscator)
     state.role_state = run = ActiveTraining(params=params, public=public, private=private,
                                             pack_bin_sums=body.spec.pack_bin_sums,
-                                            crypto_processes=ctx.party.crypto_processes)
-    run.crypto_pool().prepare(len(state.data.ids))  # during PSI, on idle CPU only
+                                            crypto_processes=ctx.party.crypto_processes,
+                                            make_ahead=ctx.party.make_ahead)
+    run.crypto_pool()  # its processes start (and build their tables) during PSI
+    run.prepare_encryption(len(state.data.ids), 0)  # on idle CPU only
     ctx.state = state
     return MsgType.OPENED, Opened(rows=len(state.data.ids),
                                   checkpoints=checkpoint.available(
@@ -186,6 +190,7 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     if len(run.trees) != done:
         raise checkpoint.CheckpointError(f"checkpoint holds {len(run.trees)} trees, not {done}")
     run.crypto_processes = ctx.party.crypto_processes  # this worker's, not the checkpoint's
+    run.make_ahead = ctx.party.make_ahead
     run.prepare_encryption(run.y.size, done)
     ctx.state = state
     return MsgType.RESUMED, checkpoint.resumed(state, done, run.outputs, run.history)
