@@ -95,8 +95,10 @@ def test_chunks_reach_the_helpers_as_they_arrive_and_the_last_one_starts_the_tre
         assert envelope.kind == MsgType.TREE_CIPHERTEXTS and envelope.body.n_chunks == 2
         helper.handle_bytes(handed)  # keeps the chunk, and answers nothing
     assert hub.endpoint("host").receive(timeout=0.2) is None
-    digest = hashlib.sha256(run.ciphertexts).digest()
-    assert shards._TREE_CIPHERTEXTS[(digest, envelope.body.n)] == run.tree_ciphertexts
+    # named by the digest of the tree's chunks in order, hashed as they came
+    assert run.tree_digest == hashlib.sha256(ciphertexts_to_bytes(run.tree_ciphertexts,
+                                                                  public)).digest()
+    assert shards._TREE_CIPHERTEXTS[(run.tree_digest, envelope.body.n)] == run.tree_ciphertexts
 
 
 def test_with_two_helpers_the_trees_first_level_brings_the_tree(
@@ -119,8 +121,10 @@ def test_with_two_helpers_the_trees_first_level_brings_the_tree(
     shards_out = [opener.open(data) for data in (work.receive(timeout=5), work.receive(timeout=5))
                   if data is not None]
     assert [s.body.shard for s in shards_out] == [1, 2]
-    assert all(s.body.tree_ciphertexts == run.ciphertexts for s in shards_out)
-    assert all(s.body.tree_digest == hashlib.sha256(run.ciphertexts).digest() for s in shards_out)
+    whole = b"".join(run.chunks)  # kept, with two helpers, for the first level's shards
+    assert all(s.body.tree_ciphertexts == whole for s in shards_out)
+    assert all(s.body.tree_digest == hashlib.sha256(whole).digest() == run.tree_digest
+               for s in shards_out)
 
 
 def test_bad_gradients_are_answered_by_the_trees_first_step(
