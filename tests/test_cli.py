@@ -150,6 +150,7 @@ def test_resume_refuses_a_job_name_that_leaves_runs(tmp_path: Path) -> None:
     _assert_one_error_line(done, "job '../elsewhere' is not a job name")
 
 
+@pytest.mark.heavy
 def test_killed_training_continues_when_run_again(tmp_path: Path) -> None:
     """The embedded default: kill the whole process group mid-run (workers included), run the
     same 'fedboost train' again: it continues after the last tree and ends with the model of an

@@ -217,6 +217,7 @@ def test_broker_restarted_mid_run(federation: Federation, reference: Path) -> No
     assert "reconnected" in federation.log(federation.guest)
 
 
+@pytest.mark.heavy
 def test_a_helper_that_stops_answering_costs_time_not_the_model(federation: Federation,
                                                                 reference: Path) -> None:
     """A helper frozen mid-training (SIGSTOP: its connection stays open, so the broker still
