@@ -217,15 +217,14 @@ class PaillierPrivateKey:
         """The longest run :meth:`decrypt_folded` takes for sums of ``shift_bits`` bits."""
         return (self.p.bit_length() - 1) // shift_bits
 
-    def _obfuscator(self) -> mpz:
+    def _short_tables(self) -> tuple[_FixedBaseTable, _FixedBaseTable]:
+        """The window tables of ``hs`` modulo p^2 and q^2 (built on first use)."""
         if self._tables is None:
             n = self.public_key.n
             x = random_below(n)
             hs = powmod(n - x * x % n, n, self.public_key.nsquare)
             self._tables = (_FixedBaseTable(hs, self.psquare), _FixedBaseTable(hs, self.qsquare))
-        a = secrets.randbits(OBFUSCATOR_EXPONENT_BITS)
-        tp, tq = self._tables
-        return crt_pair(tp.power(a), tq.power(a), self.psquare, self.qsquare, self._psq_inv)
+        return self._tables
 
     def _full_obfuscator(self) -> tuple[mpz, mpz]:
         """A uniform r's r^n modulo p^2 and q^2 (exponents reduced mod p(p-1), q(q-1))."""
@@ -238,10 +237,7 @@ class PaillierPrivateKey:
         """One fresh obfuscator as its residues modulo p^2 and q^2."""
         if self.obfuscator == "full":
             return self._full_obfuscator()
-        if self._tables is None:
-            self._obfuscator()  # builds the tables on first use
-        assert self._tables is not None
-        tp, tq = self._tables
+        tp, tq = self._short_tables()
         a = secrets.randbits(OBFUSCATOR_EXPONENT_BITS)
         return tp.power(a), tq.power(a)
 
