@@ -409,7 +409,19 @@ class Worker:
                         env.kind.name, env.sender)
             return
         if env.kind in COMMANDS and env.kind not in UNRECORDED and self._replayed(env):
-            return  # before anything: a replayed opener must not even replace the open job
+            # before anything: a replayed opener must not even replace the open job. A
+            # command this process did not answer itself is told to the flow, though: a worker
+            # killed after recording its answer but before the reply went out gets the same
+            # command again from the broker, and the flow that waits for that reply resumes
+            # from the checkpoints instead of timing out (the reply goes to the signed sender,
+            # a flow; replies to tasks it is not waiting for are stale to it and dropped).
+            answered_here = env.job in self.jobs and env.task in self.jobs[env.job].done
+            if not answered_here:
+                self._reply(env, MsgType.ERROR, ErrorReply(
+                    self.party.name, env.kind.name, f"{env.kind.name} {env.task} of job "
+                    f"{env.job!r} was answered before; its reply may have been lost (worker "
+                    f"restarted?)", False, state_lost=True))
+            return
         session = session_of(env.task)
         if env.kind in OPENERS and (env.job not in self.jobs
                                     or self.jobs[env.job].session != session):

@@ -115,7 +115,13 @@ def test_replayed_open_and_close_after_a_restart_are_refused(rabbit_url: str,
                    "the replays' refusal")
         text = logs[host].read_text()
         assert "rejected replayed OPEN_JOB" in text and "rejected replayed CLOSE_JOB" in text
-        assert first.inner.receive(timeout=2.0) is None  # nothing answered to the replays
+        for _ in replays:  # answered only with a refusal: the flow of a session long over
+            data = first.inner.receive(timeout=10.0)
+            assert data is not None, "a replay went unanswered"
+            refusal = reader.open(data)
+            first.inner.acknowledge()
+            assert refusal.kind == MsgType.ERROR and "answered before" in refusal.body.message
+        assert first.inner.receive(timeout=2.0) is None
         assert sorted(p.name for p in checkpoints.iterdir()) == held
 
         # run 3: the worker still serves, and resumes from the checkpoint the replay spared

@@ -180,10 +180,35 @@ def test_replayed_open_and_close_after_a_restart_are_refused_and_delete_nothing(
         caplog.clear()
         restarted.handle_bytes(data)
         assert "rejected replayed" in caplog.text and "answered before" in caplog.text
-    assert hub.endpoint("flow").receive(timeout=0.2) is None
+        refused = _reply(hub).body  # to the flow that signed it; a stale task id to any flow
+        assert isinstance(refused, ErrorReply) and "answered before" in refused.message
     assert planted.exists() and not restarted.jobs
     restarted.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA)), "s3/open"))
     assert _reply(hub).kind == MsgType.OPENED  # a fresh session is served
+
+
+def test_a_worker_killed_between_its_answer_and_the_reply_tells_the_flow(
+        tmp_path: Path) -> None:
+    """An answer goes on record before its reply is published: a worker killed in between
+    gets the unacknowledged command again after its restart. It must not answer it twice, nor
+    stay silent (the flow would wait its whole step timeout): the flow hears the state is lost
+    and resumes from the checkpoints."""
+    worker, hub = _worker(tmp_path, DATA / "breast_hetero_host.csv")
+    opener = _command(MsgType.OPEN_JOB, OpenJob(_spec(DATA)), "s1/open")
+    worker.handle_bytes(opener)
+    assert _reply(hub).kind == MsgType.OPENED
+    step = _command(MsgType.PSI_BLIND, Step(), "s1/psi")
+    worker.handle_bytes(step)
+    _reply(hub)  # the reply that never left the killed process
+
+    host = SEALERS["host"]
+    restarted = Worker(worker.party, hub.endpoint("host"), PROTOCOLS,
+                       Sealer(host.identity, host.private, dict(host.trusted)))
+    restarted.handle_bytes(step)  # the broker redelivers what was never acknowledged
+    reply = _reply(hub)
+    assert reply.task == "s1/psi" and reply.kind == MsgType.ERROR
+    assert reply.body.state_lost and "reply may have been lost" in reply.body.message
+    assert not restarted.jobs and hub.endpoint("flow").receive(timeout=0.2) is None
 
 
 def test_a_flooding_peer_is_capped_per_sender_and_job(tmp_path: Path,
