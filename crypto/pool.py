@@ -20,6 +20,7 @@ import logging
 import multiprocessing as mp
 import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.pool import Pool
@@ -97,6 +98,13 @@ def default_processes() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def _terminate(pools: list[Pool]) -> None:
+    """Stop a key holder's processes (``KeyHolderPool.close``, or its finalizer)."""
+    for pool in reversed(pools):  # the preparers first: they feed the others
+        pool.terminate()
+        pool.join()
+
+
 class KeyHolderPool:
     """Encrypt and decrypt for the key holder on ``processes`` processes; each runs
     ``on_start`` first (a worker passes ``workers.lifeline.die_with_parent``: the processes
@@ -111,6 +119,10 @@ class KeyHolderPool:
                     private.obfuscator, on_start)
         context = mp.get_context("spawn")
         self._pool = context.Pool(self.processes, initializer=_init, initargs=initargs)
+        self._running: list[Pool] = [self._pool]
+        # a pool nobody closed is stopped when it is collected or at interpreter exit; left
+        # to multiprocessing's own __del__ there, it prints a traceback
+        self._stop = weakref.finalize(self, _terminate, self._running)
         self._initargs = initargs
         self._preparers: Pool | None = None  # started with the first prepare()
         wp, wq = _halves(private)
@@ -133,6 +145,7 @@ class KeyHolderPool:
             if self._preparers is None and self._to_prepare:
                 self._preparers = mp.get_context("spawn").Pool(
                     self.processes, initializer=_init_preparer, initargs=self._initargs)
+                self._running.append(self._preparers)
         self._prepare_more()
 
     def _prepare_more(self) -> None:
@@ -250,9 +263,5 @@ class KeyHolderPool:
             self._closed = True
             self._spare.clear()
             self._spare_count = 0
-            preparers, self._preparers = self._preparers, None
-        if preparers is not None:
-            preparers.terminate()
-            preparers.join()
-        self._pool.terminate()
-        self._pool.join()
+            self._preparers = None
+        self._stop()

@@ -323,6 +323,9 @@ class Worker:
             self._retry_waiting()
             self._drop_idle_jobs()
             self._beat()
+        for job in self.jobs.values():  # their crypto processes go now, not at exit
+            job.discard()
+        self.jobs.clear()
         self.transport.close()
 
     @property

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from crypto import CryptoError
 from crypto.paillier import ciphertexts_from_bytes, ciphertexts_to_bytes
 from crypto.pool import KeyHolderPool
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_pool_encrypts_and_decrypts_like_the_key(keypair_1024) -> None:  # type: ignore[no-untyped-def]
@@ -101,3 +107,26 @@ def test_pool_encrypts_with_obfuscators_made_ahead(keypair_1024, obfuscator: str
             ciphertexts_from_bytes(b"".join(chunks), pub))] == [9] * 100
     finally:
         pool.close()
+
+
+def _leave_a_pool_running() -> None:
+    """A worker process that ends with a job's pool still open (a job that failed elsewhere)."""
+    from crypto.paillier import generate_keypair
+
+    _, private = generate_keypair(1024)
+    pool = KeyHolderPool(private, 1)
+    pool.prepare(2000)
+    pool.encrypt([1, 2, 3])
+
+
+def test_a_pool_nobody_closed_stops_quietly_with_its_process() -> None:
+    """A process that ends without closing its pool must not print multiprocessing's
+    traceback on the way out (it reached users' terminals through a failed job)."""
+    code = ("import multiprocessing as mp\n"
+            "from tests.crypto.test_pool import _leave_a_pool_running\n"
+            "p = mp.get_context('spawn').Process(target=_leave_a_pool_running)\n"
+            "p.start(); p.join(); raise SystemExit(p.exitcode)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
