@@ -99,10 +99,11 @@ def default_processes() -> int:
 
 
 def _terminate(pools: list[Pool]) -> None:
-    """Stop a key holder's processes (``KeyHolderPool.close``, or its finalizer)."""
+    """Stop a key holder's processes (``KeyHolderPool.close``, or its finalizer). terminate()
+    joins the processes itself, and unlike join() it may run on one of the pool's own threads
+    (the finalizer does when a result callback drops the last reference)."""
     for pool in reversed(pools):  # the preparers first: they feed the others
         pool.terminate()
-        pool.join()
 
 
 class KeyHolderPool:

@@ -130,3 +130,27 @@ def test_a_pool_nobody_closed_stops_quietly_with_its_process() -> None:
                           text=True, timeout=120, env={"PYTHONPATH": str(REPO), "PATH": ""})
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+
+def test_a_pool_dropped_while_it_prepares_stops_from_its_own_thread(keypair_1024) -> None:  # type: ignore[no-untyped-def]
+    """The last reference to a preparing pool may go in its own result thread (the callback
+    of a preparing task): stopping it there must work too."""
+    import gc
+    import time
+
+    _, private = keypair_1024
+    failures: list[object] = []
+    hook, sys.unraisablehook = sys.unraisablehook, failures.append
+    try:
+        pool = KeyHolderPool(private, 1)
+        pool.prepare(1500)
+        stopped = pool._stop
+        del pool
+        gc.collect()
+        deadline = time.monotonic() + 60
+        while stopped.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not stopped.alive, "the pool was never stopped"
+    finally:
+        sys.unraisablehook = hook
+    assert not failures, [getattr(f, "exc_value", f) for f in failures]
