@@ -86,10 +86,19 @@ class Coordinator:
     step_seconds: dict[str, float] = field(default_factory=dict)
     """Wall seconds spent in each kind of step (send to last reply), summed over the run's
     calls (calls running at once, as the forest's trees, each count their own)."""
+    lost: ErrorReply | None = None
+    """A party's answer that it lost this session's state (``abandon``); None while it holds."""
 
     def begin_session(self) -> None:
         """Start a new session: the parties will open the job afresh (or from checkpoints)."""
         self.session = _new_session()
+        self.lost = None
+
+    def abandon(self, lost: ErrorReply) -> None:
+        """A party lost this session's state: the calls still waiting (the forest's other
+        trees) fail with its error within a second, instead of waiting out the step timeout
+        for input that party will never send. The next session clears it."""
+        self.lost = lost
 
     def call(self, parties: list[str], kind: MsgType, body: Any, step: str) -> dict[str, Any]:
         """Send a command to every party and return each party's reply body.
@@ -109,6 +118,8 @@ class Coordinator:
         deadline = time.monotonic() + self.timeout
         try:
             while len(replies) < len(parties):
+                if self.lost is not None:
+                    raise PartyError(self.lost)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     missing = sorted(set(parties) - set(replies))

@@ -166,6 +166,7 @@ def _train(config: ForestJobConfig, progress: Any) -> dict[str, Any]:
                 if not exc.reply.state_lost:
                     raise
                 lost = exc  # the job is opened again (train_with_recoveries)
+                link(job).abandon(exc.reply)  # the other trees stop waiting for that party
         finished = len(keep) + sum(1 for s in seconds.values() if s is not None)
         grown = sum(1 for s in seconds.values() if s is not None)
         # trees grow side by side: seconds per tree is the wall time per finished tree
