@@ -6,8 +6,8 @@ replayed OPEN_JOB + CLOSE_JOB reopened a finished job after a restart and delete
 checkpoints. Every answered command is appended here, as one JSON line ``{"at", "job",
 "task"}``, and fsynced before its reply goes out; a command whose (job, task) is on record is
 refused, whenever it comes (and the flow is told its state is lost: the worker may have been
-killed between recording the answer and sending it, ``Worker.handle_bytes``). A task id carries its flow session, so this also covers every
-session ever opened.
+killed between recording the answer and sending it, ``Worker.handle_bytes``). A task id
+carries its flow session, so this also covers every session ever opened.
 
 The file lives in the party's private folder (``PartySpec.private_dir``), mode 0600. Entries
 are kept at least ``keep_seconds`` (the accepted message age plus clock skew: older messages
