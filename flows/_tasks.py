@@ -105,6 +105,8 @@ class Coordinator:
 
         Thread-safe: tasks running at once (the forest's trees) share the job's connection;
         whichever call receives a reply to another call in flight files it for that one."""
+        if self.lost is not None:  # nothing more is sent in a session a party lost
+            raise PartyError(self.lost)
         task = f"{self.session}/{step}"
         started = time.perf_counter()
         step_progress(self.job, kind, 0, len(parties))

@@ -38,6 +38,11 @@ def test_calls_in_flight_give_up_when_a_party_lost_the_state() -> None:
     tree.join(10)
     assert not tree.is_alive() and time.monotonic() - started < 3
     assert isinstance(outcome[0], PartyError) and outcome[0].reply is lost
+    guest = hub.endpoint("guest")
+    assert guest.receive(timeout=1) is not None  # the waiting tree's command
+    with pytest.raises(PartyError):  # a retry in the lost session sends nothing
+        coord.call(["guest"], MsgType.BUILD_HISTOGRAMS, Step(0, 1), "build_histograms/t1/a2")
+    assert guest.receive(timeout=0.3) is None
 
     coord.begin_session()  # the job is opened again: calls wait for answers as before
     coord.timeout = 0.5
