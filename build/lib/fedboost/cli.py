@@ -1,0 +1,446 @@
+"""The ``fedboost`` command: train, predict, inspect, report, centralized, worker, serve; a thin layer
+over the Python API (``fedboost.api``) where one exists.
+
+User errors (bad config, bad data, empty intersection) end with one line on stderr naming the
+party and file, and exit status 1 (2 for command-line usage); faults keep their traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import signal
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from fedboost import _prefect_env, api  # api imports flows late: Prefect's settings come first
+from fedboost.serving import add_command as add_serve_model
+
+EXIT_USER_ERROR = 1
+EXIT_INTERRUPTED = 130
+"""Ctrl-C, as shells report a process ended by SIGINT."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script."""
+    _prefect_env.configure()
+    warnings.showwarning = _show_warning
+    warnings.simplefilter("always", api.FedboostWarning)
+    args = _parser().parse_args(argv)
+    from boosting import BoostingError
+    from flows._tasks import JobStopped, PartyError
+    from fedboost.report import ReportError
+    from flows.config import ConfigError
+    from workers import DataError
+
+    try:
+        return int(args.run(args))
+    except (ConfigError, DataError, BoostingError, JobStopped, ReportError) as exc:
+        print(f"fedboost: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except PartyError as exc:
+        if not exc.user_error:
+            raise
+        print(f"fedboost: error: {exc.reply.message}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedboost", description=__doc__)
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+    train = sub.add_parser("train", help="train federatedly (embedded default)")
+    train.add_argument("config", type=Path, help="job file (YAML)")
+    train.add_argument("--out", type=Path, help="output folder (default runs/<job>)")
+    _progress_options(train)
+    train.set_defaults(run=_train)
+    resume = sub.add_parser("resume", help="continue an interrupted training job after its "
+                            "last completed tree")
+    resume.add_argument("job", help="the job's name (its folder runs/JOB holds job.json)")
+    resume.add_argument("--out", type=Path, help="the job's output folder (default runs/JOB)")
+    _progress_options(resume)
+    resume.set_defaults(run=_resume)
+    report = sub.add_parser("report", help="write a run's report: one self-contained HTML page "
+                            "(learning curves, time per step, feature importance, trees)")
+    report.add_argument("run_dir", type=Path, help="folder written by 'fedboost train'")
+    report.add_argument("--party", help="whose report: it names only this party's features "
+                        "(default: the active party, or the first member)")
+    report.add_argument("--out", type=Path, help="HTML file (default RUN_DIR/report.html, or "
+                        "RUN_DIR/report-PARTY.html with --party)")
+    report.set_defaults(run=_report)
+    predict = sub.add_parser("predict", help="score rows federatedly with a trained model")
+    predict.add_argument("model_dir", type=Path, help="folder written by 'fedboost train'")
+    predict.add_argument("--data", action="append", default=[], metavar="PARTY=CSV",
+                         help="a party's rows to score (default: its training file; embedded "
+                              "only: a worker over RabbitMQ scores its own file)")
+    predict.add_argument("--out", type=Path, help="scores file (default MODEL_DIR/scores.csv; "
+                         "embedded only: over RabbitMQ the active party's worker keeps them)")
+    predict.add_argument("--batch-size", type=int, default=4096)
+    predict.add_argument("--mode", choices=["path", "batched"], default="path",
+                         help="path (default): each passive party reveals only the decisions on "
+                              "each row's path, one round per tree level; batched: all its "
+                              "decisions for every row, two rounds per batch")
+    predict.set_defaults(run=_predict)
+    inspect = sub.add_parser("inspect", help="show each party's model part in a model folder "
+                             "(trees, the thresholds it holds, lookup tables)")
+    inspect.add_argument("model_dir", type=Path, help="a run folder, or one party's folder")
+    inspect.add_argument("--party", help="only this party's part")
+    inspect.add_argument("--json", action="store_true", help="one JSON object, for tools")
+    inspect.set_defaults(run=_inspect)
+    central = sub.add_parser("centralized", help="train the same model on the joined data")
+    central.add_argument("config", type=Path, help="job file (YAML)")
+    central.add_argument("--out", type=Path, help="output folder (default runs/<job>-centralized)")
+    central.set_defaults(run=_centralized)
+    worker = sub.add_parser("worker", help="run a party's long-running worker on RabbitMQ")
+    worker.add_argument("--party", required=True, help="this party's name")
+    worker.add_argument("--config", required=True, type=Path,
+                        help="the party's worker file, or a job file naming the party")
+    worker.add_argument("--processes", type=int, help="processes to start (default: the file's "
+                        "'processes', 1): the extra ones share histogram work (a passive "
+                        "party) or encryption and decryption (the active party)")
+    worker.add_argument("--crypto-processes", type=int,
+                        help="cores each process encrypts and decrypts on (default: the "
+                        "file's 'crypto_processes', every core)")
+    worker.add_argument("--no-make-ahead", action="store_true",
+                        help="as the active party, make no Paillier obfuscators ahead on idle "
+                        "CPU (the file's 'make_ahead: false')")
+    worker.add_argument("--models", type=Path, help="model folder (default: the file's 'models')")
+    worker.add_argument("--health-file", help="touch this file while serving (health checks)")
+    worker.add_argument("--log-level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    worker.set_defaults(run=_worker)
+    serve = sub.add_parser("serve", help="serve every protocol's training flow as a Prefect "
+                           "deployment (vertical_secureboost/NAME, horizontal/NAME, "
+                           "simfl/NAME, vertical_random_forest/NAME)")
+    serve.add_argument("--name", default="fedboost", help="deployment name (default fedboost)")
+    serve.add_argument("--config", type=Path, action="append", default=[],
+                       help="a job file whose content becomes its protocol's deployment's default "
+                            "parameter (repeat: one per protocol)")
+    serve.add_argument("--cron", help="optional schedule, e.g. '0 2 * * *'")
+    serve.set_defaults(run=_serve)
+    add_serve_model(sub)
+    defs = sub.add_parser("definitions", help="write RabbitMQ users and permissions per party")
+    defs.add_argument("--party", action="append", required=True, metavar="NAME[=@FILE]",
+                      help="a party (repeat per party); its broker password comes from "
+                           "FEDBOOST_<NAME>_PASSWORD or the first line of FILE (NAME=PASSWORD "
+                           "works but shows in ps and shell history)")
+    defs.add_argument("--flow-password", metavar="@FILE",
+                      help="the flows' user's password file (default: FEDBOOST_FLOW_PASSWORD)")
+    defs.add_argument("--vhost", default="/", help="the federation's virtual host (default /)")
+    defs.add_argument("--out", type=Path, required=True, help="definitions.json to write")
+    defs.set_defaults(run=_definitions)
+    keys = sub.add_parser("keys", help="make this party's (or the flows') Ed25519 signing key")
+    keys.add_argument("--out", type=Path, required=True, help="key folder (signing.key_dir)")
+    keys.add_argument("--name", action="append", required=True,
+                      help="the identity: this party's name, or 'flow' on the flows' runner")
+    keys.add_argument("--local-trial", action="store_true",
+                      help="allow several --name: every identity's private key on this one "
+                           "machine, for trials where one operator runs the whole federation")
+    keys.set_defaults(run=_keys)
+    return parser
+
+
+def _progress_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--quiet", action="store_true",
+                         help="no progress display: only the final line (and errors)")
+    command.add_argument("--log-level", default="WARNING",
+                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                         help="Prefect's log lines on the console (default WARNING; INFO shows "
+                              "the flow's lines, DEBUG every task's too)")
+
+
+class _UserErrorFilter(logging.Filter):
+    """Keep tracebacks of user errors (bad data, empty intersection) off the console.
+
+    Prefect logs a failing task or flow with its traceback; for bad input the CLI prints one
+    line instead. Records still reach the Prefect API, so the UI shows the full failure.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from flows._tasks import JobStopped, PartyError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, JobStopped) or (isinstance(exc, PartyError) and exc.user_error):
+            self.seen.add(str(exc))
+            return False
+        message = record.getMessage()
+        return not any(text in message for text in self.seen)
+
+
+def _quiet_task_logs() -> None:
+    """Show the flow's per-tree progress, not a line per task (the Prefect UI has those)."""
+    import flows.protocols  # noqa: F401  Prefect sets up its logging on import: adjust it after
+
+    logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
+    user_errors = _UserErrorFilter()
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
+        for handler in logging.getLogger(name or None).handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.addFilter(user_errors)
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
+    """fedboost's own warnings as one line, like its errors; others as Python shows them."""
+    if issubclass(category, api.FedboostWarning):
+        print(f"fedboost: warning: {message}", file=sys.stderr)
+    else:
+        _SHOW_WARNING(message, category, filename, lineno, file, line)
+
+
+_SHOW_WARNING = warnings.showwarning
+
+
+def _metrics_summary(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+
+
+def _train(args: argparse.Namespace) -> int:
+    def resume_command() -> str:
+        from flows.config import load_config
+
+        job = load_config(args.config).job
+        return f"fedboost resume {job} --out {args.out or Path('runs') / job}"
+
+    return _with_progress(args, lambda: api.train(args.config, args.out), resume_command)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    return _with_progress(args, lambda: api.resume(args.job, args.out),
+                          lambda: f"fedboost resume {args.job} --out "
+                                  f"{args.out or Path('runs') / args.job}")
+
+
+def _console_logs(level: str) -> None:
+    """Prefect's console lines at ``level`` and above (the API, and so the UI, keeps all)."""
+    if level == "DEBUG":
+        logging.getLogger("prefect.task_runs").setLevel(logging.INFO)
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
+        for handler in logging.getLogger(name or None).handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.setLevel(getattr(logging, level))
+
+
+def _with_progress(args: argparse.Namespace, run: Callable[[], api.TrainResult],
+                   resume_command: Callable[[], str]) -> int:
+    """Train with the run's progress shown (a bar on a terminal, plain lines otherwise, none
+    with --quiet); Ctrl-C ends in one line naming the command that continues the job."""
+    from contextlib import nullcontext
+
+    from fedboost.progress_view import progress_view
+    from flows.progress import listening
+
+    _quiet_task_logs()
+    _console_logs(args.log_level)
+    mode = "quiet" if args.quiet else "bar" if sys.stdout.isatty() else "lines"
+    view = progress_view(mode, sys.stdout)
+    interrupted: list[int] = []
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        interrupted.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        with view or nullcontext(), listening(None, view) if view else nullcontext():
+            result = run()
+    except BaseException:
+        # Ctrl-C also stops the ephemeral Prefect server, so what surfaces may be Prefect
+        # failing to record the crash rather than KeyboardInterrupt itself
+        if not interrupted:
+            raise
+        print(f"fedboost: interrupted; the parties keep their checkpoints: "
+              f"'{resume_command()}' continues after the last finished tree", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return _report_training(result)
+
+
+def _report_training(result: api.TrainResult) -> int:
+    resumed = result.metrics["resumed_after"]
+    rows = ("aligned rows" if result.protocol in ("vertical_secureboost", "vertical_random_forest")
+            else "rows")
+    print(f"trained {result.n_trees} trees{f' (resumed after {resumed} trees)' if resumed else ''}"
+          f" on {result.metrics['n_aligned']} {rows} in {result.metrics['train_seconds']:.1f} s: "
+          f"{_metrics_summary(result.final_metrics)}; model in {result.run_dir}/")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from flows.config import ConfigError
+
+    data: str | dict[str, str] | None = None
+    if len(args.data) == 1 and "=" not in args.data[0]:
+        data = args.data[0]  # a member's own copy of a shared model takes a bare file
+    elif args.data:
+        pairs = [item.partition("=") for item in args.data]
+        bare = [item for item, (_, sep, _) in zip(args.data, pairs) if not sep]
+        if bare:
+            raise ConfigError(f"--data {bare[0]!r}: expected PARTY=CSV")
+        data = {party: path for party, _, path in pairs}
+    _quiet_task_logs()
+    result = api.predict(args.model_dir, data, out=args.out, mode=args.mode,
+                         batch_size=args.batch_size)
+    done = f"scored {result.n_scored} rows"
+    if result.remote_file is not None:
+        print(f"{done} in {result.seconds:.1f} s ({result.mode} mode): party {result.party} "
+              f"wrote {result.remote_file} in its models folder")
+    elif result.mode == "local":
+        print(f"{done} of member {result.party} in {result.seconds:.1f} s with its copy of the "
+              f"model: {result.scores_file}")
+    else:
+        print(f"{done} in {result.seconds:.1f} s ({result.mode} mode): {result.scores_file}")
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from fedboost.worker import run_workers
+    from flows.config import load_worker_config
+    from messages import MessageError
+    from messages.rabbitmq import holds_password
+    from messages.signing import Sealer
+    from messages.tls import ssl_options_for
+
+    config = load_worker_config(args.config, args.party)
+    update: dict[str, Any] = {}
+    if args.processes is not None:
+        if args.processes < 1:
+            print("fedboost: error: --processes must be at least 1", file=sys.stderr)
+            return EXIT_USER_ERROR
+        update["processes"] = args.processes
+    if args.crypto_processes is not None:
+        if args.crypto_processes < 1:
+            print("fedboost: error: --crypto-processes must be at least 1", file=sys.stderr)
+            return EXIT_USER_ERROR
+        update["crypto_processes"] = args.crypto_processes
+    if args.no_make_ahead:
+        update["make_ahead"] = False
+    if args.models is not None:
+        update["models"] = args.models.resolve()
+    config = config.model_copy(update=update)
+    if holds_password(config.transport.url):
+        warnings.warn(api.broker_password_warning(args.config), api.FedboostWarning)
+    url = config.transport.amqp_url()  # a missing or unreadable password file: say so here
+    for name, path in config.data_files().items():
+        if not path.is_file():
+            print(f"fedboost: error: party {config.party}: data set {name}: data file {path} "
+                  f"not found", file=sys.stderr)
+            return EXIT_USER_ERROR
+    try:  # fail here, not in each process: the party's key must load
+        Sealer.from_folder(config.signing.key_dir, config.party)
+        ssl_options_for(config.party, url, config.transport.tls_options())
+    except MessageError as exc:
+        print(f"fedboost: error: party {config.party}: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return run_workers(config, getattr(logging, args.log_level), args.health_file)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from prefect import serve
+
+    from flows.config import ConfigError, load_config
+    from flows.protocols import TITLES, TRAINING_FLOWS
+
+    parameters: dict[str, dict[str, Any]] = {}
+    for path in args.config:  # deployment parameters are stored in Prefect's database
+        config = api.keep_password_out(load_config(path), path)
+        if config.protocol in parameters:
+            raise ConfigError(f"--config {path}: a second job file of protocol "
+                              f"{config.protocol}; give one per protocol")
+        parameters[config.protocol] = {"config": json.loads(config.model_dump_json())}
+    if args.cron and not parameters:
+        raise ConfigError("--cron: a schedule needs the job it runs (--config JOB)")
+    deployments = [
+        flow.to_deployment(
+            # a schedule runs a deployment's default job: only those given one have it
+            name=args.name, parameters=parameters.get(protocol),
+            cron=args.cron if protocol in parameters else None,
+            tags=["fedboost", protocol],
+            description=f"{TITLES[protocol]} over RabbitMQ: the parameter is a job file's "
+                        f"content (protocol {protocol}, transport.kind rabbitmq); the parties' "
+                        f"workers must be running.")
+        for protocol, flow in TRAINING_FLOWS.items()]
+    serve(*deployments)
+    return 0
+
+
+def _definitions(args: argparse.Namespace) -> int:
+    from fedboost.broker import definitions, password_from
+
+    passwords = {}
+    for item in args.party:
+        name, sep, value = item.partition("=")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}", name) or (sep and not value):
+            print(f"fedboost: error: --party {item!r}: expected NAME or NAME=@FILE",
+                  file=sys.stderr)
+            return EXIT_USER_ERROR
+        passwords[name] = password_from(f"--party {name}", name, value if sep else None)
+    flow = password_from("--flow-password", "flow", args.flow_password)
+    content = json.dumps(definitions(passwords, flow, args.vhost), indent=2) + "\n"
+    args.out.write_text(content)  # salted hashes only, never a password
+    print(f"wrote users, permissions and queues for {', '.join(sorted(passwords))} and flows "
+          f"to {args.out}")
+    return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from messages.signing import write_key_pair
+
+    names = list(dict.fromkeys(args.name))
+    if len(names) > 1 and not args.local_trial:
+        print("fedboost: error: --name given several times: each party makes its own key on its "
+              "own machine ('fedboost keys --name PARTY') and shares only the .pub; "
+              "--local-trial makes them all here, for a trial run by one operator",
+              file=sys.stderr)
+        return EXIT_USER_ERROR
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}", name):
+            print(f"fedboost: error: --name {name!r}: a party name is 1-32 letters, digits, "
+                  f"'_', '-'", file=sys.stderr)
+            return EXIT_USER_ERROR
+    for name in names:
+        made = write_key_pair(args.out, name)
+        print(f"{'wrote' if made else 'kept existing'} {args.out / (name + '.key')} and .pub")
+    if args.local_trial:
+        print("local trial: this folder holds every identity's private key; in a federation each "
+              "party makes its own")
+    else:
+        print(f"keep {names[0]}.key here; send {names[0]}.pub to every party and the flows' "
+              f"runner, and put theirs in {args.out}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    print(f"wrote {api.report(args.run_dir, party=args.party, out=args.out)}")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    found = api.inspect(args.model_dir, args.party)
+    print(json.dumps(found.to_dict(), indent=1) if args.json else found.text())
+    return 0
+
+
+def _centralized(args: argparse.Namespace) -> int:
+    from boosting.train import TreeReport
+
+    def report(r: TreeReport) -> None:
+        print(f"tree {r.tree + 1}/{r.n_trees}: " + ", ".join(f"{k}={v:.4f}"
+                                                           for k, v in r.metrics.items()))
+
+    result = api.centralized(args.config, args.out, on_tree=report)
+    print(f"centralized: {_metrics_summary(result.final_metrics)}; model in {result.run_dir}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

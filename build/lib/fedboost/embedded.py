@@ -1,0 +1,99 @@
+"""Run a protocol flow on the embedded default: worker processes on in-memory queues."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from flows._tasks import DEFAULT_STEP_TIMEOUT, Coordinator, attach, detach
+from crypto.pool import default_processes
+from flows.config import AnyJobConfig
+from messages.signing import FLOW_IDENTITY, federation_sealers
+from messages.transport import MemoryHub
+from fedboost.worker import policy_of
+from workers.policy import PartyPolicy
+from workers.embedded import start_workers, stop_workers
+from workers.runtime import PartySpec
+
+T = TypeVar("T")
+FLOW_ENDPOINT = "flow"
+EMBEDDED_POLICY = PartyPolicy(min_key_bits=1024,
+                              protocols=("vertical_secureboost", "horizontal", "simfl",
+                                         "vertical_random_forest"),
+                              predict_modes=("path", "batched"))
+"""Every party of the embedded default runs on the operator's own machine, so no other
+organisation sees its ciphertexts; 1024-bit keys are allowed there (tests, quick trials) unless
+the job file gives a party a stricter ``policy:``. Workers of a real federation default to
+``workers.policy.MIN_KEY_BITS``. The operator sees every party's data anyway, so both
+prediction modes are answered."""
+
+
+def party_specs(config: AnyJobConfig, out_dir: Path,
+                data: dict[str, Path] | None = None) -> list[PartySpec]:
+    """Each party's local settings; its model part lives in ``out_dir/<party>``."""
+    specs = []
+    for name, party in config.parties.items():
+        path = (data or {}).get(name, party.data)
+        specs.append(PartySpec(name=name, role=party.role, data=str(path or ""),
+                               id_column=party.id,
+                               label=party.label, model_dir=str(out_dir / name),
+                               columns=party.columns,
+                               categorical=getattr(party, "categorical", None),
+                               processes=processes_of(party),
+                               policy=(policy_of(party.policy) if party.policy
+                                       else EMBEDDED_POLICY),
+                               # beside the model parts, never inside one (a part may be shared)
+                               state_dir=str(out_dir / ".fedboost" / name)))
+    return specs
+
+
+def processes_of(party: Any) -> int:
+    """Worker processes of a party: passive parties default to one per core (histogram shards);
+    the active party's one process spreads its crypto over the cores itself; horizontal parties
+    have one."""
+    if getattr(party, "processes", None) is not None:
+        return int(party.processes)
+    return default_processes() if party.role == "passive" else 1
+
+
+def run_embedded(job: str, specs: list[PartySpec], run_flow: Callable[[], T], *,
+                 hub: MemoryHub | None = None, log_level: int = logging.WARNING,
+                 step_timeout: float = DEFAULT_STEP_TIMEOUT, end_to_end: bool = False) -> T:
+    """Start the parties' workers, run the flow against them, and stop them whatever happens."""
+    hub = hub or MemoryHub([s.name for s in specs] + [FLOW_ENDPOINT],
+                           helpers={s.name: s.processes - 1 for s in specs if s.processes > 1})
+    # fresh keys: one machine, one run
+    sealers = federation_sealers([s.name for s in specs], end_to_end=end_to_end)
+    procs, helpers = start_workers(hub, specs, sealers, log_level)
+    attach(Coordinator(job=job, transport=hub.endpoint(FLOW_ENDPOINT),
+                       sealer=sealers[FLOW_IDENTITY], timeout=step_timeout))
+    try:
+        return run_flow()
+    finally:
+        detach(job)
+        for proc in procs:  # a failed flow never sent CLOSE_JOB
+            if proc.is_alive():
+                proc.terminate()
+        stop_workers(procs)
+        for helper in helpers:  # helpers serve until told to stop
+            helper.terminate()
+        stop_workers(helpers)
+
+
+def train_embedded(config: AnyJobConfig, out_dir: Path, *,
+                   hub: MemoryHub | None = None) -> dict[str, Any]:
+    """A whole federated training run on one machine, of the job's protocol."""
+    flow = protocol_flow(config)
+    specs = party_specs(config, out_dir)
+    return run_embedded(config.job, specs, lambda: flow(config), hub=hub,
+                        step_timeout=config.transport.step_timeout,
+                        end_to_end=bool(config.signing and config.signing.end_to_end))
+
+
+def protocol_flow(config: AnyJobConfig) -> Callable[[Any], dict[str, Any]]:
+    """The Prefect flow that trains a job of ``config``'s protocol."""
+    from flows.protocols import TRAINING_FLOWS
+    flow: Callable[[Any], dict[str, Any]] = TRAINING_FLOWS[config.protocol]
+    return flow

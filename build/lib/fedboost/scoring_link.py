@@ -1,0 +1,323 @@
+"""The scoring service's link to the parties: one scoring session, scored in rounds over RabbitMQ.
+
+The service signs as ``flow`` (it needs the flow key, like ``fedboost predict`` over RabbitMQ)
+and opens a scoring session at every party's running worker (``OPEN_SCORING``). A round sends
+``SCORE_ROWS`` with the round's ids to every party at once: each passive party evaluates all its
+nodes on those rows and sends the bit-packed decisions to the active party's worker (round 1),
+which finishes the traversal (round 2) and answers the predictions. The decisions never reach
+this process; the active party's worker, not this process, holds its model part and rows. That
+costs one hop more than doing the active party's part here (about 0.7 ms on loopback, measured
+with a persistent ping-pong), and keeps this process free of data and keys but its own.
+
+One thread owns the broker connection (pika's is not thread-safe). Requests queue here from any
+thread; whenever fewer than ``max_in_flight`` rounds are out, the queued requests, up to
+``max_rows`` rows, become one round: concurrent small requests are micro-batched.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from flows._tasks import Coordinator, PartyError, step_id
+from messages import MessageError, TransportError
+from messages.bodies import ErrorReply, OpenScoring, PartyInfo, RowsFound, Scores, ScoreRows, Step
+from messages.envelope import Envelope, MsgType
+from messages.rabbitmq import RabbitTransport
+
+log = logging.getLogger("fedboost.serving")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPlan:
+    """What a scoring session scores with, and how long a round may take."""
+
+    job: str
+    """The session's own job name (its state at each party)."""
+    model_job: str
+    protocol: str
+    active: str
+    passives: list[str]
+    datasets: dict[str, str]
+    """Each party's data set, by its name in the party's worker file ("": its default)."""
+    max_rows: int
+    timeout: float
+    """Seconds a round may take before the parties that did not answer are named (503)."""
+
+    @property
+    def parties(self) -> list[str]:
+        return [self.active, *self.passives]
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A request's predictions (rows x outputs) and the round that scored it."""
+
+    values: np.ndarray
+    round: int
+    rows_in_round: int
+
+
+class ScoringFailure(Exception):
+    """A request that cannot be scored: an HTTP status, one line, and the unknown ids."""
+
+    def __init__(self, status: int, message: str, unknown: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.unknown = unknown or []
+
+
+Done = Callable[[Scored | ScoringFailure], None]
+"""Called once per request, from the link's thread."""
+
+
+@dataclass(slots=True)
+class _Request:
+    ids: list[str]
+    done: Done
+
+
+@dataclass(slots=True)
+class _Round:
+    number: int
+    requests: list[_Request]
+    ids: list[str]
+    started: float
+    replies: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class LinkStats:
+    """Counters the HTTP layer shows (``/healthz``): written by the link's thread only."""
+
+    requests: int = 0
+    rounds: int = 0
+    rows: int = 0
+    failed: int = 0
+    opened_at: float = 0.0
+
+
+class ScoringLink:
+    """A scoring session at the parties' workers, fed by requests from any thread."""
+
+    def __init__(self, plan: SessionPlan, coordinator: Coordinator, *,
+                 max_in_flight: int = 2) -> None:
+        self.plan = plan
+        self.coordinator = coordinator
+        self.transport: RabbitTransport = coordinator.transport  # type: ignore[assignment]
+        self.max_in_flight = max_in_flight
+        self.stats = LinkStats()
+        self.problem = "the scoring session is not open yet"
+        """Why the service cannot score now ("" when it can)."""
+        self._queue: deque[_Request] = deque()
+        self._in_flight: dict[str, _Round] = {}
+        self._number = 0
+        self._reopen = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # ---- the session ------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open the session at every party (each loads its model part, indexes its rows)."""
+        plan = self.plan
+        parties = ([PartyInfo(plan.active, "active", plan.datasets.get(plan.active, ""))]
+                   + [PartyInfo(p, "passive", plan.datasets.get(p, "")) for p in plan.passives])
+        self.coordinator.begin_session()
+        self.coordinator.call(plan.parties, MsgType.OPEN_SCORING,
+                              OpenScoring(parties=parties, model_job=plan.model_job,
+                                          max_rows=plan.max_rows, protocol=plan.protocol),
+                              step_id(MsgType.OPEN_SCORING))
+        self.problem, self._reopen = "", False
+        self.stats.opened_at = time.time()
+
+    def close_session(self) -> None:
+        """Let every party drop the session (best effort: a party that is gone is logged)."""
+        try:
+            self.coordinator.timeout = min(self.coordinator.timeout, 5.0)
+            self.coordinator.call(self.plan.parties, MsgType.CLOSE_JOB, Step(),
+                                  step_id(MsgType.CLOSE_JOB))
+        except (PartyError, TransportError) as exc:
+            log.warning("could not close scoring session %s: %s", self.plan.job, exc)
+
+    def start(self) -> None:
+        """Score queued requests in a thread of its own until ``stop``."""
+        self._thread = threading.Thread(target=self._serve, name="scoring-link", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Fail what is still queued, close the session at the parties, end the thread."""
+        self._stopping = True
+        self.transport.wake()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, ids: list[str], done: Done) -> None:
+        """Queue a request (any thread); ``done`` gets its scores or its failure."""
+        self._queue.append(_Request(ids, done))
+        self.transport.wake()
+
+    # ---- the link's thread ------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while not self._stopping:
+            self._launch()
+            data = self.transport.receive(timeout=self._wait())
+            if data is not None:
+                self.transport.acknowledge()
+                self._file(data)
+            self._expire()
+        for request in [*self._queue, *(r for x in self._in_flight.values() for r in x.requests)]:
+            self._finish(request, ScoringFailure(503, "the scoring service is shutting down"))
+        self._queue.clear()
+        self.close_session()
+
+    def _wait(self) -> float:
+        if not self._in_flight:
+            return 0.5
+        oldest = min(r.started for r in self._in_flight.values())
+        return max(0.0, min(0.5, oldest + self.plan.timeout - time.monotonic()))
+
+    def _launch(self) -> None:
+        """Turn queued requests into rounds while fewer than ``max_in_flight`` are out."""
+        if self._reopen and self._queue and not self._in_flight:
+            self._try_reopen()
+        while (self._queue and len(self._in_flight) < self.max_in_flight
+               and not self._reopen):
+            requests, ids = [self._queue.popleft()], []
+            ids.extend(requests[0].ids)
+            while self._queue and len(ids) + len(self._queue[0].ids) <= self.plan.max_rows:
+                request = self._queue.popleft()
+                requests.append(request)
+                ids.extend(request.ids)
+            self._send_round(requests, ids)
+
+    def _try_reopen(self) -> None:
+        try:
+            self.open()
+            log.warning("reopened scoring session %s (a worker had restarted)", self.plan.job)
+        except (PartyError, TransportError) as exc:
+            self.problem = str(exc)
+            while self._queue:
+                self._finish(self._queue.popleft(), ScoringFailure(503, str(exc)))
+
+    def _send_round(self, requests: list[_Request], ids: list[str]) -> None:
+        self._number += 1
+        task = f"{self.coordinator.session}/score_rows/r{self._number}"
+        body = ScoreRows(round=self._number, ids=ids, wait_seconds=float(self.plan.timeout))
+        sealer = self.coordinator.sealer
+        try:  # the active party last: it waits for the others' decisions anyway
+            for party in [*self.plan.passives, self.plan.active]:
+                env = Envelope(job=self.plan.job, task=task, sender=self.transport.name,
+                               recipient=party, kind=MsgType.SCORE_ROWS, body=body)
+                self.transport.send(party, sealer.seal(env), persistent=False)
+        except MessageError as exc:
+            for request in requests:
+                self._finish(request, ScoringFailure(503, f"cannot reach the parties: {exc}"))
+            return
+        self._in_flight[task] = _Round(self._number, requests, ids, time.monotonic())
+        self.stats.rounds += 1
+
+    def _file(self, data: bytes) -> None:
+        try:
+            env = self.coordinator.sealer.open(data)
+        except MessageError as exc:
+            log.warning("scoring session %s: dropped a reply: %s", self.plan.job, exc)
+            return
+        round_ = self._in_flight.get(env.task)
+        if (round_ is None or env.job != self.plan.job or env.sender not in self.plan.parties
+                or env.sender in round_.replies):
+            return  # a round already given up, or not ours
+        expected = Scores if env.sender == self.plan.active else RowsFound
+        if isinstance(env.body, ErrorReply):
+            self._fail_round(env.task, ScoringFailure(503, f"party {env.sender}: "
+                                                           f"{env.body.message}"))
+            if env.body.state_lost:
+                self._reopen, self.problem = True, f"party {env.sender} restarted"
+            return
+        if not isinstance(env.body, expected) or env.body.round != round_.number:
+            self._fail_round(env.task, ScoringFailure(
+                502, f"party {env.sender} answered round {round_.number} with "
+                     f"{env.kind.name}"))
+            return
+        round_.replies[env.sender] = env.body
+        if len(round_.replies) == len(self.plan.parties):
+            del self._in_flight[env.task]
+            self._complete(round_)
+
+    def _complete(self, round_: _Round) -> None:
+        scores: Scores = round_.replies[self.plan.active]
+        unknown: dict[int, list[str]] = {}
+        for party, reply in round_.replies.items():
+            for position in reply.unknown:
+                unknown.setdefault(int(position), []).append(party)
+        if unknown:
+            self._sort_out_unknown(round_, unknown)
+            return
+        n = len(round_.ids)
+        if scores.incomplete or len(scores.values) != 8 * n * scores.n_outputs:
+            message = f"party {self.plan.active} answered round {round_.number} incompletely"
+            for request in round_.requests:
+                self._finish(request, ScoringFailure(502, message))
+            return
+        values = np.frombuffer(scores.values, dtype="<f8").reshape(n, scores.n_outputs)
+        start = 0
+        for request in round_.requests:
+            end = start + len(request.ids)
+            self._finish(request, Scored(values[start:end], round_.number, n))
+            start = end
+        self.stats.rows += n
+
+    def _sort_out_unknown(self, round_: _Round, unknown: dict[int, list[str]]) -> None:
+        """Fail the requests with unknown ids (404, naming them); score the others again."""
+        start, again = 0, []
+        for request in round_.requests:
+            mine = {k - start: unknown[k] for k in range(start, start + len(request.ids))
+                    if k in unknown}
+            start += len(request.ids)
+            if not mine:
+                again.append(request)
+                continue
+            names = [request.ids[k] for k in sorted(mine)]
+            where = sorted({p for parties in mine.values() for p in parties})
+            shown = ", ".join(repr(i) for i in names[:20]) + (", ..." if len(names) > 20 else "")
+            self._finish(request, ScoringFailure(
+                404, f"{len(names)} of {len(request.ids)} ids unknown (no row at "
+                     f"{', '.join(where)}): {shown}", names))
+        self._queue.extendleft(reversed(again))
+
+    def _fail_round(self, task: str, failure: ScoringFailure) -> None:
+        round_ = self._in_flight.pop(task)
+        for request in round_.requests:
+            self._finish(request, failure)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for task, round_ in list(self._in_flight.items()):
+            if now - round_.started <= self.plan.timeout:
+                continue
+            silent = [p for p in self.plan.passives if p not in round_.replies]
+            silent = silent or [self.plan.active]
+            self._fail_round(task, ScoringFailure(
+                503, f"party {', '.join(silent)}: no answer to scoring round {round_.number} "
+                     f"within {self.plan.timeout:g} s (is its worker running?)"))
+
+    def _finish(self, request: _Request, outcome: Scored | ScoringFailure) -> None:
+        self.stats.requests += 1
+        if isinstance(outcome, ScoringFailure):
+            self.stats.failed += 1
+        try:
+            request.done(outcome)
+        except Exception:  # a caller's callback must not end the link
+            log.exception("scoring request callback failed")

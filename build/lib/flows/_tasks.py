@@ -1,0 +1,321 @@
+"""Coordinator link and the command/await helper shared by the protocol flows.
+
+Each task sends one command to one or more parties and waits for their small typed replies.
+The link to the transport is attached per job by whoever starts the flow (the CLI for the
+embedded default), because a transport connection is not a flow parameter.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import NO_CACHE
+
+from messages import MessageError, TransportError
+from messages.bodies import Aligned, ErrorReply, Step, TreeFinished
+from flows.config import ConfigError, JobConfig
+from flows.progress import step_progress, tree_done
+from messages.envelope import Envelope, MsgType
+from messages.chunks import FrameSigner
+from messages.rabbitmq import RabbitTransport, holds_password
+from messages.signing import FLOW_IDENTITY, Sealer
+from messages.transport import Transport
+
+log = logging.getLogger("fedboost.flow")
+
+DEFAULT_STEP_TIMEOUT = 3600.0
+"""Seconds a step may take before its party is reported unresponsive."""
+
+
+class PartyError(RuntimeError):
+    """A party answered a step with an error."""
+
+    def __init__(self, reply: ErrorReply) -> None:
+        super().__init__(f"party {reply.party}: step {reply.step}: {reply.message}")
+        self.reply = reply
+
+    @property
+    def user_error(self) -> bool:
+        """True for bad input (data, config) rather than a fault."""
+        return self.reply.user_error
+
+
+class JobStopped(RuntimeError):
+    """The job cannot go on, for a reason its one-line message says (e.g. too few parties
+    left): the command line prints that line, not a traceback."""
+
+
+class StepTimeout(TransportError):
+    """Parties did not answer a step in time (``missing``: which)."""
+
+    def __init__(self, message: str, missing: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.missing = list(missing or [])
+
+
+def _new_session() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@dataclass(slots=True)
+class Coordinator:
+    """The flow's endpoint for one job."""
+
+    job: str
+    transport: Transport
+    sealer: Sealer
+    """Signs the flow's commands (as ``flow``) and verifies the parties' replies."""
+    timeout: float = DEFAULT_STEP_TIMEOUT
+    session: str = field(default_factory=_new_session)
+    """Prefix of every task id: parties drop messages of a session that is over (a killed
+    flow, a step abandoned by a recovery), and refuse a task id they already answered."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held while the transport is used (calls of concurrent tasks share it)."""
+    in_flight: dict[str, list[Envelope]] = field(default_factory=dict)
+    """Calls waiting for replies, by task id, with replies other calls received for them."""
+    step_seconds: dict[str, float] = field(default_factory=dict)
+    """Wall seconds spent in each kind of step (send to last reply), summed over the run's
+    calls (calls running at once, as the forest's trees, each count their own)."""
+    lost: ErrorReply | None = None
+    """A party's answer that it lost this session's state (``abandon``); None while it holds."""
+
+    def begin_session(self) -> None:
+        """Start a new session: the parties will open the job afresh (or from checkpoints)."""
+        self.session = _new_session()
+        self.lost = None
+
+    def abandon(self, lost: ErrorReply) -> None:
+        """A party lost this session's state: the calls still waiting (the forest's other
+        trees) fail with its error within a second, instead of waiting out the step timeout
+        for input that party will never send. The next session clears it."""
+        self.lost = lost
+
+    def call(self, parties: list[str], kind: MsgType, body: Any, step: str) -> dict[str, Any]:
+        """Send a command to every party and return each party's reply body.
+
+        Thread-safe: tasks running at once (the forest's trees) share the job's connection;
+        whichever call receives a reply to another call in flight files it for that one."""
+        if self.lost is not None:  # nothing more is sent in a session a party lost
+            raise PartyError(self.lost)
+        task = f"{self.session}/{step}"
+        started = time.perf_counter()
+        step_progress(self.job, kind, 0, len(parties))
+        with self.lock:
+            self.in_flight[task] = []
+            for party in parties:
+                env = Envelope(job=self.job, task=task, sender=self.transport.name,
+                               recipient=party, kind=kind, body=body)
+                self.transport.send(party, self.sealer.seal(env))
+        replies: dict[str, Any] = {}
+        deadline = time.monotonic() + self.timeout
+        try:
+            while len(replies) < len(parties):
+                if self.lost is not None:
+                    raise PartyError(self.lost)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(set(parties) - set(replies))
+                    raise StepTimeout(f"party {', '.join(missing)}: no answer to step {step} "
+                                      f"within {self.timeout:.0f} s (transport.step_timeout)",
+                                      missing)
+                failed = False
+                for env in self._next_replies(task, left):
+                    if env.job != self.job or env.sender not in parties:
+                        log.warning("flow %s: dropped stale reply %s from %s", self.job,
+                                    env.task, env.sender)
+                        continue
+                    replies[env.sender] = env.body
+                    failed = failed or isinstance(env.body, ErrorReply)
+                if failed:
+                    break  # fail fast: the others may be waiting for the failed party's data
+                step_progress(self.job, kind, len(replies), len(parties))
+        finally:
+            name = kind.name.lower()
+            with self.lock:
+                self.in_flight.pop(task, None)
+                self.step_seconds[name] = (self.step_seconds.get(name, 0.0)
+                                           + time.perf_counter() - started)
+        errors = [r for r in replies.values() if isinstance(r, ErrorReply)]
+        if errors:
+            raise PartyError(sorted(errors, key=lambda e: not e.user_error)[0])
+        return replies
+
+    def _next_replies(self, task: str, left: float) -> list[Envelope]:
+        """Replies to ``task`` filed by other calls, or the next message received (filed for
+        its own call if that is another one in flight)."""
+        with self.lock:
+            filed = self.in_flight.get(task)
+            if filed:
+                self.in_flight[task] = []
+                return filed
+            alone = len(self.in_flight) == 1
+            # alone: wait long on the transport; else briefly, so the other calls get the lock
+            data = self.transport.receive(timeout=min(left, 1.0 if alone else 0.05))
+            if data is None:
+                return []
+            self.transport.acknowledge()  # a reply needs no redelivery: the step is re-sent
+            try:
+                env = self.sealer.open(data)
+            except MessageError as exc:
+                log.warning("flow %s: dropped reply: %s", self.job, exc)
+                return []
+            if env.task == task:
+                return [env]
+            if env.task in self.in_flight:
+                self.in_flight[env.task].append(env)
+            else:
+                log.warning("flow %s: dropped stale reply %s from %s", self.job, env.task,
+                            env.sender)
+            return []
+
+
+_LINKS: dict[str, Coordinator] = {}
+
+
+def attach(coordinator: Coordinator) -> None:
+    """Make a job's coordinator available to its flow's tasks."""
+    _LINKS[coordinator.job] = coordinator
+
+
+def detach(job: str) -> None:
+    """Forget a job's coordinator."""
+    _LINKS.pop(job, None)
+
+
+@contextmanager
+def connected(config: JobConfig) -> Iterator[Coordinator]:
+    """The job's coordinator: the one attached by the caller (the embedded default starts
+    its workers and attaches), or a new connection to the broker for the flow run's lifetime
+    (deployments, ``fedboost train`` with ``transport.kind: rabbitmq``)."""
+    job, transport = config.job, config.transport
+    if job in _LINKS:
+        yield _LINKS[job]
+        return
+    if transport.kind != "rabbitmq":
+        raise TransportError(f"job {job!r}: transport {transport.kind!r} has no running workers "
+                             f"to reach; run it with 'fedboost train', or use rabbitmq")
+    if holds_password(transport.url):
+        log.warning("flow %s: transport.url holds the broker password, and Prefect stores it "
+                    "with this run's parameters: give it through FEDBOOST_AMQP_URL or "
+                    "transport.password_file", job)
+    coordinator = broker_coordinator(config, job, transport.step_timeout)
+    endpoint: Any = coordinator.transport
+    attach(coordinator)
+    try:
+        yield coordinator
+    finally:
+        detach(job)
+        endpoint.delete_inbox()
+        endpoint.close()
+
+
+def broker_coordinator(config: Any, job: str, timeout: float) -> Coordinator:
+    """A flow endpoint of its own on the job's broker (reply queue ``flow.<job>.<id>``), signing
+    with the flow key of ``config.signing``; the caller deletes its queue and closes it."""
+    if config.signing is None:
+        raise ConfigError(f"job {job!r}: signing.key_dir is required over RabbitMQ")
+    try:
+        sealer = Sealer.from_folder(config.signing.key_dir, FLOW_IDENTITY,
+                                    end_to_end=config.signing.end_to_end)
+    except MessageError as exc:
+        raise ConfigError(f"job {job!r}: {exc}") from None
+    transport = config.transport
+    endpoint = RabbitTransport(f"flow.{job}.{uuid.uuid4().hex[:8]}", transport.amqp_url(),
+                               party=False, chunk_bytes=transport.chunk_bytes,
+                               frames=FrameSigner(sealer),
+                               partial_seconds=transport.partial_seconds,
+                               tls=transport.tls_options())
+    return Coordinator(job=job, transport=endpoint, sealer=sealer, timeout=timeout)
+
+
+MAX_RECOVERIES = 3
+"""Times one flow run resumes from checkpoints after a party lost its state (restarted)."""
+
+T = TypeVar("T")
+
+
+def train_with_recoveries(config: Any, train: Callable[[Any, Any], T]) -> T:
+    """Run a protocol's training body ``train(config, progress)`` on the job's connection;
+    when a party lost its state (its worker restarted), run it again: the parties resume from
+    the checkpoints they all hold."""
+    with connected(config):
+        logger = get_run_logger()
+        progress = create_progress_artifact(0.0, description=f"{config.job}: trees done (%)")
+        for attempt in range(MAX_RECOVERIES + 1):
+            try:
+                return train(config, progress)
+            except PartyError as exc:
+                if not exc.reply.state_lost or attempt == MAX_RECOVERIES:
+                    raise
+                logger.warning("%s; resuming from the parties' checkpoints", exc)
+        raise AssertionError("unreachable")
+
+
+def record_tree(job: str, progress: Any, done: int, total: int, seconds: float,
+                metrics: dict[str, Any]) -> None:
+    """A tree is done: move the run's progress artifact and tell the job's progress listener
+    (the command line's progress bar)."""
+    update_progress_artifact(progress, 100.0 * done / total)
+    tree_done(job, done, total, seconds, metrics)
+
+
+def link(job: str) -> Coordinator:
+    """The coordinator of a running job."""
+    try:
+        return _LINKS[job]
+    except KeyError:
+        raise TransportError(f"job {job!r} has no transport attached") from None
+
+
+def step_id(kind: MsgType, tree: int = -1, depth: int = -1) -> str:
+    """Deterministic task id of a step: (kind, tree, depth)."""
+    return f"{kind.name.lower()}/t{tree}/d{depth}"
+
+
+# ---- tasks shared by the training and prediction flows -------------------------------------
+
+@task(name="align_entities", task_run_name="align-entities", cache_policy=NO_CACHE)
+def align_entities(job: str, active: str, passives: list[str]) -> Aligned:
+    """SecureBoost section 3: DH-PSI between the active party and every passive party."""
+    coord = link(job)
+    coord.call([active, *passives], MsgType.PSI_BLIND, Step(), step_id(MsgType.PSI_BLIND))
+    coord.call(passives, MsgType.PSI_REBLIND, Step(), step_id(MsgType.PSI_REBLIND))
+    reply: Aligned = coord.call([active], MsgType.PSI_INTERSECT, Step(),
+                                step_id(MsgType.PSI_INTERSECT))[active]
+    return reply
+
+
+@task(name="close_job", task_run_name="close-job", cache_policy=NO_CACHE)
+def close_job(job: str, parties: list[str]) -> None:
+    """Let every party release the job's state."""
+    link(job).call(parties, MsgType.CLOSE_JOB, Step(), step_id(MsgType.CLOSE_JOB))
+
+
+def combine_member_metrics(replies: dict[str, TreeFinished]) -> dict[str, Any]:
+    """Training metrics over all members' rows: logloss and RMSE exactly (they add up over
+    rows); AUC as the row-weighted mean of the members' own AUCs."""
+    # in name order: the sums do not depend on the order the replies arrived in
+    per_member = {m: {x.name: x.value for x in replies[m].metrics} for m in sorted(replies)}
+    total = sum(v.get("rows", 0.0) for v in per_member.values())
+    combined: dict[str, Any] = {}
+    if total > 0:
+        # what every member reports (the builder's own extras stay under "members")
+        names = set.intersection(*(set(v) for v in per_member.values())) - {"rows"}
+        for name in sorted(names):
+            if name.endswith("_rmse"):
+                combined[name] = math.sqrt(sum(v["rows"] * v[name] ** 2
+                                               for v in per_member.values()) / total)
+            else:
+                combined[name] = sum(v["rows"] * v[name] for v in per_member.values()) / total
+    combined["members"] = per_member
+    return combined

@@ -1,0 +1,209 @@
+"""The vertical random forest as a Prefect flow (seed 002, Alg. 1-4).
+
+Align entities, then the active party encrypts its labels once and every party bins its
+features; then the trees, independent of each other, grow as tasks running side by side, each
+level in three steps: build encrypted histograms -> find splits -> apply splits. A tree whose
+step fails (a party's process died, a step timed out) is grown again, up to
+``params.tree_retries`` times, then dropped; the forest is saved with the trees it has when at
+least ``params.min_trees`` finished. A party that lost its state (its worker restarted) makes
+the flow open the job again: every party keeps each finished tree on disk, so only the
+unfinished ones grow again (also for ``fedboost resume`` and Retry in the UI).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import FIRST_COMPLETED, wait
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from flows import run_charts
+from flows._tasks import (JobStopped, PartyError, StepTimeout, align_entities, close_job, link,
+                          record_tree, train_with_recoveries)
+from flows.config import ForestJobConfig
+from flows.secureboost import evaluate_validation
+from messages.bodies import Ack, PartyInfo, SplitsFound
+from messages.envelope import MsgType
+from messages.forest import MAX_TREES, ForestOpened, ForestSpec, OpenForest, TreeCommand
+
+
+def forest_spec(config: ForestJobConfig) -> ForestSpec:
+    """What every party is told about the job (no paths, no data)."""
+    p = config.params
+    return ForestSpec(
+        parties=[PartyInfo(name, party.role, party.dataset or "")
+                 for name, party in config.parties.items()],
+        n_trees=p.n_trees, max_depth=p.max_depth, max_features=str(p.max_features),
+        min_samples_leaf=p.min_samples_leaf, max_bin=p.max_bin, objective=p.objective,
+        bootstrap=p.bootstrap, seed=p.seed, min_trees=p.min_trees or p.n_trees,
+        complete_secure=p.complete_secure, key_bits=config.crypto.key_bits,
+        valid_fraction=config.validation.fraction, valid_seed=config.validation.seed,
+        label=config.parties[config.active].label or "")
+
+
+def _step(kind: MsgType, work: int = -1, depth: int = -1) -> str:
+    return f"{kind.name.lower()}/w{work}/d{depth}"
+
+
+@task(name="open_forest", task_run_name="open-job", cache_policy=NO_CACHE)
+def open_forest(job: str, parties: list[str], spec: ForestSpec) -> dict[str, list[int]]:
+    """Every party loads its data (the active party makes a key pair) and reports the trees it
+    kept from an earlier run of this job; a new session makes older messages stale."""
+    coord = link(job)
+    coord.begin_session()
+    replies = coord.call(parties, MsgType.F_OPEN_JOB, OpenForest(spec),
+                         _step(MsgType.F_OPEN_JOB))
+    opened: dict[str, ForestOpened] = replies
+    return {party: list(reply.trees) for party, reply in opened.items()}
+
+
+@task(name="prepare", task_run_name="encrypt-labels-and-bin", cache_policy=NO_CACHE)
+def prepare(job: str, parties: list[str], keep: list[int]) -> int:
+    """The active party encrypts its labels once and sends them; every party bins its features
+    and loads the trees kept; returns the federation's feature count."""
+    replies = link(job).call(parties, MsgType.F_PREPARE, TreeCommand(keep=keep),
+                             _step(MsgType.F_PREPARE))
+    return int(replies[parties[0]].count)
+
+
+@task(name="grow_tree", task_run_name="grow-tree-{tree}", cache_policy=NO_CACHE)
+def grow_tree(job: str, active: str, passives: list[str], tree: int, max_depth: int,
+              retries: int) -> float | None:
+    """Grow one tree, again after a failure (a fresh attempt), up to ``retries`` times;
+    returns its seconds, or None when it is dropped. A party that lost its state fails the
+    task: the flow opens the job again."""
+    logger = get_run_logger()
+    for attempt in range(retries + 1):
+        started = time.perf_counter()
+        work = attempt * MAX_TREES + tree
+        try:
+            _grow(link(job), active, passives, work, max_depth)
+            return time.perf_counter() - started
+        except PartyError as exc:
+            if exc.reply.state_lost or exc.user_error:
+                raise
+            logger.warning("tree %d, attempt %d failed: %s", tree, attempt + 1, exc)
+        except StepTimeout as exc:
+            logger.warning("tree %d, attempt %d failed: %s", tree, attempt + 1, exc)
+    logger.warning("tree %d dropped after %d attempts", tree, retries + 1)
+    return None
+
+
+def _grow(coord: Any, active: str, passives: list[str], work: int, max_depth: int) -> None:
+    """One attempt: per level, histograms -> splits -> owners apply; then the leaves."""
+    everyone = [active, *passives]
+    for depth in range(max_depth):
+        opened: dict[str, Ack] = coord.call(everyone, MsgType.F_LEVEL,
+                                            TreeCommand(work, depth),
+                                            _step(MsgType.F_LEVEL, work, depth))
+        if opened[active].count == 0:
+            break
+        found: SplitsFound = coord.call([active], MsgType.F_FIND_SPLITS,
+                                        TreeCommand(work, depth),
+                                        _step(MsgType.F_FIND_SPLITS, work, depth))[active]
+        if found.owners:
+            coord.call(found.owners, MsgType.F_APPLY_SPLITS, TreeCommand(work, depth),
+                       _step(MsgType.F_APPLY_SPLITS, work, depth))
+        if found.n_splits == 0:
+            break
+    coord.call(everyone, MsgType.F_FINISH_TREE, TreeCommand(work),
+               _step(MsgType.F_FINISH_TREE, work))
+
+
+@task(name="save_forest", task_run_name="save-models", cache_policy=NO_CACHE)
+def save_forest(job: str, parties: list[str], trees: list[int]) -> None:
+    """Each party writes its part of the forest of ``trees``."""
+    link(job).call(parties, MsgType.F_SAVE_MODEL, TreeCommand(keep=trees),
+                   _step(MsgType.F_SAVE_MODEL))
+
+
+@flow(name="vertical_random_forest", flow_run_name="{config.job}",
+      task_runner=ThreadPoolTaskRunner(max_workers=64))
+def vertical_random_forest(config: ForestJobConfig) -> dict[str, Any]:
+    """Train a random forest between one active and several passive parties (seed 002).
+
+    ``config`` is the job file's content (a deployment's parameter); over RabbitMQ the flow
+    connects to the running party workers itself.
+    """
+    return train_with_recoveries(config, _train)
+
+
+def _train(config: ForestJobConfig, progress: Any) -> dict[str, Any]:
+    logger = get_run_logger()
+    job, active, passives = config.job, config.active, config.passives
+    params, parties = config.params, [config.active, *config.passives]
+    started = time.perf_counter()
+    held = open_forest(job, parties, forest_spec(config))
+    keep = sorted(set.intersection(*(set(t) for t in held.values())) & set(range(params.n_trees)))
+    if keep:
+        logger.info("%d trees finished by an earlier run are kept", len(keep))
+    aligned = align_entities(job, active, passives)
+    logger.info("aligned %d rows (%d train, %d validation)", aligned.n_aligned, aligned.n_train,
+                aligned.n_valid)
+    n_features = prepare(job, parties, keep)
+    logger.info("labels encrypted once; %d features in the federation", n_features)
+    seconds: dict[int, float | None] = {}
+    todo = [t for t in range(params.n_trees) if t not in keep]
+    running: dict[Any, int] = {}
+    lost: PartyError | None = None
+    growing = time.perf_counter()
+    while (todo or running) and lost is None:
+        while todo and len(running) < params.parallel_trees:
+            tree = todo.pop(0)
+            running[grow_tree.submit(job, active, passives, tree, params.max_depth,
+                                     params.tree_retries)] = tree
+        # Prefect's thread futures wrap concurrent ones: wait for the first tree to end
+        ended, _ = wait([f.wrapped_future for f in running], return_when=FIRST_COMPLETED)
+        for future in [f for f in running if f.wrapped_future in ended]:
+            tree = running.pop(future)
+            try:
+                seconds[tree] = future.result()
+            except PartyError as exc:
+                if not exc.reply.state_lost:
+                    raise
+                lost = exc  # the job is opened again (train_with_recoveries)
+                link(job).abandon(exc.reply)  # the other trees stop waiting for that party
+        finished = len(keep) + sum(1 for s in seconds.values() if s is not None)
+        grown = sum(1 for s in seconds.values() if s is not None)
+        # trees grow side by side: seconds per tree is the wall time per finished tree
+        record_tree(job, progress, finished, params.n_trees,
+                    (time.perf_counter() - growing) / max(1, grown), {})
+        logger.info("trees: %d of %d done, %d dropped", finished, params.n_trees,
+                    sum(1 for s in seconds.values() if s is None))
+    if running:  # the rest fail the same way, or finish (and are kept)
+        wait([f.wrapped_future for f in running])
+    if lost is not None:
+        raise lost
+    trees = sorted(keep + [t for t, s in seconds.items() if s is not None])
+    dropped = sorted(t for t, s in seconds.items() if s is None)
+    least = params.min_trees or params.n_trees
+    if len(trees) < least:
+        raise JobStopped(f"job {job}: only {len(trees)} of {params.n_trees} trees finished "
+                         f"({len(dropped)} dropped after {params.tree_retries + 1} attempts "
+                         f"each); params.min_trees is {least}")
+    result: dict[str, Any] = {"n_aligned": aligned.n_aligned, "n_train": aligned.n_train,
+                              "n_valid": aligned.n_valid, "n_trees": len(trees),
+                              "trees_dropped": dropped, "dropped": len(dropped),
+                              "resumed_after": len(keep), "trees_trained": len(seconds)}
+    save_forest(job, parties, trees)  # the validation below scores these trees
+    if aligned.n_valid:
+        result.update(evaluate_validation(job, active, passives, aligned.n_valid)[0])
+    close_job(job, parties)
+    tree_seconds = [seconds.get(t) for t in range(params.n_trees)]
+    result.update(train_seconds=time.perf_counter() - started, tree_seconds=tree_seconds,
+                  key_bits=config.crypto.key_bits,
+                  history=[{"kept": float(t in trees)} for t in range(params.n_trees)],
+                  step_seconds=dict(link(job).step_seconds))
+    create_table_artifact(
+        [{"tree": t + 1, "seconds": None if s is None else round(s, 3),
+          "state": "kept" if t in keep else ("dropped" if t in dropped else "grown")}
+         for t, s in enumerate(tree_seconds)],
+        description=f"{job}: trees of the forest; "
+                    + ", ".join(f"{k}={v:.4f}" for k, v in result.items()
+                                if k.startswith("valid_") and isinstance(v, float)))
+    run_charts.publish(job, result)
+    return result

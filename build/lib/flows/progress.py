@@ -1,0 +1,95 @@
+"""A training run's progress as its flow reports it, for whoever started the flow to show.
+
+The flow runs in the process that started it (the embedded default, or ``fedboost train``
+over RabbitMQ); a listener registered there for the job (the command line's progress bar)
+hears every event. A flow run of a deployment has no listener: the Prefect UI shows its
+progress artifact instead. Events carry counts, seconds and training metrics, never data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from messages.envelope import MsgType
+
+STAGE_OF_STEP: dict[MsgType, str] = {
+    **dict.fromkeys([MsgType.OPEN_JOB, MsgType.H_OPEN_JOB, MsgType.S_OPEN_JOB,
+                     MsgType.F_OPEN_JOB], "opening"),
+    MsgType.RESUME_JOB: "resuming",
+    **dict.fromkeys([MsgType.PSI_BLIND, MsgType.PSI_REBLIND, MsgType.PSI_INTERSECT], "PSI"),
+    **dict.fromkeys([MsgType.BIN_FEATURES, MsgType.H_SUMMARIZE, MsgType.H_MERGE_BINS,
+                     MsgType.H_APPLY_BINS, MsgType.F_PREPARE], "binning"),
+    **dict.fromkeys([MsgType.S_MEMBER_KEY, MsgType.S_HASH_ROWS, MsgType.S_MATCH_ROWS,
+                     MsgType.S_STORE_SIMILAR], "LSH"),
+    **dict.fromkeys([MsgType.TRAVERSE_LEVEL, MsgType.EVALUATE_VALIDATION], "validation"),
+    **dict.fromkeys([MsgType.SAVE_MODEL, MsgType.F_SAVE_MODEL, MsgType.CLOSE_JOB], "saving"),
+}
+"""Protocol steps outside the per-tree loop, by the stage they belong to; all others grow
+trees."""
+TREES = "trees"
+
+
+@dataclass(frozen=True, slots=True)
+class StepProgress:
+    """A protocol step is under way: ``answered`` of ``parties`` have replied."""
+
+    stage: str
+    step: str
+    answered: int
+    parties: int
+
+
+@dataclass(frozen=True, slots=True)
+class TreeProgress:
+    """A tree is done: ``done`` of ``total`` (trees of an earlier run included)."""
+
+    done: int
+    total: int
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+ProgressEvent = StepProgress | TreeProgress
+Listener = Callable[[ProgressEvent], None]
+
+_LISTENERS: dict[str | None, Listener] = {}
+
+
+@contextmanager
+def listening(job: str | None, listener: Listener) -> Iterator[None]:
+    """Let ``listener`` hear the progress of ``job``'s flow (``None``: of any job in this
+    process, as the command line runs one) while the block runs."""
+    _LISTENERS[job] = listener
+    try:
+        yield
+    finally:
+        _LISTENERS.pop(job, None)
+
+
+def _listener(job: str) -> Listener | None:
+    return _LISTENERS.get(job) or _LISTENERS.get(None)
+
+
+def report(job: str, event: ProgressEvent) -> None:
+    """Tell the job's listener, if any, about ``event``."""
+    listener = _listener(job)
+    if listener is not None:
+        listener(event)
+
+
+def step_progress(job: str, kind: MsgType, answered: int, parties: int) -> None:
+    """Report a step's replies so far (stage from :data:`STAGE_OF_STEP`)."""
+    if _listener(job) is not None:
+        report(job, StepProgress(STAGE_OF_STEP.get(kind, TREES), kind.name.lower(), answered,
+                                 parties))
+
+
+def tree_done(job: str, done: int, total: int, seconds: float,
+              metrics: dict[str, object]) -> None:
+    """Report a finished tree with its training metrics (numbers only)."""
+    if _listener(job) is not None:
+        numbers = {k: float(v) for k, v in metrics.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        report(job, TreeProgress(done, total, seconds, numbers))

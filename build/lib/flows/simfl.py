@@ -1,0 +1,181 @@
+"""SimFL as a Prefect flow (Practical Federated GBDT, seed 000): preprocess once, then per tree
+aggregate similar gradients -> grow -> share.
+
+Preprocessing (Algorithm 1): every member hashes its rows with the job's p-stable LSH functions
+and the aggregator tells each member, per row, the most similar row of every other member; a
+federation whose members, data and LSH parameters are unchanged reuses it. Training
+(Algorithm 2): members take turns growing trees; for each tree the other members send the
+builder the summed gradients of their rows similar to each of its rows, the builder grows the
+tree on its own rows with those weighted gradients and shares it with everyone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from flows import run_charts
+from flows._tasks import (close_job, combine_member_metrics, link, record_tree, step_id,
+                          train_with_recoveries)
+from flows.config import SimflJobConfig
+from messages.bodies import Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished
+from messages.envelope import MsgType
+from messages.simfl import OpenSimfl, Prepare, SimflSpec
+
+
+def simfl_spec(config: SimflJobConfig) -> SimflSpec:
+    """What every party is told about the job (no paths, no data)."""
+    p = config.params
+    return SimflSpec(
+        parties=[PartyInfo(name, party.role, party.dataset or "")
+                 for name, party in config.parties.items()],
+        n_trees=p.n_trees, max_depth=p.max_depth, learning_rate=p.learning_rate,
+        max_bin=p.max_bin, objective=p.objective, reg_lambda=p.reg_lambda, gamma=p.gamma,
+        min_child_weight=p.min_child_weight, min_samples_leaf=p.min_samples_leaf,
+        subsample=p.subsample, seed=p.seed, lsh_functions=p.lsh.functions or 0,
+        lsh_r=p.lsh.r, lsh_seed=p.lsh.seed)
+
+
+@task(name="open_job", task_run_name="open-job", cache_policy=NO_CACHE)
+def open_job(job: str, parties: list[str], spec: SimflSpec) -> dict[str, Any]:
+    """Members load their data sets and bin them; every member reports its checkpoints."""
+    coord = link(job)
+    coord.begin_session()
+    return coord.call(parties, MsgType.S_OPEN_JOB, OpenSimfl(spec), step_id(MsgType.S_OPEN_JOB))
+
+
+@task(name="resume_job", task_run_name="resume-after-{trees_done}-trees", cache_policy=NO_CACHE)
+def resume_job(job: str, members: list[str], trees_done: int,
+               shared: Checkpoint) -> dict[str, Any]:
+    return link(job).call(members, MsgType.RESUME_JOB, ResumeJob(shared),
+                          step_id(MsgType.RESUME_JOB, trees_done))
+
+
+@task(name="preprocess", task_run_name="preprocess", cache_policy=NO_CACHE)
+def preprocess(job: str, aggregator: str, members: list[str]) -> dict[str, Any]:
+    """Algorithm 1: LSH values to the aggregator, most similar rows back; reused when every
+    member still holds this federation's (same members, data and LSH parameters)."""
+    coord = link(job)
+    started = time.perf_counter()
+    keys = coord.call(members, MsgType.S_MEMBER_KEY, Step(), step_id(MsgType.S_MEMBER_KEY))
+    key = hashlib.sha256("".join(sorted(k.key for k in keys.values())).encode()).hexdigest()
+    sent = coord.call(members, MsgType.S_HASH_ROWS, Prepare(key, False),
+                      step_id(MsgType.S_HASH_ROWS))
+    reused = all(reply.count == -1 for reply in sent.values())
+    if not reused:
+        if any(reply.count == -1 for reply in sent.values()):  # some lost theirs: all again
+            sent = coord.call(members, MsgType.S_HASH_ROWS, Prepare(key, True),
+                              step_id(MsgType.S_HASH_ROWS, 1))
+        coord.call([aggregator], MsgType.S_MATCH_ROWS, Step(), step_id(MsgType.S_MATCH_ROWS))
+        got = coord.call(members, MsgType.S_STORE_SIMILAR, Step(),
+                         step_id(MsgType.S_STORE_SIMILAR))
+    return {"reused": reused, "seconds": time.perf_counter() - started,
+            "bytes": {m: 0 if reused else sent[m].count + got[m].count for m in members}}
+
+
+@task(name="aggregate_similar_gradients", task_run_name="similar-gradients-t{tree}",
+      cache_policy=NO_CACHE)
+def aggregate_similar_gradients(job: str, others: list[str], builder: str, tree: int) -> None:
+    """Algorithm 2, l.1-8: the other members send the builder their similar rows' gradients."""
+    link(job).call(others, MsgType.S_SEND_GRADIENTS, Step(tree, -1, [builder]),
+                   step_id(MsgType.S_SEND_GRADIENTS, tree))
+
+
+@task(name="grow", task_run_name="grow-t{tree}-at-{builder}", cache_policy=NO_CACHE)
+def grow(job: str, builder: str, tree: int) -> TreeFinished:
+    """Algorithm 2, l.9-21: the builder grows the tree on weighted gradients."""
+    reply: TreeFinished = link(job).call([builder], MsgType.S_BUILD_TREE, Step(tree, -1, [builder]),
+                                         step_id(MsgType.S_BUILD_TREE, tree))[builder]
+    return reply
+
+
+@task(name="share", task_run_name="share-t{tree}", cache_policy=NO_CACHE)
+def share(job: str, others: list[str], builder: str, tree: int) -> dict[str, TreeFinished]:
+    """Every other member applies the builder's tree to its rows."""
+    return link(job).call(others, MsgType.S_RECEIVE_TREE, Step(tree, -1, [builder]),
+                          step_id(MsgType.S_RECEIVE_TREE, tree))
+
+
+@task(name="save_models", task_run_name="save-models", cache_policy=NO_CACHE)
+def save_models(job: str, members: list[str]) -> None:
+    link(job).call(members, MsgType.SAVE_MODEL, Step(), step_id(MsgType.SAVE_MODEL))
+
+
+@flow(name="simfl", flow_run_name="{config.job}")
+def simfl(config: SimflJobConfig) -> dict[str, Any]:
+    """Train SimFL between members holding different rows of the same columns.
+
+    ``config`` is the job file's content (a deployment's parameter). Running the same job
+    again continues after the last tree every member checkpointed.
+    """
+    return train_with_recoveries(config, _train)
+
+
+def _train(config: SimflJobConfig, progress: Any) -> dict[str, Any]:
+    logger = get_run_logger()
+    job, aggregator, members = config.job, config.aggregator, config.members
+    started = time.perf_counter()
+    opened = open_job(job, [aggregator, *members], simfl_spec(config))
+    rows = sum(reply.rows for reply in opened.values())
+    shared = set.intersection(*(set(opened[m].checkpoints) for m in members))
+    history: list[dict[str, Any]] = []
+    prep: dict[str, Any] = {"reused": True, "seconds": 0.0, "bytes": {m: 0 for m in members}}
+    done = 0
+    if shared:
+        newest = max(shared, key=lambda c: c.trees_done)
+        resumed = resume_job(job, members, newest.trees_done, newest)
+        done = newest.trees_done
+        history = [combine_member_metrics({m: resumed[m].history[k] for m in members})
+                   for k in range(done)]
+        logger.info("resumed after %d trees from every member's checkpoint", done)
+    else:
+        prep = preprocess(job, aggregator, members)
+        logger.info("preprocessing %s in %.2f s", "reused" if prep["reused"] else "done",
+                    prep["seconds"])
+    tree_seconds: list[float | None] = [None] * done
+    for tree in range(done, config.params.n_trees):
+        tree_start = time.perf_counter()
+        builder = members[tree % len(members)]
+        others = [m for m in members if m != builder]
+        aggregate_similar_gradients(job, others, builder, tree)
+        built = grow(job, builder, tree)
+        replies = {builder: built, **share(job, others, builder, tree)}
+        metrics = combine_member_metrics(replies)
+        metrics["builder"] = builder
+        history.append(metrics)
+        tree_seconds.append(time.perf_counter() - tree_start)
+        record_tree(job, progress, tree + 1, config.params.n_trees, tree_seconds[-1], metrics)
+        shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()
+                          if k.startswith("train_") and isinstance(v, float))
+        logger.info("tree %d/%d (%s) done in %.2f s: %s", tree + 1, config.params.n_trees,
+                    builder, tree_seconds[-1], shown)
+    save_models(job, members)
+    close_job(job, [aggregator, *members])
+    last = history[-1] if history else {}
+    sizes = [m["members"][m["builder"]] for m in history if "builder" in m]
+    per_tree = [s.get("tree_bytes", 0.0) * (len(members) - 1) + s.get("gradient_bytes", 0.0)
+                for s in sizes]
+    result: dict[str, Any] = {
+        "n_aligned": rows, "n_train": rows, "n_valid": 0, "n_trees": config.params.n_trees,
+        **{k: v for k, v in last.items() if k.startswith("train_")},
+        "resumed_after": done, "trees_trained": config.params.n_trees - done,
+        "train_seconds": time.perf_counter() - started, "tree_seconds": tree_seconds,
+        "history": history, "protocol": "simfl", "members": members,
+        "member_metrics": last.get("members", {}),
+        "preprocess_reused": prep["reused"], "preprocess_seconds": prep["seconds"],
+        "preprocess_bytes": prep["bytes"],
+        "tree_bytes": sum(per_tree) / len(per_tree) if per_tree else None,
+        "step_seconds": dict(link(job).step_seconds)}
+    create_table_artifact(
+        [{"tree": k + 1, "builder": m.get("builder"),
+          "seconds": None if sec is None else round(sec, 3),
+          **{key: value for key, value in m.items() if key.startswith("train_")}}
+         for k, (sec, m) in enumerate(zip(tree_seconds, history, strict=True))],
+        description=f"{job}: metrics per tree (row-weighted over members)")
+    run_charts.publish(job, result)
+    return result

@@ -1,0 +1,147 @@
+"""The vertical random forest's messages (seed 002).
+
+Commands come from the flow; peer messages go active -> passive (the encrypted labels once per
+job, each tree's sample and each level's feature requests and splits) and passive -> active
+(feature counts, encrypted per-bin label sums with plaintext counts, the instance spaces of the
+splits it owns, children in random order). Trees travel as ``work`` ids (``attempt * MAX_TREES
++ tree``), so the messages of a retried tree never mix with those of its failed attempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from messages.bodies import NodeSplit, PartyInfo, SplitChoice
+
+MAX_TREES = 100_000
+"""Trees a forest may have; a tree's attempt ``a`` is work ``a * MAX_TREES + tree``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForestSpec:
+    """Everything a party needs to take part in a forest job (no data, no paths)."""
+
+    parties: list[PartyInfo]
+    n_trees: int
+    max_depth: int
+    max_features: str
+    """``sqrt``, ``log2`` or a fraction of the features, as text."""
+    min_samples_leaf: int
+    max_bin: int
+    objective: str
+    bootstrap: bool
+    seed: int
+    min_trees: int
+    complete_secure: bool
+    key_bits: int
+    valid_fraction: float
+    valid_seed: int
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class OpenForest:
+    """Command: load the party's data set and prepare a forest job."""
+
+    spec: ForestSpec
+    protocol: ClassVar[str] = "vertical_random_forest"
+
+    @property
+    def parties(self) -> list[PartyInfo]:
+        """Every party of the job and its role (active or passive)."""
+        return self.spec.parties
+
+
+@dataclass(frozen=True, slots=True)
+class ForestOpened:
+    """Reply of open: rows loaded and the trees this party holds from earlier runs of exactly
+    this job (same spec, same data)."""
+
+    rows: int
+    trees: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class TreeCommand:
+    """Command for one step of work ``work`` (tree and attempt) at ``depth``; ``keep`` lists
+    the trees every party holds (sent with the preparation step)."""
+
+    work: int = -1
+    depth: int = -1
+    keep: list[int] = field(default_factory=list)
+
+
+# ---- peer messages ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class EncryptedLabels:
+    """Active -> passive, once per job: per training row, ``groups`` Paillier ciphertexts of
+    the packed label channels (fixed width), and how they are packed."""
+
+    groups: int
+    value_bits: int
+    max_rows: int
+    ciphertexts: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureCount:
+    """Passive -> active: how many features this party has (what feature draws range over)."""
+
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRequest:
+    """The features (the receiver's own indices) whose histograms one node needs."""
+
+    node: int
+    features: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class LevelRequest:
+    """Active -> passive: the tree's sample (level 0: uint16 multiplicity per training row,
+    LE), the previous level's splits, and this level's histogram requests."""
+
+    tree: int
+    depth: int
+    weights: bytes
+    splits: list[NodeSplit]
+    requests: list[NodeRequest]
+
+
+@dataclass(frozen=True, slots=True)
+class LevelHistograms:
+    """Passive -> active: per label group, the encrypted sums of every requested (node,
+    feature, bin) cell, non-empty cells packed (``crypto.compress``; each sum's count slot is the
+    cell's weighted row count); ``filled`` marks the non-empty cells (bit-packed)."""
+
+    tree: int
+    depth: int
+    filled: bytes
+    per_ciphertext: int
+    ciphertexts: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class ForestSplits:
+    """Active -> owner: the splits of one level this passive party must apply."""
+
+    tree: int
+    depth: int
+    splits: list[SplitChoice]
+
+
+@dataclass(frozen=True, slots=True)
+class ForestApplied:
+    """Owner -> active: per applied split its record id and the rows of its *first* child, a
+    child chosen at random (seed 002: the active party never learns which side holds the lower
+    values)."""
+
+    tree: int
+    depth: int
+    nodes: list[int]
+    records: list[int]
+    first: list[bytes]
+    """Bit-packed masks over each node's sampled rows (ascending row order)."""

@@ -1,0 +1,169 @@
+"""The horizontal protocol's messages (FedTree): members with different rows and the same
+columns, an aggregator that sums their masked histograms and grows the trees.
+
+Commands come from the flow; peer messages go member -> aggregator (summaries, masked vectors,
+gradient ranges) and aggregator -> member (cuts, scale, splits, leaves), and member -> member
+(the public keys of the pairwise masks). No message carries a path, a row or a plain histogram
+of one member.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from messages.bodies import PartyInfo
+
+
+@dataclass(frozen=True, slots=True)
+class HorizontalSpec:
+    """Everything a party needs to take part in a horizontal job (no data, no paths)."""
+
+    parties: list[PartyInfo]
+    n_trees: int
+    max_depth: int
+    learning_rate: float
+    max_bin: int
+    objective: str
+    reg_lambda: float
+    gamma: float
+    min_child_weight: float
+    min_samples_leaf: int
+    subsample: float
+    seed: int
+    min_members: int
+    summary_size: int
+    """Points per feature in a member's quantile summary."""
+    dp_epsilon: float
+    """The job's privacy budget; 0: no differential privacy (lossless)."""
+    dp_clip: float
+    dp_seed: int
+    """Seed of the aggregator's noise (-1: fresh randomness from the OS)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OpenHorizontal:
+    """Command: load the party's data set and prepare a horizontal training job."""
+
+    spec: HorizontalSpec
+    protocol: ClassVar[str] = "horizontal"
+
+    @property
+    def parties(self) -> list[PartyInfo]:
+        """Every party of the job and its role (member or aggregator)."""
+        return self.spec.parties
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """Command for one step of tree ``tree`` at ``depth`` in attempt ``attempt`` (a tree is
+    grown again, under fresh masks, after a member drops out); ``members`` are the members
+    still taking part."""
+
+    tree: int = -1
+    depth: int = -1
+    attempt: int = 0
+    members: list[str] = field(default_factory=list)
+
+
+# ---- peer messages ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class MaskPublicKey:
+    """Member -> member: the sender's X25519 public key of this job session."""
+
+    key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureSummaryBytes:
+    """One feature's quantile summary (``workers.horizontal.summary.SummaryBytes``)."""
+
+    values: bytes
+    weights: bytes
+    exact: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MemberSummaries:
+    """Member -> aggregator: its column names and one quantile summary per column."""
+
+    columns: list[str]
+    features: list[FeatureSummaryBytes]
+
+
+@dataclass(frozen=True, slots=True)
+class MaskedVector:
+    """Member -> aggregator: int64 values under the pairwise masks of one round (uint64 LE)."""
+
+    purpose: str
+    tree: int
+    depth: int
+    attempt: int
+    values: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SharedCuts:
+    """Aggregator -> members: the reference columns, every feature's cuts (float64 LE; none
+    when members' columns differ) and the model's base score."""
+
+    columns: list[str]
+    cuts: list[bytes]
+    base_score: float
+
+
+@dataclass(frozen=True, slots=True)
+class GradientRange:
+    """Member -> aggregator: the peak exponents of its g and h this tree (``max|g| < 2**e``)
+    and its rows in the tree: what a common quantization scale needs."""
+
+    tree: int
+    attempt: int
+    g_exponent: int
+    h_exponent: int
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class GradientScale:
+    """Aggregator -> members: the largest exponents and the rows of all members."""
+
+    tree: int
+    attempt: int
+    g_exponent: int
+    h_exponent: int
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSplit:
+    """One node's split: rows with bin <= ``bin`` of ``feature`` go to ``left``."""
+
+    node: int
+    feature: int
+    bin: int
+    missing_left: bool
+    left: int
+    right: int
+
+
+@dataclass(frozen=True, slots=True)
+class LevelSplits:
+    """Aggregator -> members: the splits of one level, and the children whose histograms the
+    members build next (the smaller of each pair; the aggregator subtracts the other)."""
+
+    tree: int
+    depth: int
+    attempt: int
+    splits: list[NodeSplit]
+    build: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class LeafValues:
+    """Aggregator -> members: the finished tree's leaf values (learning rate applied)."""
+
+    tree: int
+    attempt: int
+    leaves: list[int]
+    values: list[float]

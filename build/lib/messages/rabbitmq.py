@@ -1,0 +1,646 @@
+"""RabbitMQ transport (pika): the same ``Transport`` interface over a broker.
+
+Topology (no exchange of our own: the default exchange routes by queue name, so nobody needs
+the right to create bindings, which would let a party bind another party's traffic):
+
+- ``fedboost.<party>``: the party's inbox (durable, single active consumer). Every process of
+  the party subscribes; the broker lets exactly one consume, so a standby takes over if it dies.
+- ``fedboost.<party>.work``: the party's own work queue (durable, competing consumers): a
+  level's histogram data, one shard per helper process. A shard larger than a chunk waits in
+  its own ``fedboost.<party>.work.<id>`` queue and the work queue carries a ticket naming it:
+  chunks on a shared queue would be dealt to different helpers. Shards are published by a
+  thread of their own (``messages._work_publisher``), so the coordinating process sums meanwhile.
+- ``fedboost.<party>.work.<id>.units``: a claim pool, one token per unit of a level's work
+  (a feature); each of the party's processes takes tokens one at a time, so each unit goes to
+  exactly one process and faster processes take more.
+- ``fedboost.flow.<id>``: a flow run's reply queue (durable, expires a day after last use).
+
+Delivery: messages are persistent and published with confirms, to a queue that must exist
+(``mandatory``), so a send either reached the broker's disk or raises. A received message is
+acknowledged only when the caller says its outcome is done (``acknowledge``); a connection lost
+before that redelivers it, and the ids of recently completed messages drop the duplicate.
+Payloads above ``chunk_bytes`` travel as numbered chunks with a SHA-256 of the whole, and are
+reassembled and checked before they are handed over; with a ``FrameSigner`` every chunk carries
+the sender's signed manifest, and partial messages are capped per sender and expire (see
+``messages.chunks``: no broker user can fill the prefetch window). Lost connections are
+re-established with exponential backoff for up to ``reconnect_seconds``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+import uuid
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import pika
+import pika.exceptions as px
+
+from messages import TransportError
+from messages._pika import CONNECTION_ERRORS as _CONNECTION_ERRORS
+from messages._pika import close_quietly
+from messages._work_publisher import Publication, WorkPublisher
+from messages.chunks import (DEFAULT_MAX_PARTIALS, DEFAULT_PARTIAL_SECONDS, ORDINARY_ROOM,
+                             FrameSigner, Manifest, Reassembly)
+from messages.tls import TlsOptions, certificate_problem, ssl_options_for
+
+log = logging.getLogger("fedboost.transport")
+
+QUEUE_PREFIX = "fedboost."
+DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
+"""Below RabbitMQ 4's default 16 MiB ``max_message_size``."""
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+MAX_PREFETCH = 65_535
+"""RabbitMQ's limit on unacknowledged deliveries per consumer."""
+INBOX_ARGUMENTS = {"x-single-active-consumer": True}
+WORK_CHUNK_BYTES = 2 * 1024 * 1024
+"""Chunks of a shard's data: small, so a helper pulls one while the next is published."""
+DATA_QUEUE_ARGUMENTS = {"x-expires": 24 * 3600 * 1000}
+FLOW_QUEUE_ARGUMENTS = {"x-expires": 24 * 3600 * 1000}
+_COMPLETED_IDS = 100_000
+
+
+def _nothing() -> None:
+    """What ``RabbitTransport.wake`` asks the connection's thread to run: it only interrupts
+    the wait."""
+
+
+def queue_of(participant: str) -> str:
+    """The inbox queue of a party (``host``) or of a flow run (``flow.<id>``)."""
+    return QUEUE_PREFIX + participant
+
+
+def work_queue_of(party: str) -> str:
+    """A party's own work queue (histogram shards for its helper processes)."""
+    return QUEUE_PREFIX + party + ".work"
+
+
+def delete_party_queues(url: str, parties: list[str], tls: TlsOptions | None = None) -> None:
+    """Remove parties' inbox and work queues (tests and benchmarks that made their own)."""
+    params = pika.URLParameters(url)
+    params.ssl_options = ssl_options_for("cleanup", url, tls)
+    connection = pika.BlockingConnection(params)
+    try:
+        channel = connection.channel()
+        for party in parties:
+            channel.queue_delete(queue_of(party))
+            channel.queue_delete(work_queue_of(party))
+    finally:
+        connection.close()
+
+
+def holds_password(url: str | None) -> bool:
+    """True if ``url`` carries a password (which must then be kept out of files and logs)."""
+    return url is not None and urlsplit(url).password is not None
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for logs and errors."""
+    return _with_userinfo(url, "***") if holds_password(url) else url
+
+
+def without_password(url: str) -> str:
+    """The URL with its user but no password: what may be written to files and Prefect."""
+    return _with_userinfo(url, None)
+
+
+def with_password(url: str, password: str) -> str:
+    """The URL with ``password`` (e.g. read from a password file) for its user."""
+    return _with_userinfo(url, quote(password, safe=""))
+
+
+def _with_userinfo(url: str, password: str | None) -> str:
+    parts = urlsplit(url)
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    if not at:
+        return url
+    user = userinfo.partition(":")[0]
+    netloc = f"{user}@{hostport}" if password is None else f"{user}:{password}@{hostport}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def chunk_messages(queue: str, data: bytes, step: int, digest: str | None = None, *,
+                   persistent: bool = True) -> list[tuple[str, bytes, Any]]:
+    """``data`` as messages to ``queue`` of at most ``step`` bytes, under one message id; when
+    there are several (or a ``digest`` is given) each names its index, their count and the whole
+    payload's SHA-256. Persistent ones survive a broker restart; transient ones are never
+    written to its disk."""
+    message_id = uuid.uuid4().hex
+    count = max(1, math.ceil(len(data) / step))
+    if count > 1 and digest is None:
+        digest = hashlib.sha256(data).hexdigest()
+    mode = pika.DeliveryMode.Persistent if persistent else pika.DeliveryMode.Transient
+    return [(queue, data[k * step:(k + 1) * step], pika.BasicProperties(
+        delivery_mode=mode, message_id=message_id,
+        headers=None if digest is None else {"fb-index": k, "fb-count": count,
+                                             "fb-sha256": digest}))
+        for k in range(count)]
+
+
+@dataclass(slots=True)
+class _Delivery:
+    """A whole message ready to hand over (or a work ticket whose data is still queued)."""
+
+    queue: str
+    data: bytes
+    tags: list[tuple[int, int]]
+    message_id: str
+    data_queue: str | None = None
+    data_count: int = 0
+    data_digest: str = ""
+
+
+@dataclass(slots=True)
+class _Partial:
+    """Chunks of one message received so far."""
+
+    count: int
+    digest: str
+    chunks: dict[int, bytes] = field(default_factory=dict)
+    tags: list[tuple[int, int]] = field(default_factory=list)
+    since: float = field(default_factory=time.monotonic)
+
+
+class RabbitTransport:
+    """A participant's connection to the broker.
+
+    ``party=True`` for a party's worker process (inbox with single active consumer, plus its
+    work queue); ``False`` for a flow run (one private reply queue). ``frames`` (made from the
+    endpoint's envelope ``Sealer``) signs the chunks it sends and drops received chunks that
+    no trusted identity signed for it; without it chunks are unauthenticated (tests). Every
+    connection it opens (its own, its work publisher's) uses TLS for an ``amqps://`` URL, with
+    ``tls``'s CA, client certificate and expected broker name (``messages.tls``).
+    """
+
+    def __init__(self, name: str, url: str, *, party: bool, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, inbox_prefetch: int = 0,
+                 reconnect_seconds: float = 300.0, heartbeat: int = 120,
+                 frames: FrameSigner | None = None,
+                 partial_seconds: float = DEFAULT_PARTIAL_SECONDS,
+                 max_partials: int = DEFAULT_MAX_PARTIALS,
+                 tls: TlsOptions | None = None) -> None:
+        if chunk_bytes < 1024:
+            raise ValueError("chunk_bytes must be at least 1024")
+        self.name = name
+        self.url = url
+        self._ssl_options = ssl_options_for(name, url, tls)
+        self.party = party
+        self.chunk_bytes = chunk_bytes
+        self.frames = frames
+        # every signer's reservation (the chunks of one largest message), one whole message in
+        # hand and a few ordinary ones must fit the prefetch window, or a message could never
+        # complete
+        senders = frames.signers if frames is not None else 1
+        most_chunks = (MAX_PREFETCH - ORDINARY_ROOM) // (senders + 1)
+        self.max_message_bytes = min(max_message_bytes, chunk_bytes * (most_chunks - 1))
+        self._chunks = Reassembly(name, frames,
+                                  max_frames=self.max_message_bytes // chunk_bytes + 1,
+                                  max_bytes=self.max_message_bytes,
+                                  partial_seconds=partial_seconds, max_partials=max_partials,
+                                  drop=self._ack)
+        self.inbox_prefetch = inbox_prefetch or self._chunks.window()
+        self.reconnect_seconds = reconnect_seconds
+        self.heartbeat = heartbeat
+        self.inbox = queue_of(name)
+        self.work = work_queue_of(name) if party else None
+        self._taking_work = party
+        self._generation = 0  # bumps on every reconnect: older delivery tags are void
+        self._ready: deque[_Delivery] = deque()
+        self._completed: OrderedDict[str, None] = OrderedDict()
+        self._unacked: list[tuple[int, int]] = []
+        self._last_id: str | None = None
+        self._last_data_queue: str | None = None
+        self._connection: Any = None
+        self._channel: Any = None
+        self._work_tag: str | None = None
+        self._inbox_tag: str | None = None
+        self._publisher: WorkPublisher | None = None
+        """Hands out work shards in the background (made on the first shard)."""
+        self._woken = False
+        """Set by ``wake`` (another thread): the waiting ``receive`` returns."""
+        self._connect(first=True)
+
+    # ---- connection -------------------------------------------------------------------------
+
+    def _connect(self, first: bool = False) -> None:
+        delay, deadline = 0.5, time.monotonic() + self.reconnect_seconds
+        while True:
+            try:
+                self._open()
+                if not first:
+                    log.warning("%s: reconnected to %s", self.name, redact(self.url))
+                return
+            except (px.ProbableAuthenticationError, px.ProbableAccessDeniedError) as exc:
+                raise TransportError(f"{self.name}: broker {redact(self.url)} refused the "
+                                     f"login: {exc!r}") from None
+            except px.ChannelClosedByBroker as exc:
+                raise TransportError(f"{self.name}: broker refused queue setup "
+                                     f"({exc.reply_code} {exc.reply_text})") from None
+            except _CONNECTION_ERRORS as exc:
+                problem = certificate_problem(exc)
+                if problem is not None:  # waiting will not change a certificate
+                    raise TransportError(f"{self.name}: broker {redact(self.url)}: "
+                                         f"{problem}") from None
+                if time.monotonic() + delay > deadline:
+                    raise TransportError(f"{self.name}: cannot reach broker {redact(self.url)} "
+                                         f"after {self.reconnect_seconds:.0f} s: {exc!r}") from None
+                log.warning("%s: broker %s unreachable (%r); retrying in %.1f s", self.name,
+                            redact(self.url), exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 15.0)
+
+    def _parameters(self, purpose: str = "") -> pika.URLParameters:
+        params = pika.URLParameters(self.url)
+        params.ssl_options = self._ssl_options
+        params.heartbeat = self.heartbeat
+        params.blocked_connection_timeout = 300
+        params.client_properties = {"connection_name": f"fedboost {self.name}{purpose}"}
+        return params
+
+    def _open(self) -> None:
+        self._drop_connection()
+        connection = pika.BlockingConnection(self._parameters())
+        channel = connection.channel()
+        channel.confirm_delivery()
+        self._connection, self._channel = connection, channel
+        self._generation += 1
+        # undelivered chunks and unacknowledged messages come back from the broker
+        self._ready.clear()
+        self._chunks.clear()
+        self._unacked = []
+        arguments = INBOX_ARGUMENTS if self.party else FLOW_QUEUE_ARGUMENTS
+        channel.queue_declare(self.inbox, durable=True, arguments=arguments)
+        channel.basic_qos(prefetch_count=self.inbox_prefetch)
+        self._inbox_tag = channel.basic_consume(self.inbox, self._on_message(self.inbox),
+                                                auto_ack=False)
+        self._work_tag = None
+        if self.work is not None:
+            channel.queue_declare(self.work, durable=True)
+            if self._taking_work:
+                self._consume_work()
+
+    def _consume_work(self) -> None:
+        # one shard at a time per process, so shards spread over the party's processes
+        self._channel.basic_qos(prefetch_count=1)
+        self._work_tag = self._channel.basic_consume(self.work, self._on_message(self.work),
+                                                     auto_ack=False)
+
+    def _drop_connection(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        close_quietly(connection, self.name)
+
+    def _on_message(self, queue: str) -> Any:
+        generation = self._generation
+
+        def handle(_ch: Any, method: Any, props: Any, body: bytes) -> None:
+            self._file(queue, (generation, method.delivery_tag), props, body,
+                       bool(method.redelivered))
+        return handle
+
+    # ---- receiving --------------------------------------------------------------------------
+
+    def _file(self, queue: str, tag: tuple[int, int], props: Any, body: bytes,
+              redelivered: bool) -> None:
+        headers = props.headers or {}
+        message_id = props.message_id or ""
+        if message_id in self._completed:
+            log.info("%s: dropped a redelivered duplicate of %s", self.name, message_id)
+            self._ack([tag])
+            return
+        data_queue = headers.get("fb-data-queue")
+        if queue == self.work and isinstance(data_queue, str | bytes):
+            data_queue = data_queue.decode() if isinstance(data_queue, bytes) else data_queue
+            count, digest = headers.get("fb-count"), headers.get("fb-sha256")
+            digest = digest.decode() if isinstance(digest, bytes) else digest
+            if (data_queue.startswith(self.work + ".") and message_id
+                    and isinstance(count, int) and not isinstance(count, bool)
+                    and 1 <= count <= self.max_message_bytes // 1024 + 1
+                    and isinstance(digest, str)):
+                self._ready.append(_Delivery(queue, b"", [tag], message_id, data_queue,
+                                             count, digest))
+            else:
+                log.warning("%s: dropped a malformed work ticket naming %r", self.name,
+                            data_queue)
+                self._ack([tag])
+            return
+        if headers.get("fb-count") is None:
+            self._ready.append(_Delivery(queue, body, [tag], message_id))
+            return
+        whole = self._chunks.file(tag, headers, message_id, body)
+        if whole is not None:
+            self._ready.append(_Delivery(queue, whole[0], whole[1], message_id))
+
+    def receive(self, timeout: float) -> bytes | None:
+        """The next whole message, or None after ``timeout`` s; acknowledge it when done."""
+        if self._unacked:
+            raise TransportError(f"{self.name}: acknowledge the previous message first")
+        self._chunks.resume()
+        try:
+            return self._receive(time.monotonic() + timeout)
+        finally:
+            self._chunks.pause()  # time spent handling a message does not age partials
+
+    def wake(self) -> None:
+        """Make a ``receive`` waiting in another thread return None now (the one method another
+        thread may call): a process that also takes work from elsewhere, such as the scoring
+        service's requests, need not poll the broker."""
+        self._woken = True
+        connection = self._connection
+        if connection is not None:
+            try:
+                connection.add_callback_threadsafe(_nothing)
+            except (*_CONNECTION_ERRORS, px.ConnectionWrongStateError):
+                pass  # closed or lost: the receiving thread sees the flag when it comes back
+
+    def _receive(self, deadline: float) -> bytes | None:
+        while not self._ready:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._woken:
+                self._woken = False
+                return None
+            try:
+                self._connection.process_data_events(time_limit=min(left, 1.0))
+            except _CONNECTION_ERRORS as exc:
+                log.warning("%s: connection lost while receiving (%r)", self.name, exc)
+                self._connect()
+            self._chunks.expire()
+        item = self._ready.popleft()
+        if item.queue == self.inbox and self._work_tag is not None:
+            self._become_coordinator()
+        self._unacked, self._last_id = item.tags, item.message_id
+        self._last_data_queue = item.data_queue
+        if item.data_queue is None:
+            return item.data
+        data = self._fetch_work_data(item.data_queue, item.data_count, item.data_digest)
+        if data is None:  # nothing usable: the ticket is done with
+            self.acknowledge()
+            return self._receive(deadline)
+        return data
+
+    def _fetch_work_data(self, data_queue: str, count: int, digest: str) -> bytes | None:
+        """Pull every chunk of a ticket's shard from its private queue (this process only),
+        as the coordinating process publishes them."""
+        partial = _Partial(count, digest)
+        size, deadline = 0, time.monotonic() + self.reconnect_seconds
+        try:
+            while len(partial.chunks) < partial.count:
+                method, props, body = self._channel.basic_get(data_queue, auto_ack=False)
+                if method is None:  # not published yet
+                    if time.monotonic() > deadline:
+                        log.warning("%s: work data in %s is incomplete", self.name, data_queue)
+                        return None
+                    time.sleep(0.002)
+                    continue
+                tag = (self._generation, method.delivery_tag)
+                self._unacked.append(tag)
+                headers = props.headers or {}
+                index = headers.get("fb-index")
+                if (not isinstance(index, int) or not 0 <= index < partial.count
+                        or headers.get("fb-count") != partial.count):
+                    log.warning("%s: malformed work chunk in %s", self.name, data_queue)
+                    return None
+                if index in partial.chunks:
+                    continue  # published again after a lost connection
+                size += len(body)
+                if size > self.max_message_bytes:
+                    log.warning("%s: work data in %s exceeds %d bytes", self.name, data_queue,
+                                self.max_message_bytes)
+                    return None
+                partial.chunks[index] = body
+        except px.ChannelClosedByBroker as exc:  # e.g. the queue is gone (done by another)
+            log.warning("%s: work data %s unavailable: %s", self.name, data_queue, exc.reply_text)
+            self._connect()
+            return None
+        data = b"".join(partial.chunks[i] for i in range(partial.count))
+        if hashlib.sha256(data).hexdigest() != partial.digest:
+            log.warning("%s: work data in %s fails its SHA-256", self.name, data_queue)
+            return None
+        return data
+
+    def _become_coordinator(self) -> None:
+        """This process is the party's active inbox consumer: leave shard work to helpers."""
+        self._taking_work = False
+        tag, self._work_tag = self._work_tag, None
+        try:
+            self._channel.basic_cancel(tag)
+            keep: deque[_Delivery] = deque()
+            for item in self._ready:
+                if item.queue == self.work:
+                    self._nack(item.tags)
+                else:
+                    keep.append(item)
+            self._ready = keep
+        except _CONNECTION_ERRORS:
+            self._connect()
+
+    def acknowledge(self) -> None:
+        """The last received message is done: the broker may forget it (once the work it
+        handed out has reached the broker)."""
+        if self._publisher is not None:
+            self._publisher.flush()
+        tags, self._unacked = self._unacked, []
+        if self._last_id:
+            self._completed[self._last_id] = None
+            if len(self._completed) > _COMPLETED_IDS:
+                self._completed.popitem(last=False)
+        self._ack(tags)
+        data_queue, self._last_data_queue = self._last_data_queue, None
+        if data_queue is not None:
+            try:
+                self._channel.queue_delete(data_queue)
+            except _CONNECTION_ERRORS as exc:
+                log.warning("%s: could not delete %s (%r)", self.name, data_queue, exc)
+
+    def _ack(self, tags: list[tuple[int, int]]) -> None:
+        try:
+            for generation, tag in tags:
+                if generation == self._generation:  # older tags died with their connection
+                    self._channel.basic_ack(tag)
+        except _CONNECTION_ERRORS as exc:
+            log.warning("%s: connection lost while acknowledging (%r)", self.name, exc)
+            self._connect()
+
+    def _nack(self, tags: list[tuple[int, int]]) -> None:
+        for generation, tag in tags:
+            if generation == self._generation:
+                self._channel.basic_nack(tag, requeue=True)
+
+    # ---- sending ----------------------------------------------------------------------------
+
+    def send(self, recipient: str, data: bytes, *, persistent: bool = True) -> None:
+        """Deliver ``data`` to ``recipient``'s inbox (chunked if large); ``persistent=False``:
+        never written to the broker's disk (lost if the broker restarts).
+
+        A party's queue that does not exist yet is waited for (its worker may be starting); a
+        flow run's queue that does not exist means the run is over, and the reply is dropped.
+        """
+        self._publish(queue_of(recipient), recipient, data,
+                      wait_for_queue=not recipient.startswith("flow."), persistent=persistent)
+
+    def submit_work(self, data: bytes, *, before_ack: bool = True) -> None:
+        """Queue a shard of work for this party's helper processes; returns at once (a thread
+        publishes it, see ``messages._work_publisher``). Unless ``before_ack`` is False (work
+        that only saves time), ``acknowledge`` waits for it to reach the broker's disk; with
+        False it is transient: not waited for, and not written to disk.
+
+        A shard above one chunk goes to a private queue, and a ticket naming it to the work
+        queue: whichever helper takes the ticket reads every chunk.
+        """
+        if self.work is None:
+            raise TransportError(f"{self.name} has no work queue")
+        if len(data) > self.max_message_bytes:
+            raise TransportError(f"{self.name}: work of {len(data)} bytes exceeds the "
+                                 f"{self.max_message_bytes}-byte limit")
+        if self._publisher is None:
+            self._publisher = WorkPublisher(self.name, self._parameters(" work"),
+                                            reconnect_seconds=self.reconnect_seconds,
+                                            heartbeat=self.heartbeat)
+        if len(data) <= self.chunk_bytes:
+            self._publisher.submit(Publication(
+                chunk_messages(self.work, data, self.chunk_bytes, persistent=before_ack),
+                before_ack=before_ack))
+            return
+        data_queue = f"{self.work}.{uuid.uuid4().hex}"
+        # the ticket goes first: a helper pulls each chunk while the next one is published
+        digest = hashlib.sha256(data).hexdigest()
+        chunks = chunk_messages(data_queue, data, min(self.chunk_bytes, WORK_CHUNK_BYTES),
+                                digest=digest, persistent=before_ack)
+        ticket = pika.BasicProperties(delivery_mode=chunks[0][2].delivery_mode,
+                                      message_id=uuid.uuid4().hex,
+                                      headers={"fb-data-queue": data_queue,
+                                               "fb-count": len(chunks), "fb-sha256": digest})
+        self._publisher.submit(Publication([(self.work, b"", ticket), *chunks],
+                                           declare=data_queue,
+                                           declare_arguments=DATA_QUEUE_ARGUMENTS,
+                                           before_ack=before_ack))
+
+    def _publish(self, queue: str, recipient: str, data: bytes, *,
+                 wait_for_queue: bool, persistent: bool = True) -> None:
+        if not isinstance(data, bytes):
+            raise TypeError("transports carry bytes only")
+        if len(data) > self.max_message_bytes:
+            raise TransportError(f"{self.name}: message of {len(data)} bytes to {recipient} "
+                                 f"exceeds the {self.max_message_bytes}-byte limit")
+        chunks = chunk_messages(queue, data, self.chunk_bytes, persistent=persistent)
+        if len(chunks) > 1 and self.frames is not None:
+            first = chunks[0][2]
+            signed = self.frames.headers(Manifest(first.message_id, first.headers["fb-sha256"],
+                                                  len(chunks), len(data), recipient, self.name,
+                                                  time.time()))
+            for _, _, props in chunks:
+                props.headers.update(signed)
+        for _, chunk, props in chunks:
+            if not self._publish_one(queue, recipient, chunk, props, wait_for_queue):
+                return
+
+    def _publish_one(self, queue: str, recipient: str, body: bytes, props: Any,
+                     wait_for_queue: bool) -> bool:
+        """Publish until the broker confirms; a chunk published twice is dropped on receipt."""
+        deadline = time.monotonic() + self.reconnect_seconds
+        delay = 0.5
+        while True:
+            try:
+                self._channel.basic_publish("", queue, body, props, mandatory=True)
+                return True
+            except px.UnroutableError:
+                if not wait_for_queue:
+                    log.warning("%s: dropped a message for %s: its queue is gone", self.name,
+                                recipient)
+                    return False
+                # the recipient's queue does not exist yet: its worker has not started
+                if time.monotonic() + delay > deadline:
+                    raise TransportError(f"{self.name}: no queue {queue} for {recipient}: is "
+                                         f"its worker running?") from None
+                log.warning("%s: waiting for %s's queue %s", self.name, recipient, queue)
+            except px.NackError:
+                if time.monotonic() + delay > deadline:
+                    raise TransportError(f"{self.name}: broker refused a message for "
+                                         f"{recipient}") from None
+            except px.ChannelClosedByBroker as exc:
+                raise TransportError(f"{self.name}: broker refused to publish to {queue}: "
+                                     f"{exc.reply_code} {exc.reply_text}") from None
+            except _CONNECTION_ERRORS as exc:
+                log.warning("%s: connection lost while sending (%r)", self.name, exc)
+                self._connect()
+                continue
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    # ---- party processes --------------------------------------------------------------------
+
+    def open_claims(self, count: int) -> str:
+        """A pool of ``count`` units: a private queue of that many tokens, each taken (and so
+        claimed) by exactly one of the party's processes."""
+        if self.work is None:
+            raise TransportError(f"{self.name} has no work queue")
+        pool = f"{self.work}.{uuid.uuid4().hex}.units"
+        try:
+            self._channel.queue_declare(pool, durable=True, arguments=DATA_QUEUE_ARGUMENTS)
+        except _CONNECTION_ERRORS:
+            self._connect()
+            self._channel.queue_declare(pool, durable=True, arguments=DATA_QUEUE_ARGUMENTS)
+        props = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Transient)
+        for unit in range(count):
+            self._publish_one(pool, f"{self.name} processes", str(unit).encode(), props, True)
+        return pool
+
+    def claim(self, pool: str) -> int | None:
+        """Take the pool's next token; None when it is empty or gone (the level is over), or
+        when the connection dropped (the coordinating process sums what nobody claimed)."""
+        if self.work is None or not pool.startswith(self.work + ".") or len(pool) > 255:
+            raise TransportError(f"{self.name}: {pool!r} is not a pool of this party")
+        try:
+            method, _props, body = self._channel.basic_get(pool, auto_ack=True)
+        except px.ChannelClosedByBroker:  # deleted: every unit was done
+            self._connect()
+            return None
+        except _CONNECTION_ERRORS as exc:
+            log.warning("%s: connection lost while claiming work (%r)", self.name, exc)
+            self._connect()
+            return None
+        if method is None:
+            return None
+        try:
+            return int(body.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            log.warning("%s: dropped a malformed token in %s", self.name, pool)
+            return None
+
+    def close_claims(self, pool: str) -> None:
+        """Delete the pool's queue (tokens nobody took go with it)."""
+        try:
+            self._channel.queue_delete(pool)
+        except _CONNECTION_ERRORS as exc:
+            log.warning("%s: could not delete %s (%r)", self.name, pool, exc)
+
+    def helpers(self) -> int:
+        """Other processes of this party ready to take shards of work."""
+        if self.work is None:
+            return 0
+        try:
+            method = self._channel.queue_declare(self.work, durable=True, passive=True).method
+        except _CONNECTION_ERRORS:
+            self._connect()
+            return 0
+        return int(method.consumer_count) - (1 if self._work_tag is not None else 0)
+
+    def close(self) -> None:
+        """Close the connections (after handing out submitted work); unacknowledged messages
+        go back to their queues."""
+        if self._publisher is not None:
+            self._publisher.close()
+            self._publisher = None
+        self._drop_connection()
+
+    def delete_inbox(self) -> None:
+        """Remove a flow run's reply queue once the run is over."""
+        try:
+            self._channel.basic_cancel(self._inbox_tag)
+            self._channel.queue_delete(self.inbox)
+        except _CONNECTION_ERRORS as exc:
+            log.warning("%s: could not delete %s (%r)", self.name, self.inbox, exc)

@@ -1,0 +1,120 @@
+"""SimFL's messages (seed 000): members exchange LSH values once, through the aggregator, and
+then per tree the summed gradients of their rows similar to the builder's rows.
+
+No message carries a feature value: hash values, opaque per-job row handles, gradient sums and
+finished trees (whose thresholds are the builder's cut points, part of the shared model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from messages.bodies import PartyInfo
+
+
+@dataclass(frozen=True, slots=True)
+class SimflSpec:
+    """Everything a party needs to take part in a SimFL job (no data, no paths)."""
+
+    parties: list[PartyInfo]
+    n_trees: int
+    max_depth: int
+    learning_rate: float
+    max_bin: int
+    objective: str
+    reg_lambda: float
+    gamma: float
+    min_child_weight: float
+    min_samples_leaf: int
+    subsample: float
+    seed: int
+    lsh_functions: int
+    """Hash functions L (0: the paper's min(40, d - 1))."""
+    lsh_r: float
+    lsh_seed: int
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSimfl:
+    """Command: load the party's data set and prepare a SimFL training job."""
+
+    spec: SimflSpec
+    protocol: ClassVar[str] = "simfl"
+
+    @property
+    def parties(self) -> list[PartyInfo]:
+        return self.spec.parties
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare:
+    """Command: the federation's preprocessing key (a digest of every member's key); a member
+    that holds the similarity of that key reuses it unless ``force``."""
+
+    key: str
+    force: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MemberKey:
+    """Reply: a member's preprocessing key (keyed digest of its data and the LSH parameters)."""
+
+    key: str
+
+
+# ---- peer messages ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RowHashes:
+    """Member -> aggregator: its column names, per row an opaque handle (uint64 LE) and L hash
+    values (int32 LE, row-major), and its rows and label sum (the base score)."""
+
+    columns: list[str]
+    handles: bytes
+    hashes: bytes
+    functions: int
+    label_sum: float
+
+
+@dataclass(frozen=True, slots=True)
+class SimilarRows:
+    """Aggregator -> member: for each other member, the handle of its most similar row to each
+    of the recipient's rows (uint64 LE, in the order the recipient sent them); the reference
+    columns (no lists when members' columns differ) and the base score."""
+
+    columns: list[str]
+    members: list[str]
+    handles: list[bytes]
+    base_score: float
+
+
+@dataclass(frozen=True, slots=True)
+class SimilarGradients:
+    """Member -> builder of tree ``tree``: per builder handle that is the most similar row of
+    some of the sender's rows, the sums of their g and h (float64 LE)."""
+
+    tree: int
+    handles: bytes
+    g: bytes
+    h: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class WireNode:
+    """A node of a shared tree: a split (feature, raw threshold) or a leaf value."""
+
+    id: int
+    left: int
+    right: int
+    feature: int
+    threshold: float
+    missing_left: bool
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class SharedTree:
+    """Builder -> every other member: the tree it grew."""
+
+    tree: int
+    nodes: list[WireNode]

@@ -1,0 +1,62 @@
+"""The embedded default: each party's worker in its own OS process, on in-memory queues."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from multiprocessing.process import BaseProcess
+
+from messages.signing import Sealer
+from messages.transport import MemoryHub, MemoryTransport
+from workers.lifeline import die_with_parent
+from workers.protocols import PROTOCOLS
+from workers.runtime import PartySpec, Worker
+
+
+def run_worker(party: PartySpec, transport: MemoryTransport, sealer: Sealer, log_level: int,
+               helper: bool = False) -> None:
+    """Process entry point: serve one job, then exit (helpers serve until terminated); stop
+    if the process that started it dies."""
+    die_with_parent()
+    # Ctrl-C is the starting process's to handle: it stops these workers (and the processes
+    # they spawn, which inherit the ignored signal) instead of each printing a traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    label = f"{party.name}/helper" if helper else party.name
+    logging.basicConfig(level=log_level, format=f"%(asctime)s [{label}] %(message)s")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    Worker(party, transport, PROTOCOLS, sealer, exit_on_close=not helper).serve()
+
+
+def start_workers(hub: MemoryHub, parties: list[PartySpec], sealers: dict[str, Sealer],
+                  log_level: int = logging.WARNING) -> tuple[list[BaseProcess], list[BaseProcess]]:
+    """Spawn each party's coordinating worker process and its helper processes, each with its
+    party's signing key."""
+    procs, helpers = [], []
+    for party in parties:
+        proc = hub.context.Process(target=run_worker, name=f"fedboost-{party.name}",
+                                   args=(party, hub.endpoint(party.name), sealers[party.name],
+                                         log_level))
+        # not a daemon: the active party's worker starts its own crypto processes
+        proc.start()
+        procs.append(proc)
+        for k in range(hub.helpers.get(party.name, 0)):
+            helper = hub.context.Process(
+                target=run_worker, name=f"fedboost-{party.name}-helper{k + 1}",
+                args=(party, hub.endpoint(party.name, helper=True), sealers[party.name],
+                      log_level, True))
+            helper.start()
+            helpers.append(helper)
+    return procs, helpers
+
+
+def stop_workers(procs: list[BaseProcess], timeout: float = 10.0) -> None:
+    """Wait for workers to exit after CLOSE_JOB; terminate stragglers."""
+    for proc in procs:
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.terminate()  # SIGTERM: the worker finishes its current step, then exits
+            proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout)

@@ -1,0 +1,315 @@
+"""A passive party (feature holder) of the vertical random forest (seed 002).
+
+It holds the active party's label channels encrypted (sent once per job), each tree's sample
+weights and the instance spaces of its nodes. Per level it sums, for the features the active
+party drew for each node, the encrypted label channels per bin (each sampled row as often as it
+was drawn), packs the sums and sends them. For a split it owns it keeps the threshold in its
+lookup table and shows the active party the two children in random order (``flip``), so the
+active party never learns which side holds the lower values of the feature.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from boosting._typing import IntArray
+from boosting.binning import goes_left, split_threshold
+from boosting.tree import write_json_atomic
+from crypto._gmp import mpz
+from crypto.compress import BinSumPacking
+from crypto.encoding import GradientPacker
+from crypto.paillier import (PaillierPublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
+                             public_key_from_n)
+from messages.bodies import Ack, PublicKeyMsg
+from messages.envelope import MsgType
+from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestApplied,
+                             ForestOpened, ForestSplits, ForestSpec, LevelHistograms,
+                             LevelRequest, OpenForest, TreeCommand)
+from messages.instance_space import decode_mask
+from workers import ProtocolError, StageError, checkpoint
+from workers.data import save_categories
+from workers.forest import trees as kept
+from workers.forest.active import PROTOCOL
+from workers.policy import check_key_bits
+from workers.runtime import StepContext
+from workers.shards import _node_histogram
+from workers.state import JobState
+from workers.vertical.opening import bin_training_rows, open_passive
+from workers.vertical.alignment import receive_alignment
+from workers.vertical.passive import LookupRecord, lookup_to_dict
+
+MAX_DRAWS = 32
+"""Most times a bootstrap draws one row (n draws of n rows: P(32 or more) is about 1e-36)."""
+RECORDS_PER_TREE = 65_536
+"""Record ids of tree t are t * RECORDS_PER_TREE + k: unique in the forest's lookup table."""
+
+
+@dataclass(slots=True)
+class TreeWork:
+    """One tree (attempt) at this party: the sample and where each sampled row is."""
+
+    work: int
+    weights: IntArray
+    node_of_row: IntArray
+    depth: int = 0
+    level: set[int] = field(default_factory=set)
+    node_ids: set[int] = field(default_factory=set)
+    split_here: set[int] = field(default_factory=set)
+    records: dict[int, LookupRecord] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PassiveForest:
+    """The passive party's state of a forest job."""
+
+    spec: ForestSpec
+    features_sent: bool = False
+    public: PaillierPublicKey | None = None
+    labels: list[list[mpz]] = field(default_factory=list)
+    """Per label group, per training row, the encrypted packed channels."""
+    packing: BinSumPacking | None = None
+    trees: dict[int, TreeWork] = field(default_factory=dict)
+    records: dict[int, LookupRecord] = field(default_factory=dict)
+    """Every finished tree's records (the lookup table)."""
+
+
+def open_job(ctx: StepContext, body: OpenForest) -> tuple[MsgType, Any]:
+    """Load own features (no labels); report the trees kept."""
+    spec = body.spec
+    state = open_passive(ctx, spec, PROTOCOL)
+    state.role_state = PassiveForest(spec=spec)
+    ctx.state = state
+    return MsgType.F_OPENED, ForestOpened(rows=len(state.data.ids),
+                                          trees=kept.held_trees(ctx.model_dir, state.digest))
+
+
+def prepare(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
+    """Tell the active party the feature count; take the alignment, the key and the encrypted
+    labels; bin own features; load the kept trees' records."""
+    state: JobState = ctx.state
+    run: PassiveForest = state.role_state
+    if not run.features_sent:
+        ctx.send(state.active, MsgType.F_FEATURES, FeatureCount(state.data.x.shape[1]))
+        run.features_sent = True
+    ctx.mailbox.require((MsgType.ALIGNED_ROWS, state.active, -1, -1),
+                        (MsgType.PUBLIC_KEY, state.active, -1, -1),
+                        (MsgType.F_LABELS, state.active, -1, -1))
+    key: PublicKeyMsg = ctx.mailbox.take(MsgType.PUBLIC_KEY, state.active)
+    n = int.from_bytes(key.n, "big")
+    check_key_bits(ctx.party.policy, ctx.party.name, n.bit_length(),
+                   f"the public key {state.active} sent")
+    run.public = public_key_from_n(n, expected_bits=state.key_bits)
+    receive_alignment(ctx)
+    n_train = state.train_rows.size
+    labels: EncryptedLabels = ctx.mailbox.take(MsgType.F_LABELS, state.active)
+    if not 1 <= labels.groups <= 64 or not 1 <= labels.value_bits <= 64 \
+            or labels.max_rows != n_train:
+        raise ProtocolError(f"labels of {labels.groups} groups, {labels.value_bits} bits for "
+                            f"{labels.max_rows} rows; this party has {n_train} rows")
+    parsed = ciphertexts_from_bytes(labels.ciphertexts, run.public)  # range-checked
+    if len(parsed) != labels.groups * n_train:
+        raise ProtocolError(f"{len(parsed)} label ciphertexts for {n_train} rows in "
+                            f"{labels.groups} groups")
+    run.labels = [parsed[g * n_train:(g + 1) * n_train] for g in range(labels.groups)]
+    packer = GradientPacker(labels.value_bits, labels.max_rows)
+    run.packing = BinSumPacking.for_key(packer.cell_bits, n.bit_length())
+    bin_training_rows(state, run.spec.max_bin)
+    for tree in body.keep:
+        raw = kept.load_tree(ctx.model_dir, checkpoint.key_of(ctx.party), state.digest, tree)
+        for rid, r in raw.items():
+            run.records[int(rid)] = LookupRecord(int(r["feature"]), int(r["bin"]),
+                                                 float(r["threshold"]), bool(r["missing_left"]),
+                                                 bool(r["flip"]))
+    kept.keep_only(ctx.model_dir, set(body.keep))
+    return MsgType.ACK, Ack(count=state.data.x.shape[1])
+
+
+def build_histograms(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
+    """Route the previous level's splits, then sum the label channels per bin of each
+    requested (node, feature) and send them packed."""
+    state: JobState = ctx.state
+    run: PassiveForest = state.role_state
+    ctx.mailbox.require((MsgType.F_REQUEST, state.active, body.work, body.depth))
+    request: LevelRequest = ctx.mailbox.take(MsgType.F_REQUEST, state.active, body.work,
+                                             body.depth)
+    bins = state.require_bins()
+    tree = body.work % MAX_TREES
+    if not 0 <= tree < run.spec.n_trees or body.work < 0:
+        raise ProtocolError(f"tree work {body.work} is outside the job")
+    if body.depth == 0:
+        work = _start_tree(run, request, bins.shape[0])
+    else:
+        work = run.trees.get(body.work) or _missing(body.work)
+        if work.depth != body.depth - 1:
+            raise StageError(f"level {body.depth} of tree work {body.work}: at {work.depth}")
+        _route(ctx.party.name, work, request)
+    histograms = _histograms(ctx.party.name, run, work, request, bins)
+    ctx.send(state.active, MsgType.F_HISTOGRAMS, histograms)
+    return MsgType.ACK, Ack(count=len(request.requests))
+
+
+def _missing(work: int) -> TreeWork:
+    raise StageError(f"tree work {work} has not started here")
+
+
+def _start_tree(run: PassiveForest, request: LevelRequest, n_rows: int) -> TreeWork:
+    """A new tree (attempt): its sample weights; earlier attempts of the tree are dropped."""
+    tree = request.tree % MAX_TREES
+    for other in [w for w in run.trees if w % MAX_TREES == tree]:
+        run.trees.pop(other)
+    if request.weights:
+        if len(request.weights) != 2 * n_rows:
+            raise ProtocolError(f"tree {tree}: sample weights for {len(request.weights) // 2} "
+                                f"rows, this party has {n_rows}")
+        weights = np.frombuffer(request.weights, dtype="<u2").astype(np.int64)
+        # a bootstrap draws n rows, about 63% of them distinct, none more than a few times;
+        # without bootstrap every row once. Anything else concentrates a sample on few rows.
+        distinct = int((weights > 0).sum())
+        if int(weights.sum()) != n_rows or weights.max() > MAX_DRAWS \
+                or (not run.spec.bootstrap and weights.max() > 1) \
+                or (n_rows >= 100 and distinct < n_rows // 2):
+            raise ProtocolError(f"tree {tree}: the sample weights do not draw {n_rows} rows "
+                                f"as the job's bootstrap={run.spec.bootstrap} does "
+                                f"({distinct} distinct rows, a row drawn up to "
+                                f"{int(weights.max())} times)")
+    else:  # a tree this party takes no part in (Completely SecureBoost's first one)
+        weights = np.zeros(n_rows, dtype=np.int64)
+    work = TreeWork(request.tree, weights, np.where(weights > 0, 0, -1).astype(np.int64),
+                    level={0}, node_ids={0})
+    run.trees[request.tree] = work
+    return work
+
+
+def _route(party: str, work: TreeWork, request: LevelRequest) -> None:
+    """Apply the previous level's splits: each node of the level at most once, new children."""
+    nodes = [s.node for s in request.splits]
+    children = [c for s in request.splits for c in (s.left_id, s.right_id)]
+    if len(set(nodes)) != len(nodes) or not set(nodes) <= work.level:
+        raise ProtocolError(f"{party}: tree work {request.tree} d{request.depth}: splits of "
+                            f"nodes {nodes}, the level has {sorted(work.level)}")
+    if len(set(children)) != len(children) or set(children) & work.node_ids \
+            or any(not 0 < c < 2 ** 20 for c in children):
+        raise ProtocolError(f"{party}: tree work {request.tree}: children {children} are not "
+                            f"all new and distinct")
+    for split in request.splits:
+        rows = np.flatnonzero(work.node_of_row == split.node)
+        left = decode_mask(split.left, rows.size)
+        work.node_of_row[rows[left]] = split.left_id
+        work.node_of_row[rows[~left]] = split.right_id
+    work.depth = request.depth
+    work.level = set(children)
+    work.node_ids |= work.level
+    work.split_here = set()
+
+
+def _histograms(party: str, run: PassiveForest, work: TreeWork, request: LevelRequest,
+                bins: np.ndarray) -> LevelHistograms:
+    n_features = bins.shape[1]
+    n_bins = run.spec.max_bin + 1
+    nodes = [r.node for r in request.requests]
+    if len(set(nodes)) != len(nodes) or not set(nodes) <= work.level:
+        raise ProtocolError(f"{party}: histograms asked for nodes {nodes}; the level has "
+                            f"{sorted(work.level)}, one request each")
+    public, packing = run.public, run.packing
+    if public is None or packing is None:
+        raise StageError("prepare has not run")
+    sums: list[list[mpz]] = [[] for _ in run.labels]
+    for req in request.requests:
+        features = list(req.features)
+        if not features or len(set(features)) != len(features) \
+                or not all(0 <= f < n_features for f in features):
+            raise ProtocolError(f"{party}: node {req.node}: features {features} out of range "
+                                f"or repeated")
+        rows = np.flatnonzero(work.node_of_row == req.node)
+        if rows.size < 2 * run.spec.min_samples_leaf:  # distinct rows: weights can repeat one
+            raise ProtocolError(f"{party}: node {req.node} holds fewer than two leaves' "
+                                f"{run.spec.min_samples_leaf} rows: refused")
+        drawn = np.repeat(rows, work.weights[rows])  # a row drawn k times is summed k times
+        codes = bins[drawn][:, features]
+        for g, labels in enumerate(run.labels):
+            sums[g] += _node_histogram(codes, drawn, labels, n_bins, public.nsquare)
+    filled = np.array([c != 1 for c in sums[0]], dtype=bool) if sums else np.zeros(0, bool)
+    blobs = [ciphertexts_to_bytes(packing.pack([c for c, full in zip(group, filled) if full],
+                                               public.nsquare), public)
+             for group in sums] if request.requests else []
+    return LevelHistograms(tree=request.tree, depth=request.depth,
+                           filled=np.packbits(filled).tobytes(),
+                           per_ciphertext=packing.per_ciphertext, ciphertexts=blobs)
+
+
+def apply_splits(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
+    """Record the owned splits and return each node's rows of a randomly chosen first child."""
+    state: JobState = ctx.state
+    run: PassiveForest = state.role_state
+    ctx.mailbox.require((MsgType.F_SPLITS, state.active, body.work, body.depth))
+    msg: ForestSplits = ctx.mailbox.take(MsgType.F_SPLITS, state.active, body.work, body.depth)
+    work = run.trees.get(body.work) or _missing(body.work)
+    bins = state.require_bins()
+    nodes = [c.node for c in msg.splits]
+    if len(set(nodes)) != len(nodes) or not set(nodes) <= work.level - work.split_here:
+        raise ProtocolError(f"{ctx.party.name}: refused splits of nodes {nodes}: one split per "
+                            f"open node of the level ({sorted(work.level - work.split_here)})")
+    if work.depth != body.depth or body.depth >= run.spec.max_depth:
+        raise ProtocolError(f"{ctx.party.name}: refused splits at level {body.depth}")
+    out_nodes, records, first = [], [], []
+    for choice in msg.splits:
+        if not (0 <= choice.feature < bins.shape[1] and 0 <= choice.bin < run.spec.max_bin):
+            raise ProtocolError(f"{ctx.party.name}: split on feature {choice.feature} bin "
+                                f"{choice.bin} is out of range")
+        rows = np.flatnonzero(work.node_of_row == choice.node)
+        left = goes_left(bins[rows, choice.feature], choice.bin, choice.missing_left,
+                         run.spec.max_bin)
+        flip = bool(secrets.randbits(1))  # which child the active party sees first
+        record_id = (body.work % MAX_TREES) * RECORDS_PER_TREE + len(work.records)
+        work.records[record_id] = LookupRecord(
+            feature=choice.feature, bin=choice.bin, missing_left=choice.missing_left,
+            threshold=split_threshold(state.cuts[choice.feature], choice.bin), flip=flip)
+        out_nodes.append(choice.node)
+        records.append(record_id)
+        first.append(np.packbits(left ^ flip).tobytes())
+    work.split_here |= set(nodes)
+    ctx.send(state.active, MsgType.F_APPLIED, ForestApplied(body.work, body.depth, out_nodes,
+                                                            records, first))
+    return MsgType.ACK, Ack(count=len(out_nodes))
+
+
+def finish_tree(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
+    """Keep the tree's records (on disk too) and drop its sample."""
+    state: JobState = ctx.state
+    run: PassiveForest = state.role_state
+    work = run.trees.pop(body.work, None) or _missing(body.work)
+    kept.save_tree(ctx.model_dir, checkpoint.key_of(ctx.party), state.digest,
+                   body.work % MAX_TREES,
+                   {str(k): {"feature": r.feature, "bin": r.bin, "threshold": r.threshold,
+                             "missing_left": r.missing_left, "flip": r.flip}
+                    for k, r in work.records.items()})
+    run.records.update(work.records)
+    ctx.mailbox.drop_tree(body.work)
+    return MsgType.ACK, Ack(count=len(work.records))
+
+
+def save_model_part(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
+    """Write the lookup table of the kept trees (SecureBoost's file format)."""
+    state: JobState = ctx.state
+    run: PassiveForest = state.role_state
+    chosen = set(body.keep)
+    records = {k: r for k, r in run.records.items() if k // RECORDS_PER_TREE in chosen}
+    write_json_atomic(ctx.model_dir / "lookup.json", lookup_to_dict(
+        state.party, ctx.job, state.data.names, records))
+    save_categories(ctx.model_dir, state.data.categories)
+    write_json_atomic(ctx.model_dir / "party.json", {
+        "party": state.party, "role": "passive", "job": ctx.job, "saved_at": time.time(),
+        "active": state.active})
+    return MsgType.ACK, Ack(count=len(records))
+
+
+def close_job(ctx: StepContext, _: Any) -> tuple[MsgType, Any]:
+    """The forest is saved: drop the kept trees."""
+    if isinstance(getattr(ctx.state, "role_state", None), PassiveForest):
+        kept.discard(ctx.model_dir)
+    return MsgType.ACK, Ack()

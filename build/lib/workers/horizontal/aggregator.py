@@ -1,0 +1,261 @@
+"""The aggregator of a horizontal job: merges the members' summaries into shared cuts, sums
+their masked histograms, grows the tree (FedTree, horizontal).
+
+It holds no rows. It sees the merged summaries, the members' row counts and gradient peak
+exponents, and the sums over all members of a round: the pairwise masks hide each member's own
+vector (``workers.horizontal.masking``), and a sum is formed only once every live member's
+vector of that round is in, so it never holds a sum missing a mask.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from boosting._typing import FloatArray
+from boosting.fixedpoint import quantize_at
+from boosting.losses import base_score_of_mean
+from boosting.params import BoostParams
+from boosting.tree import Tree
+from messages.bodies import Ack, Opened, Resumed, ResumeJob, Step
+from messages.envelope import MsgType
+from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, LeafValues,
+                                 LevelSplits, MaskedVector, MemberSummaries, OpenHorizontal,
+                                 Round, SharedCuts)
+from workers import ProtocolError, StageError, checkpoint
+from workers.horizontal.masking import unmask_sum
+from workers.horizontal.member import (PROTOCOL, STATS_SCALE, _take_current, aggregator_of,
+                                       load_checkpoint, members_of, params_of,
+                                       require_current, run_of)
+from workers.horizontal.summary import SummaryBytes, decode_summaries, merge_cuts
+from workers.horizontal.tree import SplitChooser, SummedTree
+from workers.policy import check_protocol
+from workers.runtime import StepContext
+
+MAX_FEATURES = 100_000
+
+
+@dataclass(slots=True)
+class AggregatorJob:
+    """The aggregator's state of one horizontal job."""
+
+    spec: HorizontalSpec
+    params: BoostParams
+    digest: str
+    rng: np.random.Generator | None
+    """The differential-privacy noise source (None: no differential privacy)."""
+    columns: list[str] = field(default_factory=list)
+    cuts: list[FloatArray] = field(default_factory=list)
+    base: float = 0.0
+    trees: list[Tree] = field(default_factory=list)
+    run: str = ""
+    round: tuple[int, int] = (-1, -1)
+    live: list[str] = field(default_factory=list)
+    tree: SummedTree | None = None
+    chooser: SplitChooser = field(default_factory=SplitChooser)
+
+
+def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
+    """Check the job against the party's policy; prepare the noise source under DP."""
+    spec = body.spec
+    me = ctx.party.name
+    check_protocol(ctx.party.policy, me, PROTOCOL)
+    if aggregator_of(spec) != me:
+        raise ProtocolError(f"{me}: the job's aggregator is {aggregator_of(spec)}")
+    if len(members_of(spec)) < max(2, spec.min_members):
+        raise ProtocolError(f"{me}: {len(members_of(spec))} members; secure aggregation needs "
+                            f"at least {max(2, spec.min_members)}")
+    rng = None
+    if spec.dp_epsilon > 0:  # a seed only for experiments: who knows it can remove the noise
+        rng = np.random.default_rng(spec.dp_seed if spec.dp_seed >= 0
+                                    else secrets.randbits(128))
+    # the digest names the spec only: the aggregator has no data file
+    digest = checkpoint.job_digest(spec, "/dev/null", None)
+    job = AggregatorJob(spec=spec, params=params_of(spec), digest=digest, rng=rng)
+    ctx.state = job
+    return MsgType.OPENED, Opened(rows=0, checkpoints=checkpoint.available(
+        ctx.model_dir, digest, checkpoint.key_of(ctx.party)))
+
+
+def merge_bins(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
+    """Merge the members' summaries into every feature's cuts; the securely summed label sums
+    give the base score. Members whose columns differ get no cuts (each names its file)."""
+    job: AggregatorJob = ctx.state
+    members = members_of(job.spec)
+    ctx.mailbox.require(*[(MsgType.H_SUMMARIES, m, -1, -1) for m in members],
+                        *[(MsgType.H_MASKED, m, -1, -1) for m in members])
+    received: list[MemberSummaries] = [ctx.mailbox.take(MsgType.H_SUMMARIES, m) for m in members]
+    stats = [_take_masked(ctx, m, "stats", -1, -1, 0, 2) for m in members]
+    reference = received[0].columns
+    if len(reference) > MAX_FEATURES:
+        raise ProtocolError(f"{ctx.party.name}: the members' summaries have {len(reference)} "
+                            f"columns, at most {MAX_FEATURES}")
+    if any(r.columns != reference for r in received):
+        for m in members:  # each member then names its own file and its difference
+            ctx.send(m, MsgType.H_CUTS, SharedCuts(list(reference), [], float("nan")))
+        return MsgType.ACK, Ack(count=0)
+    summaries = [decode_summaries([SummaryBytes(f.values, f.weights, f.exact)
+                                   for f in r.features], job.spec.summary_size, len(reference))
+                 for r in received]
+    rows, label_sum = (int(v) for v in unmask_sum(stats))
+    if rows <= 0:
+        raise ProtocolError(f"{ctx.party.name}: the members' row counts sum to {rows}")
+    mean = label_sum / rows if job.params.objective == "binary" else \
+        label_sum / STATS_SCALE / rows
+    job.columns = list(reference)
+    job.cuts = merge_cuts(summaries, job.params.max_bin)
+    job.base = float(base_score_of_mean(job.params.objective, mean)[0])
+    job.run = run_of(job.cuts, job.base)
+    shared = SharedCuts(list(reference), [np.asarray(c, dtype="<f8").tobytes() for c in job.cuts],
+                        job.base)
+    for m in members:
+        ctx.send(m, MsgType.H_CUTS, shared)
+    _checkpoint(ctx, job)
+    return MsgType.ACK, Ack(count=len(job.cuts))
+
+
+def _take_masked(ctx: StepContext, sender: str, purpose: str, tree: int, depth: int,
+                 attempt: int, length: int) -> np.ndarray:
+    """One member's masked vector of a round, checked for its purpose and length."""
+    while True:
+        body: MaskedVector = ctx.mailbox.take(MsgType.H_MASKED, sender, tree, depth)
+        if body.attempt == attempt and body.purpose == purpose:
+            break
+    if len(body.values) != 8 * length:
+        raise ProtocolError(f"{ctx.party.name}: {sender}'s masked {purpose} vector has "
+                            f"{len(body.values)} bytes, expected {8 * length}")
+    return np.frombuffer(body.values, dtype="<u8").astype(np.uint64)
+
+
+def agree_scale(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+    """The quantization scale every live member uses this tree: the largest peak exponents
+    and the members' rows (the core's ``quantize`` over the union)."""
+    job: AggregatorJob = ctx.state
+    if body.tree != len(job.trees):
+        raise StageError(f"{ctx.party.name}: tree {body.tree} asked, {len(job.trees)} done")
+    _check_live(ctx, job, body)
+    require_current(ctx, MsgType.H_GRADIENT_RANGE, body.members, body.tree, -1, body.attempt)
+    ranges: list[GradientRange] = [_take_current(ctx, MsgType.H_GRADIENT_RANGE, m, body.tree, -1,
+                                                 body.attempt) for m in body.members]
+    for m, r in zip(body.members, ranges):
+        if not (0 < r.rows <= 2 ** 40 and -1100 < r.g_exponent < 1100
+                and -1100 < r.h_exponent < 1100):
+            raise ProtocolError(f"{ctx.party.name}: {m}'s gradient range {r} is out of bounds")
+    rows = sum(r.rows for r in ranges)
+    g_exp, h_exp = max(r.g_exponent for r in ranges), max(r.h_exponent for r in ranges)
+    scale = GradientScale(body.tree, body.attempt, g_exp, h_exp, rows)
+    for m in body.members:
+        ctx.send(m, MsgType.H_GRADIENT_SCALE, scale)
+    unit = np.ones(1)
+    job.round, job.live = (body.tree, body.attempt), list(body.members)
+    job.tree = SummedTree(job.params, job.cuts,
+                          quantize_at(unit, rows, g_exp).scale, quantize_at(unit, rows, h_exp).scale)
+    job.chooser = _chooser(job)
+    return MsgType.ACK, Ack(count=rows)
+
+
+def _chooser(job: AggregatorJob) -> SplitChooser:
+    """Exact best splits, or the exponential mechanism under the job's privacy budget."""
+    if job.rng is None:
+        return SplitChooser()
+    from workers.horizontal.privacy import PrivacyBudget, gain_sensitivity
+    budget = PrivacyBudget(job.spec.dp_epsilon, job.spec.n_trees, job.spec.max_depth)
+    return SplitChooser(budget.split_epsilon(),
+                        gain_sensitivity(job.spec.dp_clip, job.params.reg_lambda), job.rng)
+
+
+def _check_live(ctx: StepContext, job: AggregatorJob, body: Round) -> None:
+    members = members_of(job.spec)
+    if len(set(body.members)) != len(body.members) or any(m not in members
+                                                          for m in body.members):
+        raise ProtocolError(f"{ctx.party.name}: round names members {body.members}, not a set "
+                            f"of this job's members")
+    if len(body.members) < job.spec.min_members:
+        raise ProtocolError(f"{ctx.party.name}: {len(body.members)} members left, the job needs "
+                            f"{job.spec.min_members}")
+
+
+def _current(ctx: StepContext, job: AggregatorJob, body: Round) -> SummedTree:
+    if job.tree is None or job.round != (body.tree, body.attempt) or body.members != job.live:
+        raise StageError(f"{ctx.party.name}: tree {body.tree} attempt {body.attempt} was not "
+                         f"started here")
+    return job.tree
+
+
+def secure_sum(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+    """FedTree steps 3 and 4: sum the live members' masked histograms of the level (the masks
+    cancel only in the whole sum), derive the siblings, choose each node's split and tell the
+    members. Replies with the nodes left open."""
+    job: AggregatorJob = ctx.state
+    tree = _current(ctx, job, body)
+    if body.depth != tree.depth:
+        raise StageError(f"{ctx.party.name}: depth {body.depth} asked, tree at {tree.depth}")
+    require_current(ctx, MsgType.H_MASKED, body.members, body.tree, body.depth, body.attempt)
+    n_features, n_bins = len(job.cuts), job.params.max_bin + 1
+    shape = (len(tree.build), n_features, n_bins, 3)
+    masked = [_take_masked(ctx, m, "hist", body.tree, body.depth, body.attempt,
+                           math.prod(shape)) for m in body.members]
+    tree.add_histograms(unmask_sum(masked).reshape(shape))
+    splits = tree.grow_level(job.chooser)
+    level = LevelSplits(body.tree, body.depth, body.attempt, splits, list(tree.build))
+    for m in body.members:
+        ctx.send(m, MsgType.H_SPLITS, level)
+    return MsgType.ACK, Ack(count=len(tree.frontier))
+
+
+def send_tree(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+    """FedTree step 1: the finished tree's leaf values (Laplace noise under DP) to the live
+    members, who apply it to their margins."""
+    job: AggregatorJob = ctx.state
+    tree = _current(ctx, job, body)
+    values = tree.leaf_values()
+    if job.rng is not None:
+        from workers.horizontal.privacy import PrivacyBudget, laplace_noise, leaf_sensitivity
+        budget = PrivacyBudget(job.spec.dp_epsilon, job.spec.n_trees, job.spec.max_depth)
+        raw = tree.leaf_raw()
+        ids = sorted(raw)
+        weights = np.array([-raw[n][0] / (raw[n][1] + job.params.reg_lambda) for n in ids])
+        noisy = laplace_noise(weights, budget.leaf_epsilon(),
+                              leaf_sensitivity(job.spec.dp_clip, job.params.reg_lambda), job.rng)
+        values = {n: float(v * job.params.learning_rate) for n, v in zip(ids, noisy)}
+    leaves = sorted(values)
+    message = LeafValues(body.tree, body.attempt, leaves, [values[n] for n in leaves])
+    for m in body.members:
+        ctx.send(m, MsgType.H_LEAVES, message)
+    job.trees.append(tree.tree(values))
+    job.tree = None
+    _checkpoint(ctx, job)
+    return MsgType.ACK, Ack(count=len(leaves))
+
+
+def _checkpoint(ctx: StepContext, job: AggregatorJob) -> None:
+    checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.run,
+                    {"columns": job.columns, "cuts": job.cuts, "base": job.base,
+                     "trees": job.trees}, checkpoint.key_of(ctx.party))
+
+
+def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
+    """Go back to a checkpoint every party holds."""
+    job: AggregatorJob = ctx.state
+    saved = load_checkpoint(ctx, job.digest, body, {"columns", "cuts", "base", "trees"})
+    job.columns, job.cuts = list(saved["columns"]), list(saved["cuts"])
+    job.base, job.trees, job.run = float(saved["base"]), list(saved["trees"]), body.checkpoint.run
+    return MsgType.RESUMED, Resumed(trees_done=len(job.trees), n_aligned=0, n_train=0,
+                                    n_valid=0, outputs=1, history=[])
+
+
+def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+    """The aggregator keeps no model: the members each save it."""
+    job: AggregatorJob = ctx.state
+    return MsgType.ACK, Ack(count=len(job.trees))
+
+
+def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+    if isinstance(ctx.state, AggregatorJob):
+        checkpoint.discard(ctx.model_dir)
+    return MsgType.ACK, Ack()
+

@@ -1,0 +1,388 @@
+"""A member of a horizontal job: rows with every column and the label (FedTree, horizontal).
+
+It sends the aggregator only quantile summaries, the peak exponents of its gradients, its row
+count and masked vectors (its label sum, its histograms): never a row, a gradient or a plain
+histogram. The masks are pairwise (``workers.horizontal.masking``), so they cancel only in the
+sum over all members of a round; each round's vector is masked once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from boosting import BoostingError
+from boosting._typing import BinMatrix, FloatArray, IntArray
+from boosting.binning import apply_cuts, check_cuts
+from boosting.fixedpoint import peak_exponent, quantize_at
+from boosting.losses import gradients, transform
+from boosting.metrics import evaluate
+from boosting.params import BoostParams
+from boosting.tree import Model, Tree, node_values
+from messages.bodies import Ack, Metric, Opened, Resumed, ResumeJob, Step, TreeFinished
+from messages.envelope import MsgType
+from messages.horizontal import (FeatureSummaryBytes, GradientRange, GradientScale, HorizontalSpec,
+                                 LeafValues, LevelSplits, MaskedVector, MaskPublicKey,
+                                 MemberSummaries, OpenHorizontal, Round, SharedCuts)
+from workers import DataError, ProtocolError, StageError, checkpoint
+from workers.data import PartyData
+from workers.horizontal.masking import MaskKey, MaskRound, mask_vector, pair_secret
+from workers.horizontal.summary import encode_summaries, summarize
+from workers.horizontal.tree import OWNER, MemberTree, assemble
+from workers.policy import check_protocol
+from workers.runtime import StepContext
+from workers.row_partitioned import (aggregator_of, load_member_data, members_of, params_of,
+                                     save_member_model)
+
+PROTOCOL = "horizontal"
+STATS_SCALE = 2.0 ** 24
+"""Fixed point of a regression member's label sum (the secure sum adds integers)."""
+
+
+@dataclass(slots=True)
+class MemberJob:
+    """A member's state of one horizontal job."""
+
+    spec: HorizontalSpec
+    params: BoostParams
+    data: PartyData
+    data_file: str
+    id_column: str
+    digest: str
+    aggregator: str
+    mask_key: MaskKey
+    peers: dict[str, bytes] = field(default_factory=dict)
+    """Pair secret with each other member (from their public keys)."""
+    masked: set[tuple[str, int, int, int]] = field(default_factory=set)
+    """Rounds this member has masked a vector in: never two vectors under one mask."""
+    cuts: list[FloatArray] = field(default_factory=list)
+    bins: BinMatrix | None = None
+    base: float = 0.0
+    margin: FloatArray | None = None
+    trees: list[Tree] = field(default_factory=list)
+    history: list[TreeFinished] = field(default_factory=list)
+    run: str = ""
+    # the tree in progress
+    round: tuple[int, int] = (-1, -1)
+    """(tree, attempt) of the tree being grown."""
+    live: list[str] = field(default_factory=list)
+    grad: FloatArray | None = None
+    hess: FloatArray | None = None
+    g_ints: IntArray | None = None
+    h_ints: IntArray | None = None
+    tree: MemberTree | None = None
+
+    @property
+    def y(self) -> FloatArray:
+        assert self.data.y is not None
+        return self.data.y
+
+    def require_bins(self) -> BinMatrix:
+        if self.bins is None:
+            raise StageError(f"{self.data_file}: rows are not binned yet")
+        return self.bins
+
+    def model(self) -> Model:
+        n_classes = 2 if self.params.objective == "binary" else 1
+        return Model(self.params, (self.base,), n_classes, tuple(self.trees),
+                     {OWNER: self.data.names})
+
+
+def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
+    """Load the member's data set, check its labels, send the other members a mask key."""
+    spec = body.spec
+    me = ctx.party.name
+    check_protocol(ctx.party.policy, me, PROTOCOL)
+    own = ctx.party.dataset_in(spec.parties)
+    data = load_member_data(me, own)
+    _check_labels(me, own.path, spec.objective, data.y)
+    job = MemberJob(spec=spec, params=params_of(spec), data=data, data_file=own.path,
+                    id_column=own.id_column,
+                    digest=checkpoint.job_digest(spec, own.path, own.columns),
+                    aggregator=aggregator_of(spec), mask_key=MaskKey.generate())
+    ctx.state = job
+    for peer in members_of(spec):
+        if peer != me:
+            ctx.send(peer, MsgType.H_MASK_KEY, MaskPublicKey(job.mask_key.public_bytes()))
+    return MsgType.OPENED, Opened(rows=len(data.ids), checkpoints=checkpoint.available(
+        ctx.model_dir, job.digest, checkpoint.key_of(ctx.party)))
+
+
+def _check_labels(me: str, path: str, objective: str, y: FloatArray) -> None:
+    """A member may hold one class only (its rows are a part), but only labels of the job's
+    objective."""
+    if not np.isfinite(y).all():
+        raise DataError(f"party {me}: file {path}: labels contain NaN or inf")
+    if objective == "binary" and not np.isin(y, (0.0, 1.0)).all():
+        bad = y[~np.isin(y, (0.0, 1.0))][0]
+        raise DataError(f"party {me}: file {path}: objective binary needs labels 0/1, found "
+                        f"{bad:g}")
+
+
+def _pair_secrets(ctx: StepContext, job: MemberJob) -> None:
+    """The pair secret with every other member, once their keys are in."""
+    me = ctx.party.name
+    others = [m for m in members_of(job.spec) if m != me and m not in job.peers]
+    ctx.mailbox.require(*[(MsgType.H_MASK_KEY, m, -1, -1) for m in others])
+    for peer in others:
+        key: MaskPublicKey = ctx.mailbox.take(MsgType.H_MASK_KEY, peer)
+        job.peers[peer] = pair_secret(job.mask_key, key.key, ctx.job, me, peer)
+
+
+def _send_masked(ctx: StepContext, job: MemberJob, values: IntArray, purpose: str, tree: int,
+                 depth: int, attempt: int, live: list[str]) -> None:
+    """Mask ``values`` for the round's live members and send them to the aggregator."""
+    me = ctx.party.name
+    key = (purpose, tree, depth, attempt)
+    if key in job.masked:  # a second vector under the same masks would reveal the difference
+        raise ProtocolError(f"{me}: already masked a vector for {purpose} tree {tree} depth "
+                            f"{depth} attempt {attempt}: refused")
+    job.masked.add(key)
+    secrets = {m: job.peers[m] for m in live if m != me}
+    masked = mask_vector(values.astype(np.int64).ravel(), me, secrets,
+                         MaskRound(ctx.job, purpose, tree, depth, attempt))
+    ctx.send(job.aggregator, MsgType.H_MASKED,
+             MaskedVector(purpose, tree, depth, attempt, masked.astype("<u8").tobytes()))
+
+
+def summarize_columns(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
+    """Send the aggregator one quantile summary per column, and the masked label sum."""
+    job: MemberJob = ctx.state
+    _pair_secrets(ctx, job)
+    summaries = encode_summaries(summarize(job.data.x, job.spec.summary_size))
+    ctx.send(job.aggregator, MsgType.H_SUMMARIES, MemberSummaries(
+        list(job.data.names),
+        [FeatureSummaryBytes(s.values, s.weights, s.exact) for s in summaries]))
+    y = job.y
+    label_sum = int(y.sum()) if job.params.objective == "binary" else \
+        int(np.rint(y * STATS_SCALE).astype(np.int64).sum())
+    members = members_of(job.spec)
+    _send_masked(ctx, job, np.array([y.size, label_sum], dtype=np.int64), "stats", -1, -1, 0,
+                 members)
+    return MsgType.ACK, Ack(count=len(summaries))
+
+
+def apply_bins(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
+    """Bin the rows with the shared cuts; start every margin at the shared base score."""
+    job: MemberJob = ctx.state
+    shared: SharedCuts = ctx.mailbox.take(MsgType.H_CUTS, job.aggregator)
+    me = ctx.party.name
+    if shared.columns != list(job.data.names):
+        raise DataError(f"party {me}: file {job.data_file}: columns differ from the first "
+                        f"member's: {_first_difference(list(job.data.names), shared.columns)}")
+    if not shared.cuts:  # another member's columns differ: its own error names its file
+        return MsgType.ACK, Ack(count=0)
+    if not math.isfinite(shared.base_score) or len(shared.cuts) != len(job.data.names):
+        raise ProtocolError(f"{me}: the aggregator sent {len(shared.cuts)} cut lists for "
+                            f"{len(job.data.names)} columns")
+    cuts = [np.frombuffer(raw, dtype="<f8").astype(np.float64) for raw in shared.cuts]
+    try:
+        check_cuts(cuts, len(cuts), job.params.max_bin)
+    except BoostingError as exc:  # the aggregator's doing, not this member's input
+        raise ProtocolError(f"{me}: the aggregator's cuts: {exc}") from None
+    job.cuts, job.base = cuts, float(shared.base_score)
+    job.bins = apply_cuts(job.data.x, cuts, job.params.max_bin)
+    job.margin = np.full((job.y.size, 1), job.base)
+    job.run = run_of(cuts, job.base)
+    _checkpoint(ctx, job)
+    return MsgType.ACK, Ack(count=job.y.size)
+
+
+def _first_difference(mine: list[str], reference: list[str]) -> str:
+    for k, (a, b) in enumerate(zip(mine, reference)):
+        if a != b:
+            return f"column {k + 1} is {a!r} here, {b!r} there"
+    return f"{len(mine)} columns here, {len(reference)} there"
+
+
+def run_of(cuts: list[FloatArray], base: float) -> str:
+    """A training run's id: a digest of its shared cuts and base score (every party has
+    them)."""
+    h = hashlib.sha256(np.float64(base).tobytes())
+    for c in cuts:
+        h.update(np.asarray(c, dtype="<f8").tobytes())
+    return h.hexdigest()[:16]
+
+
+def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+    """FedTree step 2, first half: g and h of every row under the model so far (clipped, with
+    unit hessians, under differential privacy); the aggregator gets their peak exponents."""
+    job: MemberJob = ctx.state
+    me = ctx.party.name
+    _check_round(job, me, body)
+    if body.tree != len(job.trees):
+        raise StageError(f"{me}: tree {body.tree} asked, {len(job.trees)} trees done")
+    bins = job.require_bins()
+    assert job.margin is not None
+    g, h = (a[:, 0] for a in gradients(job.params.objective, job.margin, job.y))
+    if job.spec.dp_epsilon > 0:
+        from workers.horizontal.privacy import clip_gradients
+        g, h = clip_gradients(g, job.spec.dp_clip), np.ones_like(h)
+    n = job.y.size
+    if job.params.subsample < 1.0:
+        index = members_of(job.spec).index(me)
+        rng = np.random.default_rng([job.params.seed, body.tree, index])
+        in_tree = rng.random(n) < job.params.subsample
+    else:
+        in_tree = np.ones(n, dtype=bool)
+    job.round, job.live = (body.tree, body.attempt), list(body.members)
+    job.grad, job.hess, job.g_ints, job.h_ints = g, h, None, None
+    job.tree = MemberTree.start(n, in_tree, bins.shape[1], job.params.max_bin,
+                                job.params.max_depth)
+    ctx.send(job.aggregator, MsgType.H_GRADIENT_RANGE, GradientRange(
+        body.tree, body.attempt, peak_exponent(g), peak_exponent(h), n))
+    return MsgType.ACK, Ack(count=n)
+
+
+def _check_round(job: MemberJob, me: str, body: Round) -> None:
+    members = members_of(job.spec)
+    if me not in body.members or any(m not in members for m in body.members) or \
+            len(set(body.members)) != len(body.members):
+        raise ProtocolError(f"{me}: round of tree {body.tree} names members {body.members}, "
+                            f"not a set of this job's members including {me}")
+    if len(body.members) < job.spec.min_members:
+        raise ProtocolError(f"{me}: {len(body.members)} members left, the job needs "
+                            f"{job.spec.min_members}: refused to mask for fewer")
+
+
+def _take_current(ctx: StepContext, kind: MsgType, sender: str, tree: int, depth: int,
+                  attempt: int) -> Any:
+    """The peer message of this attempt; those of an abandoned attempt are dropped."""
+    while True:
+        body = ctx.mailbox.take(kind, sender, tree, depth)
+        if body.attempt == attempt:
+            return body
+
+
+def require_current(ctx: StepContext, kind: MsgType, senders: list[str], tree: int, depth: int,
+                    attempt: int) -> None:
+    """Raise ``NotReady`` unless every sender's message of this attempt is in, after dropping
+    theirs of abandoned attempts: a step that takes from several senders must not take one's
+    message and then wait for another's (a retry would then miss the first)."""
+    for sender in senders:
+        waiting = ctx.mailbox.items.get((kind, sender, tree, depth), [])
+        while waiting and waiting[0].attempt != attempt:
+            ctx.mailbox.take(kind, sender, tree, depth)
+    ctx.mailbox.require(*[(kind, s, tree, depth) for s in senders])
+
+
+def update_histograms(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+    """FedTree step 2: histograms of the level's nodes over this member's rows, quantized
+    with the common scale, masked, to the aggregator."""
+    job: MemberJob = ctx.state
+    me = ctx.party.name
+    tree = _current_tree(job, me, body)
+    if body.depth != tree.depth:
+        raise StageError(f"{me}: depth {body.depth} asked, the tree is at depth {tree.depth}")
+    _pair_secrets(ctx, job)  # a resumed job skipped the summaries, where they were first made
+    if job.g_ints is None:
+        scale: GradientScale = _take_current(ctx, MsgType.H_GRADIENT_SCALE, job.aggregator,
+                                             body.tree, -1, body.attempt)
+        assert job.grad is not None and job.hess is not None
+        if not (job.y.size <= scale.rows <= 2 ** 42) or \
+                peak_exponent(job.grad) > scale.g_exponent or \
+                peak_exponent(job.hess) > scale.h_exponent or \
+                not -1100 < min(scale.g_exponent, scale.h_exponent) <= \
+                max(scale.g_exponent, scale.h_exponent) < 1100:
+            raise ProtocolError(f"{me}: gradient scale {scale} does not cover this member's")
+        job.g_ints = quantize_at(job.grad, scale.rows, scale.g_exponent).ints
+        job.h_ints = quantize_at(job.hess, scale.rows, scale.h_exponent).ints
+    assert job.h_ints is not None
+    hist = tree.histograms(job.require_bins(), job.g_ints, job.h_ints)
+    _send_masked(ctx, job, hist, "hist", body.tree, body.depth, body.attempt, job.live)
+    return MsgType.ACK, Ack(count=len(tree.build))
+
+
+def _current_tree(job: MemberJob, me: str, body: Round) -> MemberTree:
+    if job.tree is None or job.round != (body.tree, body.attempt) or body.members != job.live:
+        raise StageError(f"{me}: tree {body.tree} attempt {body.attempt} was not started here")
+    return job.tree
+
+
+def apply_splits(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+    """FedTree step 4 at a member: route its rows through the level's splits."""
+    job: MemberJob = ctx.state
+    me = ctx.party.name
+    tree = _current_tree(job, me, body)
+    level: LevelSplits = _take_current(ctx, MsgType.H_SPLITS, job.aggregator, body.tree,
+                                       body.depth, body.attempt)
+    if body.depth != tree.depth:
+        raise StageError(f"{me}: splits of depth {body.depth}, the tree is at depth {tree.depth}")
+    tree.apply(level.splits, level.build, job.require_bins(), me)
+    return MsgType.ACK, Ack(count=len(tree.frontier))
+
+
+def receive_tree(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+    """FedTree step 1 for the next tree: the finished tree's leaves; the margins move by it;
+    the member checkpoints and reports its training metrics over its own rows."""
+    job: MemberJob = ctx.state
+    me = ctx.party.name
+    tree = _current_tree(job, me, body)
+    leaves: LeafValues = _take_current(ctx, MsgType.H_LEAVES, job.aggregator, body.tree, -1,
+                                       body.attempt)
+    if sorted(leaves.leaves) != tree.leaves() or len(leaves.values) != len(leaves.leaves) or \
+            not all(math.isfinite(v) for v in leaves.values):
+        raise ProtocolError(f"{me}: leaf values for nodes {leaves.leaves}; this tree's leaves "
+                            f"are {tree.leaves()}")
+    finished = assemble(tree.n_nodes, tree.splits, dict(zip(leaves.leaves, leaves.values)),
+                        job.cuts)
+    assert job.margin is not None
+    job.margin[:, 0] += node_values(finished)[tree.node_of_row]
+    job.trees.append(finished)
+    pred = transform(job.params.objective, job.margin)
+    metrics = [Metric(k, v) for k, v in evaluate(job.params.objective, job.y, pred,
+                                                 "train").items()]
+    done = TreeFinished(metrics=[*metrics, Metric("rows", float(job.y.size))])
+    job.history.append(done)
+    job.tree, job.g_ints, job.h_ints, job.grad, job.hess = None, None, None, None, None
+    _checkpoint(ctx, job)
+    return MsgType.TREE_FINISHED, done
+
+
+def _checkpoint(ctx: StepContext, job: MemberJob) -> None:
+    checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.run,
+                    {"cuts": job.cuts, "base": job.base, "margin": job.margin,
+                     "trees": job.trees, "history": job.history},
+                    checkpoint.key_of(ctx.party))
+
+
+def load_checkpoint(ctx: StepContext, digest: str, body: ResumeJob,
+                    keys: set[str]) -> dict[str, Any]:
+    """A horizontal party's checkpoint record (``keys`` and the checkpoint's trees), checked."""
+    saved = checkpoint.load(ctx.model_dir, body.checkpoint, digest, checkpoint.key_of(ctx.party))
+    if not (isinstance(saved, dict) and keys <= set(saved) and isinstance(saved["trees"], list)
+            and len(saved["trees"]) == body.checkpoint.trees_done):
+        raise checkpoint.CheckpointError(f"{ctx.party.name}: checkpoint after "
+                                         f"{body.checkpoint.trees_done} trees is damaged")
+    return saved
+
+
+def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
+    """Go back to a checkpoint every party holds: cuts, base score, margins and trees."""
+    job: MemberJob = ctx.state
+    saved = load_checkpoint(ctx, job.digest, body, {"cuts", "base", "margin", "trees", "history"})
+    job.cuts, job.base, job.trees = list(saved["cuts"]), float(saved["base"]), list(saved["trees"])
+    job.margin, job.history = np.array(saved["margin"]), list(saved["history"])
+    job.bins = apply_cuts(job.data.x, job.cuts, job.params.max_bin)
+    job.run = body.checkpoint.run
+    return MsgType.RESUMED, Resumed(trees_done=len(job.trees), n_aligned=job.y.size,
+                                    n_train=job.y.size, n_valid=0, outputs=1,
+                                    history=list(job.history))
+
+
+def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+    """Every member keeps the whole model (horizontal models are shared)."""
+    job: MemberJob = ctx.state
+    return save_member_model(ctx, job.model(), PROTOCOL, members_of(job.spec), job.id_column)
+
+
+def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+    """The job is complete and its model saved: its checkpoints go."""
+    if isinstance(ctx.state, MemberJob):
+        checkpoint.discard(ctx.model_dir)
+    return MsgType.ACK, Ack()
+

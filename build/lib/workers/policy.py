@@ -1,0 +1,70 @@
+"""A party's own policy: what its worker will do, whatever a job asks.
+
+The policy comes from the party's worker file (or, in the embedded default, from its entry in
+the job file, which one operator writes for every party). A job that asks for less security
+than the policy allows is refused; it never lowers the policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from workers import ProtocolError
+
+MIN_KEY_BITS = 2048
+"""Default smallest Paillier modulus a party accepts: NIST SP 800-57 puts a 2048-bit RSA-type
+modulus at 112-bit security; a 512-bit modulus is factored in hours, which would let a passive
+party read every gradient and so every label."""
+
+Obfuscator = Literal["short", "full"]
+
+
+@dataclass(frozen=True, slots=True)
+class PartyPolicy:
+    """What a party's worker accepts (see the module docstring)."""
+
+    min_key_bits: int = MIN_KEY_BITS
+    """Smallest Paillier modulus this party generates (active) or accepts (passive)."""
+    protocols: tuple[str, ...] = ("vertical_secureboost",)
+    """Protocols this party takes part in."""
+    obfuscator: Obfuscator = "short"
+    """How the key holder draws Paillier obfuscators: ``short`` (a short exponent on a fixed
+    base, fast) or ``full`` (a full-length random r^n)."""
+    predict_modes: tuple[str, ...] = ("path",)
+    """Prediction modes a passive party answers: ``path`` reveals only the decisions on each
+    row's path; ``batched`` reveals all its decisions for every row to the active party."""
+    roles: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per protocol, the only roles this party takes (a protocol not named here: any)."""
+
+    def refuses_role(self, protocol: str, role: str) -> str:
+        """Why this policy refuses ``role`` in a job of ``protocol`` ("" if it does not)."""
+        allowed = self.roles.get(protocol)
+        if allowed is None or role in allowed:
+            return ""
+        return (f"the job gives it role {role!r} in {protocol}; its policy allows "
+                f"{', '.join(allowed)}")
+
+
+class PolicyError(ProtocolError):
+    """A job asks for what the party's policy does not allow."""
+
+
+def check_job(policy: PartyPolicy, party: str, protocol: str, key_bits: int) -> None:
+    """Refuse a job below the party's policy, in one line naming the party, asked and allowed."""
+    check_protocol(policy, party, protocol)
+    check_key_bits(policy, party, key_bits, "the job asks for")
+
+
+def check_protocol(policy: PartyPolicy, party: str, protocol: str) -> None:
+    """Refuse a protocol the party's policy does not list."""
+    if protocol not in policy.protocols:
+        raise PolicyError(f"party {party} refuses protocol {protocol!r}: its policy allows "
+                          f"{', '.join(policy.protocols)}")
+
+
+def check_key_bits(policy: PartyPolicy, party: str, key_bits: int, what: str) -> None:
+    """Refuse a Paillier modulus smaller than the policy's minimum."""
+    if key_bits < policy.min_key_bits:
+        raise PolicyError(f"party {party} refuses a {key_bits}-bit Paillier key ({what}): its "
+                          f"policy requires at least {policy.min_key_bits} bits")

@@ -1,0 +1,65 @@
+"""What the row-partitioned protocols (horizontal, SimFL) share: members hold rows with the
+label, one aggregator holds none, and every member keeps the whole model (``model.json`` and a
+``party.json`` that lets ``fedboost predict`` score with that copy alone)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from boosting.params import BoostParams
+from boosting.tree import Model, save_model, write_json_atomic
+from messages.bodies import Ack
+from messages.envelope import MsgType
+from workers import DataError, ProtocolError
+from workers.data import PartyData, load_party_data
+from workers.runtime import DataSet, StepContext
+
+
+def params_of(spec: Any) -> BoostParams:
+    """Boosting parameters from a horizontal or SimFL job spec (the same fields)."""
+    return BoostParams(n_trees=spec.n_trees, max_depth=spec.max_depth,
+                       learning_rate=spec.learning_rate, max_bin=spec.max_bin,
+                       objective=spec.objective, reg_lambda=spec.reg_lambda, gamma=spec.gamma,
+                       min_child_weight=spec.min_child_weight,
+                       min_samples_leaf=spec.min_samples_leaf, subsample=spec.subsample,
+                       seed=spec.seed)
+
+
+def members_of(spec: Any) -> list[str]:
+    """The job's members, in its order."""
+    return [p.name for p in spec.parties if p.role == "member"]
+
+
+def aggregator_of(spec: Any) -> str:
+    """The job's one aggregator."""
+    found = [p.name for p in spec.parties if p.role == "aggregator"]
+    if len(found) != 1:
+        raise ProtocolError(f"the job needs exactly one aggregator, names {found}")
+    return found[0]
+
+
+def load_member_data(me: str, own: DataSet) -> PartyData:
+    """A member's rows with their labels. Categorical columns are refused: members share
+    columns, and codes each member drew from its own file would differ."""
+    if own.categorical:
+        raise DataError(f"party {me}: file {own.path}: categorical columns are encoded by the "
+                        f"one party that owns them, in vertical jobs; members of a "
+                        f"row-partitioned job share columns: encode "
+                        f"{', '.join(own.categorical)} alike beforehand")
+    data = load_party_data(me, own.path, own.id_column, own.label, require_label=True,
+                           columns=own.columns)
+    if own.label is None or data.y is None:
+        raise DataError(f"party {me}: file {own.path}: a member needs its label column (label: "
+                        f"in its worker file's data set)")
+    return data
+
+
+def save_member_model(ctx: StepContext, model: Model, protocol: str, members: list[str],
+                      id_column: str) -> tuple[MsgType, Any]:
+    """Write this member's copy of the model; the reply counts its trees."""
+    save_model(model, ctx.model_dir / "model.json")
+    write_json_atomic(ctx.model_dir / "party.json", {
+        "party": ctx.party.name, "role": "member", "protocol": protocol, "job": ctx.job,
+        "saved_at": time.time(), "members": members, "id_column": id_column})
+    return MsgType.ACK, Ack(count=len(model.trees))
