@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Callable
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -67,8 +69,10 @@ def run_embedded(job: str, specs: list[PartySpec], run_flow: Callable[[], T], *,
     # fresh keys: one machine, one run
     sealers = federation_sealers([s.name for s in specs], end_to_end=end_to_end)
     procs, helpers = start_workers(hub, specs, sealers, log_level)
+    by_party = dict(zip([s.name for s in specs], procs, strict=True))
     attach(Coordinator(job=job, transport=hub.endpoint(FLOW_ENDPOINT),
-                       sealer=sealers[FLOW_IDENTITY], timeout=step_timeout))
+                       sealer=sealers[FLOW_IDENTITY], timeout=step_timeout,
+                       gone=lambda parties: exited(by_party, parties)))
     try:
         return run_flow()
     finally:
@@ -80,6 +84,20 @@ def run_embedded(job: str, specs: list[PartySpec], run_flow: Callable[[], T], *,
         for helper in helpers:  # helpers serve until told to stop
             helper.terminate()
         stop_workers(helpers)
+
+
+def exited(procs: dict[str, BaseProcess], parties: list[str]) -> dict[str, str]:
+    """Of ``parties``, those whose worker process has ended, and how."""
+    gone = {}
+    for party in parties:
+        proc = procs.get(party)
+        if proc is None or proc.is_alive() or proc.exitcode is None:
+            continue
+        code = proc.exitcode
+        how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
+               else f"exited with code {code}")
+        gone[party] = f"its worker process {how}"
+    return gone
 
 
 def train_embedded(config: AnyJobConfig, out_dir: Path, *,
