@@ -63,7 +63,9 @@ def processes_of(party: Any) -> int:
 def run_embedded(job: str, specs: list[PartySpec], run_flow: Callable[[], T], *,
                  hub: MemoryHub | None = None, log_level: int = logging.WARNING,
                  step_timeout: float = DEFAULT_STEP_TIMEOUT, end_to_end: bool = False) -> T:
-    """Start the parties' workers, run the flow against them, and stop them whatever happens."""
+    """Start the parties' workers, run the flow against them, and stop them whatever happens
+    (``hub``: the caller's, which it closes itself; else one made and closed here)."""
+    own_hub = hub is None
     hub = hub or MemoryHub([s.name for s in specs] + [FLOW_ENDPOINT],
                            helpers={s.name: s.processes - 1 for s in specs if s.processes > 1})
     # fresh keys: one machine, one run
@@ -72,18 +74,18 @@ def run_embedded(job: str, specs: list[PartySpec], run_flow: Callable[[], T], *,
     by_party = dict(zip([s.name for s in specs], procs, strict=True))
     attach(Coordinator(job=job, transport=hub.endpoint(FLOW_ENDPOINT),
                        sealer=sealers[FLOW_IDENTITY], timeout=step_timeout,
-                       gone=lambda parties: exited(by_party, parties)))
+                       parties=tuple(by_party), gone=lambda parties: exited(by_party, parties),
+                       presence=lambda parties: stopped(by_party, parties)))
     try:
         return run_flow()
     finally:
         detach(job)
-        for proc in procs:  # a failed flow never sent CLOSE_JOB
-            if proc.is_alive():
+        for proc in [*procs, *helpers]:  # a failed flow never sent CLOSE_JOB; helpers serve
+            if proc.is_alive():          # until told to stop
                 proc.terminate()
-        stop_workers(procs)
-        for helper in helpers:  # helpers serve until told to stop
-            helper.terminate()
-        stop_workers(helpers)
+        stop_workers([*procs, *helpers])
+        if own_hub:
+            hub.close()
 
 
 def exited(procs: dict[str, BaseProcess], parties: list[str]) -> dict[str, str]:
@@ -98,6 +100,20 @@ def exited(procs: dict[str, BaseProcess], parties: list[str]) -> dict[str, str]:
                else f"exited with code {code}")
         gone[party] = f"its worker process {how}"
     return gone
+
+
+def stopped(procs: dict[str, BaseProcess], parties: list[str]) -> dict[str, str]:
+    """Of ``parties``, those whose worker process is stopped (SIGSTOP, Ctrl-Z, a debugger)."""
+    found = {}
+    for party in parties:
+        proc = procs.get(party)
+        try:
+            stat = Path(f"/proc/{proc.pid}/stat").read_text() if proc is not None else ""
+        except OSError:  # gone, or not Linux
+            continue
+        if stat.rpartition(")")[2].split()[:1] in (["T"], ["t"]):
+            found[party] = "its worker process is stopped"
+    return found
 
 
 def train_embedded(config: AnyJobConfig, out_dir: Path, *,

@@ -81,6 +81,9 @@ class Coordinator:
     presence: Presence | None = None
     """Notes on silent parties for the waiting notices (over RabbitMQ: whether a worker
     consumes the party's queue)."""
+    parties: tuple[str, ...] = ()
+    """Every party of the job: ``gone`` and ``presence`` look at them all while a step waits,
+    since a party that does not answer may itself wait for another's peer messages."""
     first_notice: float = FIRST_NOTICE_SECONDS
     notice_every: float = NOTICE_EVERY_SECONDS
 
@@ -188,11 +191,14 @@ class _Silence:
 
     def check(self, silent: list[str]) -> None:
         coord = self.coordinator
+        # every party of the job: a silent one may be waiting for another's peer messages
+        everyone = sorted(set(coord.parties) | set(silent))
         if coord.gone is not None:
-            gone = {p: why for p, why in coord.gone(silent).items() if p in silent}
+            gone = coord.gone(everyone)
             if gone:
-                raise PartyGone("; ".join(f"party {p}: {why} while the flow waited for its "
-                                          f"answer to {step_text(self.step)}"
+                raise PartyGone("; ".join(f"party {p}: {why} while the flow waited for "
+                                          f"{', '.join(silent)} to answer "
+                                          f"{step_text(self.step)}"
                                           for p, why in sorted(gone.items())),
                                 sorted(gone))
         now = time.monotonic()
@@ -202,17 +208,15 @@ class _Silence:
         notes = {}
         if coord.presence is not None:
             with coord.lock:  # it asks the broker on the job's connection
-                notes = coord.presence(silent)
-        waited = now - self.started
-        since = time.strftime("%H:%M:%S", time.localtime(self.wall_started))
-        who = ", ".join(f"{p} ({notes[p]})" if p in notes else p for p in silent)
-        tell_silence(coord.job, PartiesSilent(self.step, tuple(silent), waited, since,
-                                              tuple(sorted(notes.items()))))
+                notes = coord.presence(everyone)
+        event = PartiesSilent(self.step, tuple(silent), now - self.started,
+                              time.strftime("%H:%M:%S", time.localtime(self.wall_started)),
+                              tuple(sorted(notes.items())))
+        tell_silence(coord.job, event)
         # the Prefect UI shows it on the flow run; a listener (the command line) shows it itself
-        _run_log().log(
-            logging.INFO if has_listener(coord.job) else logging.WARNING,
-            "step %s has waited %.0f s (since %s) for %s; it gives up after %.0f s "
-            "(transport.step_timeout)", step_text(self.step), waited, since, who, coord.timeout)
+        _run_log().log(logging.INFO if has_listener(coord.job) else logging.WARNING,
+                       "%s; the step gives up after %.0f s (transport.step_timeout)",
+                       event.text(), coord.timeout)
 
 
 def _run_log() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
@@ -282,6 +286,7 @@ def broker_coordinator(config: Any, job: str, timeout: float) -> Coordinator:
                                partial_seconds=transport.partial_seconds,
                                tls=transport.tls_options())
     return Coordinator(job=job, transport=endpoint, sealer=sealer, timeout=timeout,
+                       parties=tuple(getattr(config, "parties", ())),
                        presence=lambda parties: _unconsumed(endpoint, parties))
 
 

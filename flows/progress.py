@@ -54,7 +54,8 @@ class TreeProgress:
 @dataclass(frozen=True, slots=True)
 class PartiesSilent:
     """Step ``step`` has waited ``waited`` seconds (since ``since``, local clock time) for
-    ``parties``; ``notes``: what is known of some of them (party, note)."""
+    ``parties``; ``notes``: what is known of any party of the job (party, note), e.g. the one
+    a silent party itself waits for."""
 
     step: str
     parties: tuple[str, ...]
@@ -63,11 +64,11 @@ class PartiesSilent:
     notes: tuple[tuple[str, str], ...] = ()
 
     def text(self) -> str:
-        """'waiting 90 s (since 10:02:11) for host (no worker ...) to answer build_histograms'."""
-        notes = dict(self.notes)
-        who = ", ".join(f"{p} ({notes[p]})" if p in notes else p for p in self.parties)
-        return (f"waiting {self.waited:.0f} s (since {self.since}) for {who} to answer "
-                f"{step_text(self.step)}")
+        """'waiting 90 s (since 10:02:11) for guest to answer broadcast_nodes (tree 1, depth
+        0); host: its worker process is stopped'."""
+        notes = "".join(f"; {party}: {note}" for party, note in self.notes)
+        return (f"waiting {self.waited:.0f} s (since {self.since}) for "
+                f"{', '.join(self.parties)} to answer {step_text(self.step)}{notes}")
 
 
 def step_text(step: str) -> str:

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.process import BaseProcess
@@ -97,12 +98,21 @@ def _start_workers(hub: MemoryHub, parties: list[PartySpec], sealers: dict[str, 
 
 
 def stop_workers(procs: list[BaseProcess], timeout: float = 10.0) -> None:
-    """Wait for workers to exit after CLOSE_JOB; terminate stragglers."""
+    """Wait for workers to exit after CLOSE_JOB; stop stragglers, all at once: SIGTERM (a
+    worker finishes its current step, then exits), then SIGKILL after ``timeout`` seconds.
+    One after the other, three stragglers held a failed run's exit for a minute."""
+    _join_all(procs, timeout)
     for proc in procs:
-        proc.join(timeout)
         if proc.is_alive():
-            proc.terminate()  # SIGTERM: the worker finishes its current step, then exits
-            proc.join(timeout)
+            proc.terminate()
+    _join_all(procs, timeout)
+    for proc in procs:
         if proc.is_alive():
             proc.kill()
-            proc.join(timeout)
+    _join_all(procs, timeout)
+
+
+def _join_all(procs: list[BaseProcess], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))

@@ -3,6 +3,7 @@ or is gone, and a step that keeps waiting says for whom."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -55,22 +56,23 @@ def test_calls_in_flight_give_up_when_a_party_lost_the_state() -> None:
 
 def test_a_step_says_whom_it_waits_for_and_fails_at_once_when_a_party_is_gone() -> None:
     """A silent party is named after ``first_notice`` seconds and again every
-    ``notice_every`` (on the progress listener, the command line's bar or lines); a party
-    whose worker is known to have stopped ends the step at once, naming it."""
+    ``notice_every`` (on the progress listener, the command line's bar or lines), with what is
+    known of every party of the job (the silent one may wait for another's peer messages); a
+    party whose worker is known to have stopped ends the step at once, naming it."""
     hub = MemoryHub(["flow", "guest", "host"])
     sealers = federation_sealers(["guest", "host"])
     gone: dict[str, str] = {}
     coord = Coordinator("job", hub.endpoint("flow"), sealers["flow"], timeout=600,
+                        parties=("guest", "host"),
                         gone=lambda parties: {p: gone[p] for p in parties if p in gone},
-                        presence=lambda parties: {"host": "no worker of it is connected"},
+                        presence=lambda parties: {"host": "its worker process is stopped"},
                         first_notice=0.5, notice_every=1.0)
     heard: list[object] = []
     outcome: list[BaseException] = []
 
-    def step() -> None:
+    def step() -> None:  # guest waits for host's peer messages, say
         try:
-            coord.call(["guest", "host"], MsgType.BUILD_HISTOGRAMS, Step(2, 1),
-                       "build_histograms/t2/d1")
+            coord.call(["guest"], MsgType.BROADCAST_NODES, Step(2, 1), "broadcast_nodes/t2/d1")
         except BaseException as exc:  # noqa: BLE001 - the test inspects it
             outcome.append(exc)
 
@@ -84,14 +86,13 @@ def test_a_step_says_whom_it_waits_for_and_fails_at_once_when_a_party_is_gone() 
     assert not waiting.is_alive() and time.monotonic() - started < 3
     silent = [e for e in heard if isinstance(e, PartiesSilent)]
     assert len(silent) == 2, heard  # at 0.5 s and at 1.5 s
-    assert silent[0].parties == ("guest", "host") and silent[1].waited > silent[0].waited
-    assert silent[0].text().startswith("waiting 1 s (since ") or \
-        silent[0].text().startswith("waiting 0 s (since ")
-    assert silent[0].text().endswith("for guest, host (no worker of it is connected) to answer "
-                                     "build_histograms (tree 2, depth 1)")
+    assert silent[0].parties == ("guest",) and silent[1].waited > silent[0].waited
+    assert re.fullmatch(r"waiting [01] s \(since \d\d:\d\d:\d\d\) for guest to answer "
+                        r"broadcast_nodes \(tree 2, depth 1\); host: its worker process is "
+                        r"stopped", silent[0].text()), silent[0].text()
     assert isinstance(outcome[0], PartyGone) and outcome[0].missing == ["host"]
     assert str(outcome[0]) == ("party host: its worker process was killed by signal SIGKILL "
-                               "while the flow waited for its answer to build_histograms "
+                               "while the flow waited for guest to answer broadcast_nodes "
                                "(tree 2, depth 1)")
 
 
