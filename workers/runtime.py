@@ -27,11 +27,12 @@ from typing import Any
 
 from boosting import BoostingError
 from crypto import CryptoError
-from messages import DecodeError, MessageError
+from messages import DecodeError, MessageError, UnknownMessageType
 from messages.bodies import ErrorReply
 from messages.envelope import (COMMANDS, OPENERS, TRANSIENT, UNRECORDED, WORK, Envelope,
                                MsgType)
-from messages.signing import CLOCK_SKEW_SECONDS, Sealer, is_flow
+from messages.rejections import RejectionLog
+from messages.signing import CLOCK_SKEW_SECONDS, ForgedMessage, Sealer, claimed_signer, is_flow
 from messages.transport import Transport
 from workers import DataError, NotReady, ProtocolError
 from workers.answered import AnsweredRecord
@@ -298,6 +299,8 @@ class Worker:
         """Signs what this worker sends; verifies and de-duplicates what it receives."""
         self.exit_on_close = exit_on_close
         self.jobs: dict[str, _Job] = {}
+        self.rejections = RejectionLog(log, party.name)
+        """Refused messages, logged within budgets, with summaries (``messages.rejections``)."""
         self._answered: AnsweredRecord | None = None
         self._stopping = False
         self._last_retry = time.monotonic()
@@ -322,7 +325,9 @@ class Worker:
             self._expire_pending()
             self._retry_waiting()
             self._drop_idle_jobs()
+            self.rejections.flush()
             self._beat()
+        self.rejections.flush(final=True)
         for job in self.jobs.values():  # their crypto processes go now, not at exit
             job.discard()
         self.jobs.clear()
@@ -341,8 +346,9 @@ class Worker:
         """A command this party answered before, also before a restart: refused, logged."""
         if (env.job, env.task) not in self.answered:
             return False
-        log.warning("%s: rejected replayed %s %s of job %r (answered before)", self.party.name,
-                    env.kind.name, env.task, env.job)
+        self.rejections.refuse("replayed command", env.sender, "rejected replayed %s %s of job "
+                               "%r (answered before)", env.kind.name, env.task, env.job,
+                               authenticated=True)
         return True
 
     def _record(self, env: Envelope) -> None:
@@ -395,21 +401,27 @@ class Worker:
         try:
             env = self.sealer.open(data)
         except MessageError as exc:  # malformed, forged, unknown signer, replayed
-            log.warning("%s: rejected message: %s", self.party.name, exc)
+            signer = claimed_signer(data)
+            reason = ("forged or replayed" if isinstance(exc, ForgedMessage) else "unknown kind"
+                      if isinstance(exc, UnknownMessageType) else "malformed" if signer
+                      else "unsigned or unreadable")
+            self.rejections.refuse(reason, signer, "rejected message: %s", exc,
+                                   authenticated=False)
             return
         if env.recipient != self.party.name:
-            log.warning("%s: rejected message addressed to %r", self.party.name, env.recipient)
+            self._refuse(env, "misaddressed", "rejected message addressed to %r", env.recipient)
             return
         own = env.sender == self.party.name
         if env.kind in WORK:
             if not own:
-                log.warning("%s: rejected %s work from %r", self.party.name, env.kind.name, env.sender)
+                self._refuse(env, "work from another party", "rejected %s work from %r",
+                             env.kind.name, env.sender)
                 return
             self._run(_Job(RoleSteps(self.work)), env)  # shards carry all they need: no job state
             return
         if env.kind in COMMANDS and not is_flow(env.sender):
-            log.warning("%s: rejected %s from %r: commands come from flows", self.party.name,
-                        env.kind.name, env.sender)
+            self._refuse(env, "command from a party", "rejected %s from %r: commands come from "
+                         "flows", env.kind.name, env.sender)
             return
         if env.kind in COMMANDS and env.kind not in UNRECORDED and self._replayed(env):
             # before anything: a replayed opener must not even replace the open job. A
@@ -436,7 +448,7 @@ class Worker:
                 self.jobs.pop(env.job).discard()
             self.jobs[env.job] = opened
         if env.job not in self.jobs:  # late, early or forged: nothing to file it under
-            log.warning("%s: %s for unknown job %r", self.party.name, env.kind.name, env.job)
+            self._refuse(env, "unknown job", "%s for unknown job %r", env.kind.name, env.job)
             if env.kind in COMMANDS:  # e.g. this worker restarted: the flow can resume the job
                 self._reply(env, MsgType.ERROR, ErrorReply(
                     self.party.name, env.kind.name, f"job {env.job!r} is not open here (worker "
@@ -445,8 +457,8 @@ class Worker:
         job = self.jobs[env.job]
         job.last_seen = time.monotonic()
         if session != job.session:  # sent before the job was reopened: its step is over
-            log.info("%s: dropped %s of another session of job %r", self.party.name,
-                     env.kind.name, env.job)
+            self._refuse(env, "stale session", "dropped %s of another session of job %r",
+                         env.kind.name, env.job, level=logging.INFO)
             if env.kind in COMMANDS:  # a flow still running beside a newer one: stop it
                 self._reply(env, MsgType.ERROR, ErrorReply(
                     self.party.name, env.kind.name, f"job {env.job!r} was reopened by another "
@@ -454,8 +466,8 @@ class Worker:
             return
         if env.kind in COMMANDS:
             if env.task in job.done:
-                log.warning("%s: rejected replayed %s %s of job %r", self.party.name,
-                            env.kind.name, env.task, env.job)
+                self._refuse(env, "replayed command", "rejected replayed %s %s of job %r",
+                             env.kind.name, env.task, env.job)
                 return
             if any(p.env.task == env.task for p in job.pending):
                 return  # the same step again while it waits: one answer will come
@@ -467,16 +479,22 @@ class Worker:
         elif env.kind == MsgType.ERROR and own:
             self._fail_pending(job, env)  # a helper process failed a shard of a waiting step
         elif not (own or env.sender in job.parties):
-            log.warning("%s: rejected %s from %r: not a party of job %r", self.party.name,
-                        env.kind.name, env.sender, env.job)
+            self._refuse(env, "not a party of the job", "rejected %s from %r: not a party of "
+                         "job %r", env.kind.name, env.sender, env.job)
         else:
             full = job.mailbox.put(_mail_key(env), env.body, len(data))
             if full:
-                log.warning("%s: dropped %s from %r of job %r: mailbox full, %s",
-                            self.party.name, env.kind.name, env.sender, env.job, full)
+                self._refuse(env, "mailbox full", "dropped %s from %r of job %r: mailbox full, %s",
+                             env.kind.name, env.sender, env.job, full)
                 return
             self._arrived(job, env)
             self._retry_pending(job)
+
+    def _refuse(self, env: Envelope, reason: str, message: str, *args: object,
+                level: int = logging.WARNING) -> None:
+        """Log a refused message whose signature verified (``messages.rejections``)."""
+        self.rejections.refuse(reason, env.sender, message, *args, authenticated=True,
+                               level=level)
 
     def _open(self, env: Envelope, session: str) -> _Job | None:
         """A job for an opener: its protocol's steps for the role the job gives this party.
