@@ -58,6 +58,8 @@ class RejectionLog:
     _counts: Counter[tuple[str, str]] = field(default_factory=Counter)
     """Refusals since the last summary, by (reason, sender)."""
     _hidden: int = 0
+    _level: int = logging.NOTSET
+    """The highest level of a refusal not logged: the summary's level."""
     _since: float | None = None
     _last: float = 0.0
 
@@ -84,6 +86,7 @@ class RejectionLog:
             self.log.log(level, "%s: " + message, self.owner, *args)
         else:
             self._hidden += 1
+            self._level = max(self._level, level)
 
     def flush(self, *, final: bool = False) -> None:
         """Log the summary if one is due (refusals went unlogged, and they stopped for
@@ -104,8 +107,8 @@ class RejectionLog:
             return
         groups = "; ".join(f"{count} {reason} from {sender}"
                            for (reason, sender), count in self._counts.most_common())
-        self.log.warning("%s: refused %d messages in %.0f s, %d of them not logged one by one: "
-                         "%s", self.owner, sum(self._counts.values()), now - self._since,
-                         self._hidden, groups)
+        self.log.log(self._level, "%s: refused %d messages in %.0f s, %d of them not logged one "
+                     "by one: %s", self.owner, sum(self._counts.values()), now - self._since,
+                     self._hidden, groups)
         self._counts.clear()
-        self._hidden, self._since = 0, None
+        self._hidden, self._level, self._since = 0, logging.NOTSET, None

@@ -166,8 +166,8 @@ def test_a_members_mask_key_before_its_opener_is_kept_and_the_job_completes(
     assert result["members"] == [fed.names["guest"], fed.names["host"]]
     host_log = fed.logs["host"].read_text()
     assert f"H_MASK_KEY for unknown job {config.job!r}" not in host_log
-    assert (f"job {config.job!r} opened: the 1 peer messages that came before its opener "
-            f"follow") in host_log, "the race was not reproduced: the key came after the opener"
+    assert re.search(rf"job {re.escape(repr(config.job))} opened: the \d+ peer messages that "
+                     rf"came before its opener follow", host_log), "no key came before the opener"
     assert _steps(fed.logs["host"], config.job)[-1] == "CLOSE_JOB"
 
 
@@ -229,7 +229,8 @@ def test_a_junk_flood_is_logged_in_a_few_lines_and_a_summary_and_a_job_goes_on(
         f"early mail over its limit from {stranger!r}": 500 - kept,
         f"misaddressed from {stranger!r}": 20}, counts
     # one budget for every unverified sender, one for the stranger: a few lines, not 2,020
-    refusals = [line for line in lines if "rejected" in line or "dropped" in line]
+    refusals = [line for line in lines if ("rejected" in line or "dropped" in line)
+                and "did not open here" not in line]  # the stranger's kept junk, 120 s on
     assert len(refusals) <= 2 * LINES_PER_PERIOD, refusals
     assert len(lines) < 150, f"{len(lines)} lines"
     # the job's own lines are all there

@@ -73,6 +73,18 @@ def test_authenticated_senders_keep_their_own_lines_through_a_flood(
     assert levels["host: PSI_POINTS for unknown job 'j'"] == logging.INFO
 
 
+def test_a_summary_of_info_lines_stays_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="test.rejections")
+    clock = Clock()
+    rejections = _log(clock, lines=1)
+    for _ in range(5):  # a recovered job's late messages: expected, not a warning
+        rejections.refuse("stale session", "guest", "stale", authenticated=True,
+                          level=logging.INFO)
+    rejections.flush(final=True)
+    assert [r.levelno for r in caplog.records] == [logging.INFO, logging.INFO]
+    assert "5 stale session from 'guest'" in _lines(caplog)[-1]
+
+
 def test_a_long_flood_gets_a_summary_each_period_and_budgets_renew(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="test.rejections")

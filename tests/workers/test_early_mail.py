@@ -143,6 +143,20 @@ def test_a_reopened_job_keeps_its_new_sessions_mail_and_drops_the_old(
     assert "dropped PSI_POINTS of another session" in caplog.text and len(worker.early) == 0
 
 
+def test_a_restarted_worker_never_hands_an_old_sessions_mail_to_the_new_one(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A restarted worker forgot the sessions it opened: a late message of one looks early. The
+    flow's recovery opens a new session, which must not get it; it expires, logged once."""
+    worker, hub = _worker(tmp_path)
+    worker.handle_bytes(SEALERS["guest"].seal(_points("guest", "s1")))  # sent before the restart
+    _open(worker, hub, "s2")  # the flow's recovery
+    assert _filed(worker) == [] and len(worker.early) == 1
+    worker.early.seconds = 0.0
+    worker.early.expire()
+    assert len(worker.early) == 0
+    assert caplog.text.count("from 'guest' for job 'job' (session s1): the job did not open") == 1
+
+
 def test_kept_mail_meets_the_mailbox_limits_and_expires_once(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     worker, _ = _worker(tmp_path)
