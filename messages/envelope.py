@@ -231,6 +231,17 @@ WORK = frozenset({MsgType.HISTOGRAM_SHARD, MsgType.TREE_CIPHERTEXTS, MsgType.CRY
 """What a party's coordinating process hands to its own helper processes: shards of a step, and
 the data those shards share (a tree's ciphertexts); the active party's encryption and
 decryption shards."""
+REPLIES = frozenset({MsgType.ACK, MsgType.SPLITS_FOUND, MsgType.TREE_FINISHED, MsgType.ERROR,
+                     MsgType.ALIGNED, MsgType.OPENED, MsgType.RESUMED, MsgType.F_OPENED,
+                     MsgType.S_PREPARE_REPLY, MsgType.ROWS_FOUND, MsgType.SCORES})
+"""A party's answers to a flow's commands (a helper process's failed shard also answers with
+``ERROR``, to its own party)."""
+PEER_MAIL = frozenset(MsgType) - COMMANDS - WORK - REPLIES
+"""What parties send one another within a job (and a party's helper processes back to it): a
+job's mailbox files them. Every kind not declared a command, work or a reply is peer mail, so a
+protocol's new peer message needs no listing here. A peer that opened its job first may send
+some before this party's opener arrives: a worker keeps them until it does
+(``workers.early_mail``)."""
 
 
 @dataclass(frozen=True, slots=True)

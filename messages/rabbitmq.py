@@ -321,7 +321,9 @@ class RabbitTransport:
         headers = props.headers or {}
         message_id = props.message_id or ""
         if message_id in self._completed:
-            log.info("%s: dropped a redelivered duplicate of %s", self.name, message_id)
+            self._chunks.rejections.refuse("duplicate", "", "dropped a redelivered duplicate of "
+                                           "%s", message_id, authenticated=False,
+                                           level=logging.INFO)
             self._ack([tag])
             return
         data_queue = headers.get("fb-data-queue")
@@ -336,8 +338,9 @@ class RabbitTransport:
                 self._ready.append(_Delivery(queue, b"", [tag], message_id, data_queue,
                                              count, digest))
             else:
-                log.warning("%s: dropped a malformed work ticket naming %r", self.name,
-                            data_queue)
+                self._chunks.rejections.refuse("malformed work ticket", "", "dropped a malformed "
+                                               "work ticket naming %r", data_queue,
+                                               authenticated=False)
                 self._ack([tag])
             return
         if headers.get("fb-count") is None:
@@ -663,6 +666,7 @@ class RabbitTransport:
     def close(self) -> None:
         """Close the connections (after handing out submitted work); unacknowledged messages
         go back to their queues."""
+        self._chunks.rejections.flush(final=True)
         if self._publisher is not None:
             self._publisher.close()
             self._publisher = None
