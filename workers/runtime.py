@@ -325,6 +325,10 @@ class Worker:
             self.rejections.flush()
             self._beat()
         self.rejections.flush(final=True)
+        if self.jobs:  # stopped mid-job (Ctrl-C, SIGTERM): say so, once
+            log.warning("worker %s stops with %d job(s) unfinished: %s; its checkpoints stay, "
+                        "and a worker started again resumes them when their flow asks",
+                        self.party.name, len(self.jobs), ", ".join(sorted(self.jobs)))
         for job in self.jobs.values():  # their crypto processes go now, not at exit
             job.discard()
         self.jobs.clear()
