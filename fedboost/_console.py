@@ -12,12 +12,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_INTERRUPTED = "aborted by an interrupt signal"
+"""Prefect's words for a task or flow run stopped by Ctrl-C (its 'Crash detected!' lines)."""
 _CONSOLE_LOGGERS = ("", "prefect", "prefect.flow_runs", "prefect.task_runs")
 
 
 class UserErrorFilter(logging.Filter):
     """Keep tracebacks of user errors (bad data, empty intersection) and of parties that
-    stopped answering off the console.
+    stopped answering, and Prefect's crash lines after Ctrl-C, off the console.
 
     Prefect logs a failing task or flow with its traceback; for bad input the caller gets one
     line instead. Records still reach the Prefect API, so the UI shows the full failure.
@@ -36,6 +38,8 @@ class UserErrorFilter(logging.Filter):
             self.seen.add(str(exc))
             return False
         message = record.getMessage()
+        if isinstance(exc, KeyboardInterrupt) or _INTERRUPTED in message:
+            return False  # Ctrl-C: the command says so in one line
         return not any(text in message for text in self.seen)
 
 

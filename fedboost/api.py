@@ -225,7 +225,9 @@ def predict(model_dir: str | os.PathLike[str], data: DataSource = None, *,
     if not isinstance(config, JobConfig):  # horizontal and SimFL models are every member's
         return _predict_member(folder, config, data, out)
     from fedboost._console import prefect_console
+    from fedboost._ephemeral import isolate_ephemeral_server
 
+    isolate_ephemeral_server()
     with prefect_console(log_level):
         return _predict_federated(folder, config, data, out, mode, batch_size)
 
@@ -344,8 +346,10 @@ def _run_training(config: AnyJobConfig, out: Path, log_level: str) -> TrainResul
 
     if config.transport.kind != "rabbitmq":  # before Prefect is even imported
         check_party_files(config.parties)
+    from fedboost._ephemeral import isolate_ephemeral_server
     from fedboost.embedded import protocol_flow, train_embedded
 
+    isolate_ephemeral_server()
     with prefect_console(log_level):
         if config.transport.kind == "rabbitmq":  # the parties' workers run on their own
             result = protocol_flow(config)(config)

@@ -76,14 +76,21 @@ def run_embedded(job: str, specs: list[PartySpec], run_flow: Callable[[], T], *,
                        sealer=sealers[FLOW_IDENTITY], timeout=step_timeout,
                        parties=tuple(by_party), gone=lambda parties: exited(by_party, parties),
                        presence=lambda parties: stopped(by_party, parties)))
+    interrupted = False
     try:
         return run_flow()
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
         detach(job)
-        for proc in [*procs, *helpers]:  # a failed flow never sent CLOSE_JOB; helpers serve
-            if proc.is_alive():          # until told to stop
-                proc.terminate()
-        stop_workers([*procs, *helpers])
+        everyone = [*procs, *helpers]
+        for proc in everyone:  # a failed flow never sent CLOSE_JOB; helpers serve until told
+            if proc.is_alive():
+                proc.terminate()  # SIGTERM: a worker finishes its step, then exits
+        # after Ctrl-C the user waits: a worker still in its step after 3 s is killed
+        # (checkpoints are written whole or not at all)
+        stop_workers(everyone, timeout=3.0 if interrupted else 10.0)
         if own_hub:
             hub.close()
 

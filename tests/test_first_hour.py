@@ -173,3 +173,56 @@ def test_a_silent_worker_is_named_and_a_dead_one_ends_the_run(tmp_path: Path) ->
     assert err.splitlines()[-1].startswith(
         f"fedboost: error: party {tag}: its worker process was killed by signal SIGKILL while "
         f"the flow waited for "), err
+
+
+def _read_until(fd: int, wanted: bytes, seconds: float, seen: bytearray) -> bool:
+    """Read a pty into ``seen`` until ``wanted`` shows or ``seconds`` pass (False) or it
+    closes."""
+    import select
+
+    deadline = time.monotonic() + seconds
+    while wanted not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # the other side closed
+            return wanted in seen
+        if not chunk:
+            return wanted in seen
+        seen.extend(chunk)
+    return True
+
+
+def test_ctrl_c_at_the_terminal_ends_train_at_once_with_the_resume_line(tmp_path: Path) -> None:
+    """Ctrl-C typed at a terminal (a pty: the progress bar is on) reaches the command, its
+    workers and Prefect's server alike: the command returns 130 within seconds with one line
+    naming the resume command, and nothing of Prefect's crash handling shows over the bar."""
+    import pty
+
+    job = _light_breast(tmp_path, n_trees=40)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a session leader with the pty as its terminal
+        os.chdir(tmp_path)
+        os.execve(sys.executable, [*FEDBOOST, "train", str(job), "--out", "run"], _env())
+    seen = bytearray()
+    try:
+        assert _read_until(fd, b"trees 2/40", 300, seen), seen.decode(errors="replace")
+        typed = time.monotonic()
+        os.write(fd, b"\x03")  # the terminal's interrupt character: SIGINT to the group
+        _read_until(fd, b"\x00never", 60, seen)  # all it prints, until it closes the pty
+        _, status = os.waitpid(pid, 0)
+        took = time.monotonic() - typed
+    finally:
+        os.close(fd)
+    text = seen.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 130, text
+    assert "fedboost: interrupted; the parties keep their checkpoints: 'fedboost resume breast " \
+           "--out run' continues after the last finished tree" in text
+    for noise in ("Crash detected", "Error logging to API", "Traceback", "KeyboardInterrupt"):
+        assert noise not in text, text
+    assert took < 15, took  # about 5 s on a busy 2-core machine (load 16)
