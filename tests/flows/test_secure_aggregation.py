@@ -34,6 +34,7 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 MEMBERS = ("guest", "host_1", "host_2")
 MAX_BIN = 32
+MIN_LEAF = 50
 MEMBER_TO_AGGREGATOR = {MsgType.H_COLUMNS, MsgType.H_MASKED, MsgType.H_GRADIENT_RANGE,
                         MsgType.H_ROUND_KEY}
 """All a member may send the aggregator: column names, masked vectors, peak exponents, root
@@ -48,7 +49,7 @@ def _config() -> HorizontalJobConfig:
     return HorizontalJobConfig.model_validate({
         "job": "secagg-recorded", "protocol": "horizontal", "parties": parties,
         "params": {"n_trees": 2, "max_depth": 3, "learning_rate": 0.3, "max_bin": MAX_BIN,
-                   "objective": "binary"}})
+                   "objective": "binary", "min_samples_leaf": MIN_LEAF}})
 
 
 def _envelope(sealed: bytes) -> Envelope:
@@ -199,3 +200,29 @@ def _grid_point(value: float) -> bool:
     (``workers.horizontal.grid``), i.e. at most 21 significant bits."""
     mantissa = math.frexp(value)[0]
     return mantissa * 2**21 == round(mantissa * 2**21)
+
+
+def test_every_sum_the_aggregator_opens_is_over_at_least_min_samples_leaf_rows(
+        recorded: Recorded) -> None:
+    """What an honest aggregator sees beyond the model: the union's histogram of every node it
+    builds; a node of few rows would show their bins and gradients. ``min_samples_leaf`` bounds
+    the rows behind each (docs/threat-model.md)."""
+    rounds: dict[tuple[int, int], list[np.ndarray]] = {}
+    for _, recipient, env in recorded:
+        if recipient == "aggregator" and env.kind == MsgType.H_MASKED and \
+                env.body.purpose == "hist":
+            rounds.setdefault((env.body.tree, env.body.depth), []).append(
+                np.frombuffer(env.body.values, dtype="<u8").astype(np.uint64))
+    keys = {env.body.tree: env.body.key for _, _, env in recorded
+            if env.kind == MsgType.H_ROUND_KEY}
+    sizes = []
+    for (tree, depth), vectors in rounds.items():
+        assert len(vectors) == len(MEMBERS)
+        total = np.zeros(vectors[0].size, dtype=np.uint64)
+        for vector in vectors:
+            total += vector
+        if depth == 0:
+            total = unseal_sum(total, keys[tree], list(MEMBERS))
+        nodes = total.view(np.int64).reshape(-1, 23, MAX_BIN + 1, 3)
+        sizes += nodes[:, 0, :, 2].sum(axis=1).tolist()
+    assert len(sizes) >= 8 and min(sizes) >= MIN_LEAF, sorted(sizes)[:5]

@@ -22,7 +22,7 @@ from boosting.binning import apply_cuts
 from boosting.fixedpoint import peak_exponent, quantize_at
 from boosting.hist import build_histograms
 from boosting.losses import gradients
-from messages.bodies import ErrorReply, PartyInfo
+from messages.bodies import Checkpoint, ErrorReply, PartyInfo, ResumeJob
 from messages.envelope import Envelope, MsgType
 from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, LeafValues,
                                  LevelSplits, MaskedVector, MaskPublicKey, MemberColumns,
@@ -30,6 +30,7 @@ from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, L
                                  SealShare, SharedCuts)
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
+from workers import checkpoint
 from workers.data import load_party_data
 from workers.horizontal.grid import GridRounds, count_columns
 from workers.horizontal.masking import (MaskKey, MaskRound, mask_vector, open_seal_share,
@@ -218,6 +219,22 @@ def test_a_tree_opened_for_three_members_is_not_opened_again_for_two(started: St
                                                                    2 * peak.rows))
     again.fed.command(MsgType.H_UPDATE_HISTOGRAMS, Round(0, 0, 1, fewer))
     assert "refused" in again.fed.command(MsgType.H_RELEASE_ROUND, Round(0, 0, 1, fewer)).message
+
+
+def test_a_checkpoint_of_the_summaries_protocol_is_refused_by_name(started: Started,
+                                                                    tmp_path: Path) -> None:
+    """A checkpoint written before the set-up grid (its cuts came from quantile summaries, and
+    its record has no format) is refused in one line, not resumed."""
+    fed = started.fed
+    job = fed.worker.jobs["job"].state
+    party = PartySpec("a", "", str(DATA), "id", "y", str(tmp_path / "a"))
+    checkpoint.save(tmp_path / "a", 0, job.digest, job.run,
+                    {"cuts": job.cuts, "base": job.base, "margin": job.margin, "trees": [],
+                     "history": []}, checkpoint.key_of(party))
+    reply = fed.command(MsgType.RESUME_JOB, ResumeJob(Checkpoint(0, job.run)))
+    assert isinstance(reply, ErrorReply) and "\n" not in reply.message
+    assert "is of an older horizontal protocol (cuts from quantile summaries): refused" in \
+        reply.message
 
 
 def test_a_round_that_was_not_masked_is_not_released(started: Started) -> None:
