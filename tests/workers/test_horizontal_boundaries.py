@@ -303,7 +303,8 @@ def test_the_aggregator_waits_for_every_current_message_without_consuming_any(
     """After a dropout, stale messages of the abandoned attempt wait in the aggregator's
     mailbox beside the new ones; agree_scale must drop them and wait for every live member's
     new one before it takes any (it once took one member's new range, then waited for the
-    other's and never saw the first again)."""
+    other's and never saw the first again). Then a member's round key that does not open the
+    root is refused in one line."""
     hub = MemoryHub([*MEMBERS, "agg", "flow"])
     party = PartySpec("agg", "", "", "id", None, str(tmp_path / "agg"),
                       policy=PartyPolicy(protocols=("horizontal",)))
@@ -359,3 +360,15 @@ def test_the_aggregator_waits_for_every_current_message_without_consuming_any(
             sent.append(SEALERS[m].open(raw))
         assert [e.body for e in sent if e.kind == MsgType.H_GRADIENT_SCALE] == \
             [GradientScale(0, 1, 0, -2, 150)]
+    # the root round of attempt 1: a and c send sealed vectors, a the wrong key
+    root, live = MaskRound("job", "hist", 0, 0, 1), ["a", "c"]
+    key = round_seal_key({m: bytes([i + 1]) * 32 for i, m in enumerate(live)}, root)
+    zeros = np.zeros(len(data.names) * 33 * 3, dtype=np.int64)
+    for m in live:
+        vector = seal_vector(mask_vector(zeros, m, {p: secrets[m][p] for p in live if p != m},
+                                         root), key, m)
+        peer(m, MsgType.H_MASKED, MaskedVector("hist", 0, 0, 1, vector.astype("<u8").tobytes()))
+    peer("a", MsgType.H_ROUND_KEY, RoundKey(0, 0, 1, bytes(32)))
+    refused = command(MsgType.H_SECURE_SUM, Round(0, 0, 1, live))
+    assert refused is not None and isinstance(refused.body, ErrorReply)
+    assert "the released round key does not open the root histograms" in refused.body.message
