@@ -300,7 +300,7 @@ def _one_tree(config: HorizontalJobConfig, members: Membership, tree: int,
     try:
         replies = finish_tree(job, aggregator, grown, tree, members.attempt, silent)
     except StepTimeout as exc:  # the tree is complete: the silent members leave after it
-        _drop(config, members, exc.missing, tree, logger, "the tree is complete")
+        _drop(config, members, _members_in(exc, grown), tree, logger, "the tree is complete")
         replies = {}
     return replies
 

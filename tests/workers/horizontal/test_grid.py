@@ -15,7 +15,7 @@ from boosting.binning import apply_cuts, check_cuts, quantile_cuts
 from workers import DataError, ProtocolError
 from workers.data import load_party_data
 from workers.horizontal.grid import (COARSE, MAX_ROUNDS, SPLIT, GridError, GridRounds, Layout,
-                                     count_columns, union_cuts)
+                                     check_counts, count_columns, union_cuts)
 
 DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 
@@ -169,3 +169,11 @@ def test_counting_refuses_infinities_and_a_wrong_shape() -> None:
         count_columns(np.array([[np.inf]]), layouts)
     with pytest.raises(DataError, match="feature matrix"):
         count_columns(np.zeros((3, 2)), layouts)
+
+
+def test_summed_counts_no_rows_could_give_are_refused() -> None:
+    """A member that did not mask or count as the protocol says makes the sum noise."""
+    check_counts(np.array([0, 3, 2]), 5, "feature 0")
+    for counts in (np.array([0, -1, 2]), np.array([4, 0, 2])):
+        with pytest.raises(GridError, match="feature 0: the summed cell counts are not counts"):
+            check_counts(counts, 5, "feature 0")
