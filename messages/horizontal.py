@@ -59,8 +59,8 @@ class OpenHorizontal:
 @dataclass(frozen=True, slots=True)
 class Round:
     """Command for one step of tree ``tree`` at ``depth`` in attempt ``attempt`` (a tree is
-    grown again, under fresh masks, after a member drops out); ``members`` are the members
-    still taking part."""
+    grown again, under fresh masks, when a member drops out before its root was opened);
+    ``members`` are the tree's members (a set-up step: ``depth`` is the set-up round)."""
 
     tree: int = -1
     depth: int = -1

@@ -192,7 +192,8 @@ def test_the_masked_histogram_opens_only_in_the_sum_with_the_other_members(
 def test_a_tree_opened_for_three_members_is_not_opened_again_for_two(started: Started,
                                                                      tmp_path: Path) -> None:
     """The flow (or anyone holding its key) asks for tree 0 again without c after a released
-    it for a, b, c: a refuses to release the root for another set, also after a restart."""
+    it for a, b, c: a refuses to release the root for another set, and to send deeper levels
+    of a tree whose root it did not open, also after a restart."""
     fed = started.fed
     fed.command(MsgType.H_UPDATE_HISTOGRAMS, Round(0, 0, 0, MEMBERS))
     assert fed.command(MsgType.H_RELEASE_ROUND, Round(0, 0, 0, MEMBERS)).count == 3
@@ -208,6 +209,15 @@ def test_a_tree_opened_for_three_members_is_not_opened_again_for_two(started: St
     assert "tree 0 was opened with members ['a', 'b', 'c']; opening it with ['a', 'b'] would " \
            "show the aggregator their difference: refused" in refused.message
     assert not [e for e in fed.received("agg") if e.kind == MsgType.H_ROUND_KEY]
+    # nor does it send deeper histograms of that attempt, whatever splits it is sent
+    fed.peer("agg", MsgType.H_SPLITS, LevelSplits(0, 0, 1, [NodeSplit(0, 0, 3, False, 1, 2)],
+                                                  [1]))
+    assert fed.command(MsgType.H_APPLY_SPLITS, Round(0, 0, 1, fewer)).count == 2
+    deeper = fed.command(MsgType.H_UPDATE_HISTOGRAMS, Round(0, 1, 1, fewer))
+    assert isinstance(deeper, ErrorReply)
+    assert "depth 1 of tree 0 attempt 1 asked, whose root this member did not open: refused" \
+        in deeper.message
+    assert not [e for e in fed.received("agg") if e.kind == MsgType.H_MASKED]
     # a restarted worker, a new session of the job: the record is on a's disk
     again = Started(Federation(tmp_path, steps=fed.steps))
     again.fed.command(MsgType.H_UPDATE_HISTOGRAMS, Round(0, 0, 0, MEMBERS))

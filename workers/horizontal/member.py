@@ -91,6 +91,8 @@ class MemberJob:
     live: list[str] = field(default_factory=list)
     prefix: str = ""
     """The tree in progress's name (``released.tree_prefix``)."""
+    opened: tuple[int, int] = (-1, -1)
+    """(tree, attempt) whose root round this member released the key of."""
     grad: FloatArray | None = None
     hess: FloatArray | None = None
     g_ints: IntArray | None = None
@@ -271,6 +273,9 @@ def update_histograms(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     tree = _current_tree(job, me, body)
     if body.depth != tree.depth:
         raise StageError(f"{me}: depth {body.depth} asked, the tree is at depth {tree.depth}")
+    if body.depth > 0 and job.opened != job.round:  # deeper sums of another set would subtract
+        raise ProtocolError(f"{me}: depth {body.depth} of tree {body.tree} attempt "
+                            f"{body.attempt} asked, whose root this member did not open: refused")
     pair_secrets(ctx, job, job.live)  # a resumed job skipped the set-up, where they were made
     if job.g_ints is None:
         scale: GradientScale = _take_current(ctx, MsgType.H_GRADIENT_SCALE, job.aggregator,
@@ -310,6 +315,7 @@ def release_round(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     if before is None:
         job.released[job.prefix] = sorted(job.live)
         released.save(ctx.model_dir, job.released)
+    job.opened = job.round
     key = _round_key(ctx, job, MaskRound(ctx.job, "hist", body.tree, 0, body.attempt))
     ctx.send(job.aggregator, MsgType.H_ROUND_KEY, RoundKey(body.tree, 0, body.attempt, key))
     return MsgType.ACK, Ack(count=len(job.live))
