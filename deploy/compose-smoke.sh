@@ -325,9 +325,10 @@ main() {
   step "vertical deployment run ($trees trees) to completion, model volumes" \
     train vertical vertical_secureboost/default-credit default-credit \
     worker-guest:guest worker-host:host --params "$(vertical_job)"
+  # the aggregator keeps no model: each member holds the whole of it
   step "horizontal deployment run (its default job) to completion, model volumes" \
     train horizontal horizontal/default-credit credit-homo \
-    worker-guest:guest worker-host-1:host_1 worker-host-2:host_2 worker-aggregator:aggregator
+    worker-guest:guest worker-host-1:host_1 worker-host-2:host_2
   step "worker-host's process killed mid-run" crash_worker
   step "worker-host stopped by hand mid-run" stop_worker
   step "Prefect UI (login, flow run page, artifacts) in headless Chromium" \
