@@ -307,13 +307,14 @@ stop_worker() {
   cat "$work/stopped.txt"
   grep -q "party host" "$work/stopped.txt"
   [ "$($engine inspect -f '{{.State.Running}}' "$container")" = false ]
-  echo "failed $((SECONDS - begin)) s after the kill, naming host; worker-host still down"
+  local failed_after=$((SECONDS - begin))
+  echo "failed $failed_after s after the kill, naming host; worker-host still down"
   $compose --profile horizontal up -d worker-host
   wait_healthy 300
   checks retry "$run_id"
   checks wait-run "$run_id" 1800
   same_model stopped
-  note "stopped by hand: the run failed in $((SECONDS - begin)) s naming party host; restarted" \
+  note "stopped by hand: the run failed $failed_after s later naming party host; restarted" \
     "and retried, it resumed to the same model"
 }
 
