@@ -4,7 +4,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: train test test-all bench
+.PHONY: train test test-all bench compose-test
 
 # compat: the checkout itself goes on sys.path, so 'import fedboost' finds the package even
 # beside a folder named fedboost (a clone), which the default editable finder loses to
@@ -23,6 +23,11 @@ test: $(VENV)/.installed
 # everything, with the quality benchmarks and the longest drills (about 10 minutes more)
 test-all: $(VENV)/.installed
 	$(PY) -m pytest
+
+# docker compose for real (README "Running a federation"): build, start, train, kill a worker,
+# the Prefect UI in headless Chromium, tear down; 15-25 minutes, not in CI (make test)
+compose-test: $(VENV)/.installed
+	PATH="$(abspath $(VENV))/bin:$$PATH" deploy/compose-smoke.sh
 
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks.train
