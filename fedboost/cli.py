@@ -408,8 +408,8 @@ def _centralized(args: argparse.Namespace) -> int:
     from boosting.train import TreeReport
 
     def report(r: TreeReport) -> None:
-        print(f"tree {r.tree + 1}/{r.n_trees}: " + ", ".join(f"{k}={v:.4f}"
-                                                           for k, v in r.metrics.items()))
+        shown = ", ".join(f"{k}={v:.4f}" for k, v in r.metrics.items())
+        print(f"tree {r.tree} ({r.tree + 1}/{r.n_trees}): {shown}")
 
     result = api.centralized(args.config, args.out, on_tree=report)
     print(f"centralized: {_metrics_summary(result.final_metrics)}; model in {result.run_dir}/")
