@@ -6,10 +6,12 @@ PY := $(VENV)/bin/python
 
 .PHONY: train test test-all bench compose-test
 
-$(VENV)/.installed: pyproject.toml
+# compat: the checkout itself goes on sys.path, so 'import fedboost' finds the package even
+# beside a folder named fedboost (a clone), which the default editable finder loses to
+$(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
 	touch $@
 
 train: $(VENV)/.installed

@@ -656,7 +656,9 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
                "categorical": getattr(entry, "categorical", None),
                # the job file's own protocol: this party's entry in it is an opt-in
                "policy": entry.policy or PolicyConfig(protocols=[job.protocol]),
-               "models": base / "models", "transport": job.transport.model_dump(),
+               # like 'fedboost train''s runs/: beside where it starts (README, .gitignore),
+               # not beside the job file (configs/models/ sat in the checkout, unignored)
+               "models": Path.cwd() / "models", "transport": job.transport.model_dump(),
                "signing": job.signing.model_dump() if job.signing else None}
         if entry.data is None and entry.role != "aggregator":
             raise ConfigError(f"config file {path}: parties.{party}.data is required to start "

@@ -247,8 +247,8 @@ def _train(config: HorizontalJobConfig, progress: Any, members: Membership) -> d
         tree_seconds.append(time.perf_counter() - tree_start)
         record_tree(job, progress, tree + 1, config.params.n_trees, tree_seconds[-1], metrics)
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
-        logger.info("tree %d/%d done in %.2f s: %s", tree + 1, config.params.n_trees,
-                    tree_seconds[-1], shown)
+        logger.info("tree %d done (%d/%d) in %.2f s: %s", tree, tree + 1,
+                    config.params.n_trees, tree_seconds[-1], shown)
     save_models(job, [aggregator, *members.live])
     try:
         close_job(job, [aggregator, *members.live])

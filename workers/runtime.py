@@ -325,6 +325,11 @@ class Worker:
             self.rejections.flush()
             self._beat()
         self.rejections.flush(final=True)
+        if self.jobs:  # stopped mid-job (Ctrl-C, SIGTERM): say so, once (a single-job
+            # worker, the embedded default's, is stopped by the command that says so itself)
+            log.log(logging.INFO if self.exit_on_close else logging.WARNING,"worker %s stops with %d job(s) unfinished: %s; its checkpoints stay, "
+                        "and a worker started again resumes them when their flow asks",
+                        self.party.name, len(self.jobs), ", ".join(sorted(self.jobs)))
         for job in self.jobs.values():  # their crypto processes go now, not at exit
             job.discard()
         self.jobs.clear()
