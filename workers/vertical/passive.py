@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from boosting.binning import goes_left, goes_left_raw, split_threshold
+from boosting.fixedpoint import value_bits
 from boosting.grow import smaller_child
 from boosting.params import BoostParams
 from boosting.tree import write_json_atomic
@@ -35,7 +36,7 @@ from workers.vertical.active import PROTOCOL, params_of
 from workers.vertical.opening import bin_training_rows, open_passive
 from workers.vertical.alignment import receive_alignment
 from workers.data import save_categories
-from workers.policy import check_key_bits
+from workers.policy import check_bin_sum_packer, check_key_bits
 from workers.runtime import StepContext
 from workers.shards import (LevelData, LevelWork, hold_tree_chunk, shard_data, shard_result,
                             sum_claimed)
@@ -106,7 +107,10 @@ class PassiveTraining:
 
 
 def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
-    """Load own features (no labels)."""
+    """Load own features (no labels); refuse a packing of bin sums the policy does not allow."""
+    if body.spec.pack_bin_sums == "key_holder":
+        check_bin_sum_packer(ctx.party.policy, ctx.party.name, "key_holder",
+                             "the job's crypto.pack_bin_sums")
     state = open_passive(ctx, body.spec, PROTOCOL)
     state.role_state = PassiveTraining(params=params_of(body))
     ctx.state = state
@@ -198,12 +202,13 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     start: TreeStart = ctx.mailbox.items[(MsgType.TREE_START, state.active, tree, -1)][0]
     public = _require_key(run)
     n_train = state.require_bins().shape[0]
-    # sizes the active party declares are bounded by this party's rows and the key
-    if not 1 <= start.value_bits < public.n.bit_length() or start.max_rows != n_train \
+    # the shape the active party declares is the one honest gradients of this party's rows
+    # have: it sets how wide each bin sum is, so how much of each a decryption shows
+    if start.max_rows != n_train or start.value_bits != value_bits(n_train) \
             or not 1 <= start.n_chunks <= n_train:
         raise ProtocolError(f"tree {tree}: gradients of {start.value_bits} bits for "
                             f"{start.max_rows} rows in {start.n_chunks} chunks; this party has "
-                            f"{n_train} rows and a {public.n.bit_length()}-bit key")
+                            f"{n_train} rows, whose gradients have {value_bits(n_train)} bits")
     key = (MsgType.ENCRYPTED_GRADIENTS, state.active, tree, -1)
     ctx.mailbox.require(key, counts=[start.n_chunks])
     chunks: list[EncryptedGradients] = ctx.mailbox.items[key]
@@ -211,9 +216,12 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
         raise ProtocolError(f"tree {tree}: gradient chunks {sorted(c.chunk for c in chunks)}")
     most = BinSumPacking.for_key(GradientPacker(start.value_bits, start.max_rows).cell_bits,
                                  public.n.bit_length())
-    if not 1 <= start.per_ciphertext <= most.per_ciphertext:
+    if start.per_ciphertext not in (1, most.per_ciphertext):
         raise ProtocolError(f"tree {tree}: asked to pack {start.per_ciphertext} bin sums per "
-                            f"ciphertext; 1 to {most.per_ciphertext} fit")
+                            f"ciphertext; 1 (the key holder folds) or {most.per_ciphertext}")
+    if start.per_ciphertext == 1:
+        check_bin_sum_packer(ctx.party.policy, ctx.party.name, "key_holder",
+                             f"tree {tree} asks for one bin sum per ciphertext")
     packing = BinSumPacking(most.cell_bits, start.per_ciphertext)
     in_tree = decode_mask(start.in_tree, n_train)
     ordered = tuple(c.ciphertexts for c in sorted(chunks, key=lambda c: c.chunk))
