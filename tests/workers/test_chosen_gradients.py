@@ -27,6 +27,8 @@ from messages.bodies import (EncryptedGradients, EncryptedHistograms, ErrorReply
                              OpenJob, Step, TreeStart)
 from messages.envelope import Envelope, MsgType
 from messages.instance_space import decode_mask, encode_mask
+from fedboost.worker import policy_of
+from flows.config import PolicyConfig
 from messages.transport import MemoryHub
 from tests.scenarios import DATA, TEST_POLICY
 from tests.workers.test_tree_start import ROWS, SEALERS, SPEC
@@ -116,7 +118,8 @@ def test_single_bin_sums_of_chosen_plaintexts_are_the_passive_partys_binned_matr
 
 def test_a_party_that_folds_its_own_sums_refuses_single_sums_and_shows_only_their_width(
         tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
-    strict = PartyPolicy(min_key_bits=1024, pack_bin_sums=("passive",))
+    strict = policy_of(PolicyConfig(min_key_bits=1024, pack_bin_sums=["passive"]))  # worker file
+    assert strict.pack_bin_sums == ("passive",)
     refused = Host(tmp_path / "open", keypair[0], strict).opened  # pack_bin_sums: key_holder
     assert isinstance(refused.body, ErrorReply)
     assert "refuses to send its bin sums for the key holder to fold (the job's " \

@@ -42,7 +42,8 @@ from workers.shards import _node_histogram
 from workers.state import JobState
 from workers.vertical.opening import bin_training_rows, open_passive
 from workers.vertical.alignment import receive_alignment
-from workers.vertical.passive import LookupRecord, lookup_to_dict
+from workers.vertical.passive import (LookupRecord, lookup_to_dict, record_from_dict,
+                                      record_to_dict)
 
 MAX_GROUPS = 64
 """Most label groups (two channels each) a multiclass job may send: 128 classes."""
@@ -120,9 +121,7 @@ def prepare(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     for tree in body.keep:
         raw = kept.load_tree(ctx.model_dir, checkpoint.key_of(ctx.party), state.digest, tree)
         for rid, r in raw.items():
-            run.records[int(rid)] = LookupRecord(int(r["feature"]), int(r["bin"]),
-                                                 float(r["threshold"]), bool(r["missing_left"]),
-                                                 bool(r["flip"]))
+            run.records[int(rid)] = record_from_dict(r)
     kept.keep_only(ctx.model_dir, set(body.keep))
     return MsgType.ACK, Ack(count=state.data.x.shape[1])
 
@@ -278,7 +277,8 @@ def apply_splits(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
         record_id = (body.work % MAX_TREES) * RECORDS_PER_TREE + len(work.records)
         work.records[record_id] = LookupRecord(
             feature=choice.feature, bin=choice.bin, missing_left=choice.missing_left,
-            threshold=split_threshold(state.cuts[choice.feature], choice.bin), flip=flip)
+            threshold=split_threshold(state.cuts[choice.feature], choice.bin), flip=flip,
+            tree=body.work % MAX_TREES, depth=body.depth)
         out_nodes.append(choice.node)
         records.append(record_id)
         first.append(np.packbits(left ^ flip).tobytes())
@@ -295,9 +295,7 @@ def finish_tree(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     work = run.trees.pop(body.work, None) or _missing(body.work)
     kept.save_tree(ctx.model_dir, checkpoint.key_of(ctx.party), state.digest,
                    body.work % MAX_TREES,
-                   {str(k): {"feature": r.feature, "bin": r.bin, "threshold": r.threshold,
-                             "missing_left": r.missing_left, "flip": r.flip}
-                    for k, r in work.records.items()})
+                   {str(k): record_to_dict(r) for k, r in work.records.items()})
     run.records.update(work.records)
     ctx.mailbox.drop_tree(body.work)
     return MsgType.ACK, Ack(count=len(work.records))

@@ -61,6 +61,10 @@ class LookupRecord:
     flip: bool = False
     """The split's children were shown to the active party in swapped order (the vertical
     forest, seed 002): its "left" child is this record's right one."""
+    tree: int = -1
+    depth: int = -1
+    """The tree and level of the split (-1: a lookup file written before they were kept):
+    path-mode prediction asks a record only at its level, one per tree and row."""
 
 
 def records_go_left(x: np.ndarray, records: list[LookupRecord]) -> np.ndarray:
@@ -456,7 +460,8 @@ def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         record_id = len(run.records)
         run.records[record_id] = LookupRecord(
             feature=choice.feature, bin=choice.bin, missing_left=choice.missing_left,
-            threshold=split_threshold(state.cuts[choice.feature], choice.bin))
+            threshold=split_threshold(state.cuts[choice.feature], choice.bin), tree=run.tree,
+            depth=run.depth)
         out.append(AppliedSplit(node=choice.node, record_id=record_id, left=encode_mask(mask)))
     ctx.send(state.active, MsgType.APPLIED_SPLITS, AppliedSplits(body.tree, body.depth, out))
     return MsgType.ACK, Ack(count=len(out))
@@ -505,18 +510,26 @@ def lookup_to_dict(party: str, job: str, names: tuple[str, ...],
     """Versioned JSON form of a lookup table."""
     return {"format": LOOKUP_FORMAT, "version": LOOKUP_VERSION, "party": party, "job": job,
             "features": list(names),
-            "records": {str(k): {"feature": r.feature, "bin": r.bin, "threshold": r.threshold,
-                                 "missing_left": r.missing_left, "flip": r.flip}
-                        for k, r in records.items()}}
+            "records": {str(k): record_to_dict(r) for k, r in records.items()}}
+
+
+def record_to_dict(r: LookupRecord) -> dict[str, Any]:
+    """A lookup record as its file (and a forest's kept tree) holds it."""
+    return {"feature": r.feature, "bin": r.bin, "threshold": r.threshold,
+            "missing_left": r.missing_left, "flip": r.flip, "tree": r.tree, "depth": r.depth}
+
+
+def record_from_dict(v: dict[str, Any]) -> LookupRecord:
+    """A lookup record from its file form (files without tree and depth: -1)."""
+    return LookupRecord(feature=int(v["feature"]), bin=int(v["bin"]),
+                        threshold=float(v["threshold"]), missing_left=bool(v["missing_left"]),
+                        flip=bool(v.get("flip", False)), tree=int(v.get("tree", -1)),
+                        depth=int(v.get("depth", -1)))
 
 
 def lookup_from_dict(raw: dict[str, Any]) -> tuple[tuple[str, ...], dict[int, LookupRecord]]:
     """Feature names and records of a lookup file."""
     if raw.get("format") != LOOKUP_FORMAT or raw.get("version") != LOOKUP_VERSION:
         raise ProtocolError(f"not a {LOOKUP_FORMAT} v{LOOKUP_VERSION} file")
-    records = {int(k): LookupRecord(feature=int(v["feature"]), bin=int(v["bin"]),
-                                    threshold=float(v["threshold"]),
-                                    missing_left=bool(v["missing_left"]),
-                                    flip=bool(v.get("flip", False)))
-               for k, v in raw["records"].items()}
+    records = {int(k): record_from_dict(v) for k, v in raw["records"].items()}
     return tuple(raw["features"]), records
