@@ -264,14 +264,23 @@ def _apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
     ctx.mailbox.require((MsgType.NODE_POSITIONS, state.active, tree, depth - 1))
     msg: NodePositions = ctx.mailbox.take(MsgType.NODE_POSITIONS, state.active, tree, depth - 1)
     _check_positions(ctx.party.name, run, msg)
-    built = []
+    routed = []
     for split in msg.splits:
         rows = np.flatnonzero(run.node_of_row == split.node)
         mask = decode_mask(split.left, rows.size)
-        run.node_of_row[rows[mask]] = split.left_id
-        run.node_of_row[rows[~mask]] = split.right_id
         n_left = int(run.in_tree[rows[mask]].sum())
         n_right = int(run.in_tree[rows[~mask]].sum())
+        # the job's min_samples_leaf holds for every split honest training makes: a smaller
+        # child would be a node of chosen few rows, whose sums show the rows' bins
+        if min(n_left, n_right) < run.params.min_samples_leaf:
+            raise ProtocolError(f"{ctx.party.name}: t{tree} d{depth - 1}: node {split.node} "
+                                f"split into {n_left} and {n_right} rows; the job's "
+                                f"min_samples_leaf is {run.params.min_samples_leaf}")
+        routed.append((split, rows, mask, n_left, n_right))
+    built = []
+    for split, rows, mask, n_left, n_right in routed:
+        run.node_of_row[rows[mask]] = split.left_id
+        run.node_of_row[rows[~mask]] = split.right_id
         built.append(smaller_child(n_left, n_right, split.left_id, split.right_id))
     run.depth = depth
     run.level_nodes = {i for split in msg.splits for i in (split.left_id, split.right_id)}
