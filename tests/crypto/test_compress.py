@@ -169,7 +169,8 @@ def test_bad_layouts_and_plaintexts_are_rejected(keypair_1024) -> None:  # type:
         pack_bin_sums(bytes(public.ciphertext_bytes), public, packing)
 
 
-def test_random_high_bits_hide_all_but_the_sums(keypair_1024) -> None:  # type: ignore[no-untyped-def]
+def test_random_high_bits_hide_all_but_the_sums(
+        keypair_1024: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
     # Prepare: 7 sums of 100-bit cells, 10 per 1024-bit plaintext: one short run; chosen
     # plaintexts far wider than a cell, as a key holder that encrypted 2**i for row i would
     public, private = keypair_1024

@@ -10,6 +10,7 @@ received and attacked as the host would.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from boosting.forest import draw_features, features_per_node, node_rng
+from boosting.tree import load_model
 from fedboost.embedded import FLOW_ENDPOINT, train_embedded
 from fedboost.joined import join_parties
 from flows.config import ForestJobConfig, validate_job
@@ -152,4 +154,17 @@ def test_a_passive_party_cannot_tell_pure_nodes_from_nodes_it_was_not_drawn_for(
     assert asked_pure, "pure nodes are never asked about"
     seen = [n for n in could if n.depth < view.spec.max_depth - 1
             and any(m.work == n.work and m.depth == n.depth + 1 for m in view.nodes)]
-    assert all(n.split for n in seen if id(n) in pure), "a pure node shows as a leaf"
+    split_pure = [n for n in seen if id(n) in pure and n.split]
+    print(f"pure nodes that could split: {sum(id(n) in pure for n in could)}, asked about: "
+          f"{len(asked_pure)}; split, of those the next level shows: {len(split_pure)} of "
+          f"{sum(id(n) in pure for n in seen)}")
+    assert split_pure, "pure nodes always show as leaves"
+    # requests name only the host's own features; its splits' children came to the active
+    # party in random order, and the active party's model shows them as records only
+    assert all(0 <= f < HOST_FEATURES for n in view.nodes for f in n.asked or [])
+    flips = [r["flip"] for r in json.loads((tmp_path / "host" / "lookup.json").read_text())
+             ["records"].values()]
+    assert 0 < sum(flips) < len(flips)
+    host_nodes = [n for t in load_model(tmp_path / "guest" / "model.json").trees
+                  for n in t.nodes if n.owner == "host"]
+    assert host_nodes and all(n.feature == -1 and np.isnan(n.threshold) for n in host_nodes)

@@ -1,10 +1,12 @@
 """The active party (label holder) of the vertical random forest (seed 002, Alg. 2-4).
 
 It encrypts its label channels once per job and sends them to every passive party. Per tree it
-draws the bootstrap sample and per node the features; per level it asks each passive party for
-the encrypted per-bin label sums of its drawn features, decrypts them, and picks each node's
-best split by Gini (classification) or variance (regression) over its own and the passive
-parties' features. It learns the instance spaces of every node and the leaf values, never a
+draws the bootstrap sample (from the job's seed) and per node the features (under a key of its
+own: no other party can replay the draws); per level it asks each passive party for the
+encrypted per-bin label sums of its drawn features, decrypts them, and picks each node's best
+split by Gini (classification) or variance (regression) over its own and the passive parties'
+features, or a random allowed one where none lowers the impurity (``workers.forest.splits``).
+It learns the instance spaces of every node and the leaf values, never a
 passive party's feature, threshold, or which child of its split holds the lower values.
 """
 
@@ -22,7 +24,7 @@ import numpy as np
 
 from boosting._typing import FloatArray, IntArray
 from boosting.binning import goes_left, split_threshold
-from boosting.forest import (ForestSplit, bootstrap_weights, draw_features, features_per_node,
+from boosting.forest import (bootstrap_weights, draw_features, features_per_node,
                              label_channels, leaf_value, node_rng, tree_rng)
 from boosting.losses import n_outputs
 from boosting.params import BoostParams
@@ -102,7 +104,7 @@ class ActiveForest:
     scale: float = 1.0
     """Fixed-point scale of the encrypted channels (regression; 1 for classes)."""
     feature_counts: dict[str, int] = field(default_factory=dict)
-    secrets: tuple[int, int] = (0, 0)
+    node_keys: tuple[int, int] = (0, 0)
     """Keys of the nodes' feature draws and of their random splits: known to this party
     alone, so no other party replays them from the job's public seed."""
     labels_sent: bool = False
@@ -146,8 +148,9 @@ def open_job(ctx: StepContext, body: OpenForest) -> tuple[MsgType, Any]:
     state = open_active(ctx, spec, PROTOCOL)
     public, private = generate_keypair(spec.key_bits, obfuscator=ctx.party.policy.obfuscator)
     state.role_state = ActiveForest(spec=spec, params=params_of(spec), public=public,
-                                    private=private, secrets=(_secret(ctx, state, "draws"),
-                                                              _secret(ctx, state, "splits")))
+                                    private=private,
+                                    node_keys=(_secret(ctx, state, "draws"),
+                                               _secret(ctx, state, "splits")))
     ctx.state = state
     return MsgType.F_OPENED, ForestOpened(rows=len(state.data.ids),
                                           trees=kept.held_trees(ctx.model_dir, state.digest))
@@ -276,7 +279,7 @@ def grow_level(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     grown.own_features, grown.asked = {}, {p: {} for p in state.passives}
     for node in grown.level:
         rng = node_rng(run.spec.seed, tree, body.depth, int(_rows_of(grown, node)[0]),
-                       run.secrets[0])
+                       run.node_keys[0])
         drawn = [features[i] for i in draw_features(rng, len(features), k)]
         grown.own_features[node] = np.array([f for o, f in drawn if o == state.party],
                                             dtype=np.int64)
@@ -333,7 +336,7 @@ def find_splits(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
         options[node] += [own_options(state.party, run.params.objective, bins[rows, f], w,
                                       run.channels[rows], f, how.n_bins, how.min_samples_leaf)
                           for f in grown.own_features[node].tolist()]
-        rng = node_rng(run.spec.seed, grown.tree, body.depth, int(rows[0]), run.secrets[1])
+        rng = node_rng(run.spec.seed, grown.tree, body.depth, int(rows[0]), run.node_keys[1])
         chosen = choose_split(options[node], rng, run.spec.min_samples_leaf)
         if chosen is None:
             continue
