@@ -31,6 +31,7 @@ from workers import ProtocolError, StageError
 from workers.vertical.alignment import receive_alignment
 from workers.runtime import StepContext
 from workers.vertical.active import ActiveTraining
+from workers.vertical.passive import LookupRecord
 from workers.vertical.explain import keeps_stages
 from workers.vertical.scoring import (lookup_records, model_of, score_x, store_margin,
                                       store_staged)
@@ -264,7 +265,7 @@ def _checked_pairs(state: JobState, request: DecisionRequest,
 
 
 def _check_path_shape(where: str, level: int, rows: IntArray, records: IntArray,
-                      table: list[Any], index: IntArray) -> None:
+                      table: list[LookupRecord], index: IntArray) -> None:
     """A record only at the level of its split, and per row at most one record of each tree:
     a path's shape (records of lookup files without tree and depth are not checked)."""
     depth = np.array([r.depth for r in table], dtype=np.int64)[index]
