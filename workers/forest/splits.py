@@ -6,8 +6,9 @@ histograms) offers its best threshold by the impurity drop (seed 002, Eq. 2) and
 impurity (a pure node, or one whose labels no drawn feature separates) takes one of the allowed
 thresholds at random instead of becoming a leaf. So whether a node is split, and so which
 nodes passive parties are asked about, depends only on what they can check themselves (depth,
-rows, the drawn features' bins), never on the labels: a pure node looks like any other. Its
-children are as pure as it is, so the forest predicts exactly as if it were a leaf.
+rows, the drawn features' bins), never on the labels: a pure node looks like any other. A
+pure node's children are as pure as it is, so the forest predicts as if it were a leaf; an
+impure node without a drop (once a leaf) now splits, and its children may split further.
 """
 
 from __future__ import annotations
