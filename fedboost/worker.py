@@ -49,6 +49,7 @@ def policy_of(config: PolicyConfig) -> PartyPolicy:
     """A party's policy as its worker holds it."""
     return PartyPolicy(min_key_bits=config.min_key_bits, protocols=tuple(config.protocols),
                        obfuscator=config.obfuscator, predict_modes=tuple(config.predict_modes),
+                       pack_bin_sums=tuple(config.pack_bin_sums),
                        roles={protocol: tuple(roles) for protocol, roles in config.roles.items()})
 
 
