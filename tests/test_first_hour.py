@@ -143,12 +143,26 @@ def test_a_silent_worker_is_named_and_a_dead_one_ends_the_run(tmp_path: Path) ->
     proc = subprocess.Popen([*FEDBOOST, "train", str(job), "--out", str(tmp_path / "run")],
                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
+    try:
+        killed, err = _freeze_then_kill(proc, tag)
+    finally:
+        proc.kill()  # whatever failed: its workers die with it
+    assert time.monotonic() - killed < 60  # seconds (about 10 on a quiet machine), not an hour
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    assert err.splitlines()[-1].startswith(
+        f"fedboost: error: party {tag}: its worker process was killed by signal SIGKILL while "
+        f"the flow waited for "), err
+
+
+def _freeze_then_kill(proc: subprocess.Popen[str], tag: str) -> tuple[float, str]:
+    """Stop party ``tag``'s worker after the first tree, check the waiting line, kill it;
+    returns when it was killed and the run's stderr."""
+    assert proc.stdout is not None and proc.stderr is not None
     for line in proc.stdout:
         if line.startswith("trees 1/40 "):
             break
     else:
-        pytest.fail(f"no tree finished: {proc.wait()} {proc.stderr.read()}")  # type: ignore
+        pytest.fail(f"no tree finished: {proc.wait()} {proc.stderr.read()}")
     (host,) = _processes_named(f"fb-{tag}")
     os.kill(host, signal.SIGSTOP)
     stopped = time.monotonic()
@@ -164,15 +178,8 @@ def test_a_silent_worker_is_named_and_a_dead_one_ends_the_run(tmp_path: Path) ->
     finally:
         os.kill(host, signal.SIGKILL)
     killed = time.monotonic()
-    try:
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()  # its workers die with it
-    assert time.monotonic() - killed < 60  # seconds (about 10 on a quiet machine), not an hour
-    assert proc.returncode == 1 and "Traceback" not in err, err
-    assert err.splitlines()[-1].startswith(
-        f"fedboost: error: party {tag}: its worker process was killed by signal SIGKILL while "
-        f"the flow waited for "), err
+    _, err = proc.communicate(timeout=120)
+    return killed, err
 
 
 def _read_until(fd: int, wanted: bytes, seconds: float, seen: bytearray) -> bool:
