@@ -443,10 +443,10 @@ class SimflPrivacyConfig(_Strict):
     """The noise a member adds to the gradient sums it sends a builder
     (``workers.simfl.privacy``); it cannot be switched off."""
 
-    label_noise: float = Field(2.0, ge=1.0, le=1000.0)
+    label_noise: float = Field(4.0, ge=1.0, le=1000.0)
     """sigma_label: per builder row, drawn once per preprocessing, in units of ``clip``
     (members refuse less than 1)."""
-    tree_noise: float = Field(4.0, ge=1.0, le=1000.0)
+    tree_noise: float = Field(8.0, ge=1.0, le=1000.0)
     """sigma_tree: drawn anew per tree, in units of ``clip`` (g) and of the hessian's bound
     (members refuse less than 1)."""
     clip: float = Field(1.0, gt=0.0, le=1e6)

@@ -48,9 +48,11 @@ def privacy_spent(config: SimflJobConfig, trees: int) -> dict[str, Any]:
     each builder (``workers.simfl.privacy``: zCDP, then (epsilon, delta)).
 
     ``label_epsilon`` (binary objective): one row's label, over every tree the member sent
-    that builder, ``rho = T / (2 (sigma_tree^2 + T sigma_label^2))``. ``row_epsilon``: one
-    row's gradient and hessian, ``rho = T / sigma_tree^2``; ``row_epsilon_per_tree`` the same
-    for one tree. The trees a member builds are outside both (every member receives them).
+    that builder and its label sum, ``rho = T / (2 (sigma_tree^2 + T sigma_label^2)) +
+    1 / (2 sigma_tree^2)``. ``row_epsilon``: one row's values replaced (its gradient and
+    hessian, and the builder row it is similar to), ``rho = 2.5 T / sigma_tree^2``;
+    ``row_epsilon_per_tree`` the same for one tree. The trees a member builds are outside both
+    (every member receives them).
     """
     members, noise = config.members, config.params.privacy
     delta = noise.delta
@@ -61,13 +63,14 @@ def privacy_spent(config: SimflJobConfig, trees: int) -> dict[str, Any]:
     sent = {m: max((sum(1 for t in range(trees) if t % len(members) == b)
                     for b in range(len(members)) if members[b] != m), default=0)
             for m in members}  # to the builder it sent most trees
-    label = {m: epsilon(t / (2.0 * (noise.tree_noise ** 2 + t * noise.label_noise ** 2)))
+    label = {m: epsilon(t / (2.0 * (noise.tree_noise ** 2 + t * noise.label_noise ** 2))
+                        + 1.0 / (2.0 * noise.tree_noise ** 2))  # and the noisy label sum
              for m, t in sent.items()}
     return {"delta": delta, "label_noise": noise.label_noise, "tree_noise": noise.tree_noise,
             "trees_sent": sent,
             "label_epsilon": label if config.params.objective == "binary" else None,
-            "row_epsilon": {m: epsilon(t / noise.tree_noise ** 2) for m, t in sent.items()},
-            "row_epsilon_per_tree": epsilon(1.0 / noise.tree_noise ** 2)}
+            "row_epsilon": {m: epsilon(2.5 * t / noise.tree_noise ** 2) for m, t in sent.items()},
+            "row_epsilon_per_tree": epsilon(2.5 / noise.tree_noise ** 2)}
 
 
 @task(name="open_job", task_run_name="open-job", cache_policy=NO_CACHE)

@@ -201,7 +201,7 @@ def build_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         g_part, h_part = (np.frombuffer(v, "<f8") for v in (part.g, part.h))
         if not (np.isfinite(g_part).all() and np.isfinite(h_part).all()):
             raise ProtocolError(f"{me}: {m}'s gradient sums are not finite")
-        g += denoise(g_part, noise.g_spread(), own_g)
+        g += denoise(g_part, noise.g_spread(), own_g, own_h)
         h += np.maximum(denoise(h_part, noise.h_spread(), own_h), 0.0)  # sums of h >= 0
         received += len(part.g) + len(part.h)
     grower = TreeGrower(job.params, quantize(g, n), quantize(h, n),

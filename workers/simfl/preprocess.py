@@ -34,7 +34,7 @@ from workers.row_partitioned import aggregator_of, members_of
 from workers.runtime import StepContext
 from workers.simfl.lsh import DEFAULT_R, LshFunctions, default_functions
 from workers.simfl.member import MAX_ROWS, SimflMember
-from workers.simfl.privacy import derive_key
+from workers.simfl.privacy import derive_key, standard_normal
 
 PREPARED_FORMAT = "simfl-prepared-2"
 """Part of the preprocessing key: 2 holds every other member's handles and comes from secret
@@ -99,9 +99,21 @@ def hash_rows(ctx: StepContext, body: Prepare) -> tuple[MsgType, Any]:
         raise ProtocolError(f"{ctx.party.name}: could not draw distinct row handles")
     job.handles, job.prep_key = handles.astype(np.uint64), body.key
     message = RowHashes(list(job.data.names), handles.astype("<u8").tobytes(),
-                        hashes.astype("<i4").tobytes(), functions.a.shape[0], float(job.y.sum()))
+                        hashes.astype("<i4").tobytes(), functions.a.shape[0],
+                        _label_sum(ctx, job, body.key))
     ctx.send(aggregator_of(job.spec), MsgType.S_ROW_HASHES, message)
     return MsgType.ACK, Ack(count=len(message.handles) + len(message.hashes))
+
+
+def _label_sum(ctx: StepContext, job: SimflMember, key: str) -> float:
+    """The label sum for the base score; for 0/1 labels with Gaussian noise of the gradient
+    sums' per-tree scale (one label moves it by 1), drawn once per preprocessing from this
+    member's key, clipped to [0, rows]. A regression's sum of targets is sent as it is."""
+    total = float(job.y.sum())
+    if job.spec.objective != "binary":
+        return total
+    draw = standard_normal(derive_key(checkpoint.key_of(ctx.party), "simfl label sum v1", key), 1)
+    return float(np.clip(total + job.spec.noise_tree * draw[0], 0.0, job.y.size))
 
 
 def _functions_secret(ctx: StepContext, job: SimflMember, key: str) -> bytes:

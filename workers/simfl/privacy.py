@@ -22,10 +22,12 @@ logistic loss, where ``|g| < 1`` and ``h <= 1/4`` need no clipping):
   row's features); over the ``T`` trees a member sends to one builder the noise of that
   coordinate has covariance ``sigma_tree^2 I + sigma_label^2 11'``, so the messages are
   ``rho``-zCDP with ``rho = T / (2 (sigma_tree^2 + T sigma_label^2)) < 1 / (2 sigma_label^2)``
-  however many trees, and (eps, delta)-DP with ``eps = rho + 2 sqrt(rho ln(1/delta))``;
-* **row** (its gradient and hessian; one row added or removed): each tree's message is
-  ``1 / sigma_tree^2``-zCDP (sensitivity ``C`` on ``G`` and ``h_max`` on ``H``, noise
-  ``sigma_tree`` times each); these compose over trees: ``T / sigma_tree^2``.
+  however many trees; the label sum the member sends the aggregator once (for the base score)
+  carries noise ``sigma_tree`` too, adding ``1 / (2 sigma_tree^2)``. (eps, delta)-DP:
+  ``eps = rho + 2 sqrt(rho ln(1/delta))``;
+* **row** (one row's values replaced: its gradient, hessian and the builder row it resembles):
+  at most two sums change, by ``2C`` in ``G`` and ``h_max`` in ``H`` at most, so each tree's
+  message is ``2.5 / sigma_tree^2``-zCDP; these compose over trees: ``2.5 T / sigma_tree^2``.
 
 The flow reports both as a job's ``privacy`` (``flows.simfl.privacy_spent``).
 
@@ -56,6 +58,9 @@ from boosting._typing import FloatArray
 GRID = 2.0 ** -10
 """Noisy sums are multiples of ``GRID`` bounds: far below the noise (sigma >= 0.1 bound), far
 above float64's resolution (post-processing: no privacy cost)."""
+
+SIGNIFICANT = 3.0
+"""Standard errors by which an estimate must stand out of the noise to be kept at all."""
 
 HESSIAN_BOUND = {"binary": 0.25, "regression": 1.0}
 """``h_max`` per objective: ``p (1 - p) <= 1/4``; the squared loss's hessian is 1."""
@@ -155,24 +160,33 @@ def _on_grid(values: FloatArray, bound: float) -> FloatArray:
     return rounded
 
 
-def denoise(received: FloatArray, noise_sd: float, own: FloatArray) -> FloatArray:
+def denoise(received: FloatArray, noise_sd: float, own: FloatArray,
+            own_h: FloatArray | None = None) -> FloatArray:
     """The builder's estimate of the exact sums from noisy ones (post-processing).
 
-    The sums of similar rows follow the builder's own rows' values, so the received vector is
-    fitted as ``a + b * own`` by least squares; each coefficient is shrunk by the share of its
-    square that the noise explains (James-Stein for one coefficient: with much noise the fit is
-    nothing, and a noisy slope cannot turn the builder's own gradients around), then the
-    residual by the share of its variance that is not noise (empirical Bayes).
+    The rows similar to a builder row have about its gradients, times their count, and, where
+    the other member's labels lean another way, shifted by its hessian times a margin
+    (``g(m + d) ~ g(m) + h d``). So a received g vector is fitted as ``b own + c own_h``, an h
+    vector as ``b own``, by least squares, with no intercept: a constant added to g where the
+    builder's hessians are near 0 would make leaves of ``m`` confident rows ``m a / lambda``,
+    and one such tree undoes the model. Each coefficient is shrunk by
+    ``max(0, 1 - SIGNIFICANT^2 / t^2)`` (positive-part James-Stein with a margin: nothing below
+    ``SIGNIFICANT`` standard errors, all of it far above). The residual is kept, shrunk by the
+    share of its variance that is not noise (empirical Bayes), only when that variance exceeds
+    the noise's by more than ``SIGNIFICANT`` standard errors: on few rows, chance alone would
+    otherwise keep noise.
     """
-    design = np.column_stack([np.ones(own.size), own])
+    design = own[:, None] if own_h is None else np.column_stack([own, own_h])
     gram = np.linalg.pinv(design.T @ design)
     coefficients = gram @ (design.T @ received)
     noise = noise_sd ** 2 * np.diag(gram)
     with np.errstate(divide="ignore", invalid="ignore"):
-        kept = np.where(coefficients != 0, 1.0 - noise / coefficients ** 2, 0.0)
+        t_squared = np.where(noise > 0, coefficients ** 2 / noise, 0.0)
+        kept = np.where(t_squared > 0, 1.0 - SIGNIFICANT ** 2 / t_squared, 0.0)
     fit = design @ (coefficients * np.clip(kept, 0.0, 1.0))
     residual = received - fit
     spread = float(residual.var())
-    keep = max(spread - noise_sd ** 2, 0.0) / spread if spread > 0 else 0.0
+    excess = spread - noise_sd ** 2 * (1.0 + SIGNIFICANT * np.sqrt(2.0 / max(own.size, 1)))
+    keep = max(excess, 0.0) / spread if spread > 0 else 0.0
     estimate: FloatArray = fit + keep * residual
     return estimate

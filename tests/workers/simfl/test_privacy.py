@@ -79,18 +79,21 @@ def _config(objective: str = "binary", members: int = 2) -> SimflJobConfig:
         "params": {"n_trees": 500, "objective": objective}})
 
 
+def _epsilon(rho: float) -> float:
+    return rho + 2 * math.sqrt(rho * math.log(1e5))
+
+
 def test_the_reported_privacy_follows_the_zcdp_formulas() -> None:
     spent = privacy_spent(_config(), 500)
     assert spent["trees_sent"] == {"m0": 250, "m1": 250}
-    rho = 250 / (2 * (4.0 ** 2 + 250 * 2.0 ** 2))
-    eps = rho + 2 * math.sqrt(rho * math.log(1e5))
-    assert spent["label_epsilon"]["m0"] == pytest.approx(eps)
-    assert spent["label_epsilon"]["m0"] < 2.6  # bounded whatever the number of trees:
-    assert privacy_spent(_config(), 10_000)["label_epsilon"]["m0"] < 2.7  # 1/(2 sigma_L^2)
-    assert spent["row_epsilon_per_tree"] == pytest.approx(
-        1 / 16 + 2 * math.sqrt(1 / 16 * math.log(1e5)))
-    assert spent["row_epsilon"]["m1"] == pytest.approx(
-        250 / 16 + 2 * math.sqrt(250 / 16 * math.log(1e5)))
+    sigma_l, sigma_t = spent["label_noise"], spent["tree_noise"]
+    rho = 250 / (2 * (sigma_t ** 2 + 250 * sigma_l ** 2)) + 1 / (2 * sigma_t ** 2)
+    assert spent["label_epsilon"]["m0"] == pytest.approx(_epsilon(rho))
+    bound = _epsilon(1 / (2 * sigma_l ** 2) + 1 / (2 * sigma_t ** 2))  # whatever the trees
+    assert spent["label_epsilon"]["m0"] < privacy_spent(_config(), 10**6)["label_epsilon"][
+        "m0"] < bound
+    assert spent["row_epsilon_per_tree"] == pytest.approx(_epsilon(2.5 / sigma_t ** 2))
+    assert spent["row_epsilon"]["m1"] == pytest.approx(_epsilon(2.5 * 250 / sigma_t ** 2))
     assert privacy_spent(_config("regression"), 500)["label_epsilon"] is None
     assert privacy_spent(_config(members=3), 300)["trees_sent"] == {"m0": 100, "m1": 100,
                                                                     "m2": 100}
