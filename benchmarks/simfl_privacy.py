@@ -306,11 +306,37 @@ def attack_job(config: Any, data: dict[str, Path], out: Path) -> dict[str, Any]:
     return report
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command line."""
+def simfl_job(dataset: str, folder: Path, *, trees: int, depth: int, lr: float, seed: int = 0,
+              adult: Path | None = None) -> tuple[Any, dict[str, Path]]:
+    """A SimFL job on breast_homo's two hospitals, or on Adult's unbalanced two members
+    (theta 0.8, written into ``folder``), and each member's file."""
     from benchmarks.simfl import federation
     from benchmarks.simfl_data import ADULT, write_member_files
     from flows.config import SimflJobConfig
+
+    adult = adult or ADULT
+    if dataset == "adult":
+        fed = federation("unbalanced", 0.8, 2, 0, adult)
+        files = write_member_files(folder / "data", fed.names, fed.x_train, fed.y_train,
+                                   list(fed.parts.values()), (fed.x_test, fed.y_test),
+                                   ids=fed.ids, test_ids=fed.test_ids)
+        data = {m: files[m] for m in fed.parts}
+    else:
+        data = {m: adult.parent / f"breast_homo_{m}.csv" for m in ("guest", "host")}
+    parties: dict[str, Any] = {m: {"role": "member", "data": str(f), "id": "id", "label": "y"}
+                               for m, f in data.items()}
+    parties["aggregator"] = {"role": "aggregator"}
+    config = SimflJobConfig.model_validate({
+        "job": f"simfl-attack-{dataset}", "protocol": "simfl", "parties": parties,
+        "params": {"n_trees": trees, "max_depth": depth, "learning_rate": lr, "max_bin": 32,
+                   "objective": "binary", "seed": seed, "lsh": {"seed": seed}},
+        "transport": {"kind": "memory"}})
+    return config, data
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line."""
+    from benchmarks.simfl_data import ADULT
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", choices=("adult", "breast"), default="adult")
@@ -318,30 +344,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--adult", type=Path, default=ADULT, help="adult.csv.gz")
+    parser.add_argument("--adult", type=Path, default=ADULT,
+                        help="adult.csv.gz (breast_homo's files are beside it)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
-        base = Path(scratch)
-        if args.data == "adult":
-            fed = federation("unbalanced", 0.8, 2, 0, args.adult)
-            files = write_member_files(base / "data", fed.names, fed.x_train, fed.y_train,
-                                       list(fed.parts.values()), (fed.x_test, fed.y_test),
-                                       ids=fed.ids, test_ids=fed.test_ids)
-            data = {m: files[m] for m in fed.parts}
-        else:
-            shared = args.adult.parent
-            data = {m: shared / f"breast_homo_{m}.csv" for m in ("guest", "host")}
-        parties: dict[str, Any] = {m: {"role": "member", "data": str(f), "id": "id",
-                                       "label": "y"} for m, f in data.items()}
-        parties["aggregator"] = {"role": "aggregator"}
-        config = SimflJobConfig.model_validate({
-            "job": f"simfl-attack-{args.data}", "protocol": "simfl", "parties": parties,
-            "params": {"n_trees": args.trees, "max_depth": args.depth, "learning_rate": args.lr,
-                       "max_bin": 32, "objective": "binary", "seed": args.seed,
-                       "lsh": {"seed": args.seed}},
-            "transport": {"kind": "memory"}})
-        report = attack_job(config, data, base / "run")
+        config, data = simfl_job(args.data, Path(scratch), trees=args.trees, depth=args.depth,
+                                 lr=args.lr, seed=args.seed, adult=args.adult)
+        report = attack_job(config, data, Path(scratch) / "run")
     print(json.dumps(report, indent=1))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))

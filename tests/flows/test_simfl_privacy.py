@@ -19,11 +19,13 @@ import pytest
 
 from benchmarks.simfl_privacy import (
     Recording,
+    attack_job,
     best_guesses,
     builder_view,
     exact_labels,
     invert_hashes,
     record,
+    simfl_job,
 )
 from flows.config import SimflJobConfig
 from messages.codec import to_wire
@@ -125,3 +127,20 @@ def _bytes(value: Any) -> list[bytes]:
     if isinstance(value, (list, tuple)):
         return [b for v in value for b in _bytes(v)]
     return [value] if isinstance(value, bytes) else []
+
+
+@pytest.mark.heavy
+def test_on_adult_no_label_is_named_and_the_hash_values_do_not_invert(
+        prefect_harness: None, tmp_path: Path) -> None:
+    """The same attacks on Adult's unbalanced members (16,008 and 8,413 rows), 4 trees."""
+    config, data = simfl_job("adult", tmp_path, trees=4, depth=8, lr=0.05,
+                             adult=DATA / "adult.csv.gz")
+    report = attack_job(config, data, tmp_path / "run")
+    for pair, found in report["builders"].items():
+        assert found["claimed"] == found["correct"] == 0, (pair, found)
+        assert found["single_rows"] > 1000, pair
+        assert found["one_tree_advantage"] <= 0.05 and found["all_trees_advantage"] <= 0.05, \
+            (pair, found)
+    for member, inverted in report["aggregator"].items():
+        assert abs(inverted["median_correlation"]) < 0.1 and inverted["hash_agreement"] < 0.5, \
+            (member, inverted)

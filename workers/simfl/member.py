@@ -108,7 +108,8 @@ class SimflMember:
                      base: float) -> None:
         """Keep a preprocessing's result; every similar handle must be one of that member's."""
         targets = {}
-        for m, handles in similar.items():
+        for m, given in similar.items():
+            handles = np.asarray(given, dtype=np.uint64)
             others = np.asarray(everyone[m], dtype=np.uint64)
             order = np.argsort(others)
             at = order[np.minimum(np.searchsorted(others, handles, sorter=order),
