@@ -1,12 +1,13 @@
 """SimFL as a Prefect flow (Practical Federated GBDT, seed 000): preprocess once, then per tree
 aggregate similar gradients -> grow -> share.
 
-Preprocessing (Algorithm 1): every member hashes its rows with the job's p-stable LSH functions
-and the aggregator tells each member, per row, the most similar row of every other member; a
-federation whose members, data and LSH parameters are unchanged reuses it. Training
-(Algorithm 2): members take turns growing trees; for each tree the other members send the
-builder the summed gradients of their rows similar to each of its rows, the builder grows the
-tree on its own rows with those weighted gradients and shares it with everyone.
+Preprocessing (Algorithm 1): every member hashes its rows with p-stable LSH functions from a
+secret the members agree on among themselves and the aggregator tells each member, per row, the
+most similar row of every other member; a federation whose members, data and LSH parameters are
+unchanged reuses it. Training (Algorithm 2): members take turns growing trees; for each tree the
+other members send the builder the summed gradients of their rows similar to each of its rows,
+with noise (``workers.simfl.privacy``), the builder estimates them, grows the tree on its own
+rows with those weighted gradients and shares it with everyone.
 """
 
 from __future__ import annotations
