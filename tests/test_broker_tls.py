@@ -174,7 +174,7 @@ def test_a_client_without_a_certificate_of_the_federation_is_refused(tls_node: T
     # the same client with its certificate gets in: the refusals below are about the certificate
     RabbitTransport("flow.tls-probe", tls_node.url(), party=False, tls=tls_node.tls("flow")).close()
     # TLS 1.3 sends the refusal after the handshake; a first attempt may see only the EOF
-    refused = "client certificate|cannot reach broker"
+    refused = "client certificate|cannot reach the broker"
     assert re.search(refused, _refusal(tls_node, tls_node.tls(None)))
     assert re.search(refused, _refusal(tls_node, tls_node.tls("rogue")))
 

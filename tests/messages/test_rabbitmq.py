@@ -234,6 +234,7 @@ def test_errors_are_clear(rabbit_url: str, names: tuple[str, str]) -> None:
         a.close()
     with pytest.raises(TransportError, match="refused the login"):
         RabbitTransport(names[0], rabbit_url.replace("guest:guest", "guest:wrong"), party=True)
-    with pytest.raises(TransportError, match="cannot reach broker"):
+    with pytest.raises(TransportError, match=r"cannot reach the broker at 127.0.0.1:1 "
+                                             r"\(connection refused\)"):
         RabbitTransport(names[0], "amqp://guest:guest@127.0.0.1:1/%2F", party=True,
                         reconnect_seconds=1.0)
