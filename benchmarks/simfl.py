@@ -1,6 +1,7 @@
 """SimFL on UCI Adult (a9a) against SOLO and ALL-IN: the paper's Tables 2 and 3.
 
     python -m benchmarks.simfl --partition unbalanced --theta 0.8 --parties 2 --seeds 3
+    python -m benchmarks.simfl --dataset breast --trees 20 --depth 4 --lr 0.3 --seeds 3
     common: [--trees 500] [--depth 8] [--lr 0.05] [--max-bin 32] [--data-seed 0]
             [--no-simfl] [--keep DIR] [--json FILE]
 
@@ -86,6 +87,25 @@ def federation(partition_mode: str, theta: float, parties: int, seed: int,
     ids = np.array([f"adult-{r}" for r in row_ids])
     return Federation(names, ids[train], x[train], y[train], x[test], y[test], ids[test],
                       dict(zip(member_names(parties), parts)))
+
+
+def breast_federation(folder: Path) -> Federation:
+    """breast_homo's two hospitals as members A (guest) and B (host), and its test rows: a
+    small federation (about 230 rows each) whose members hold alike rows."""
+    from workers.data import load_party_data
+
+    parts = [load_party_data(m, folder / f"breast_homo_{m}.csv", "id", "y",
+                             require_label=True) for m in ("guest", "host")]
+    test = load_party_data("test", folder / "breast_homo_test.csv", "id", "y",
+                           require_label=True)
+    ys = [p.y for p in parts]
+    if test.y is None or any(y is None for y in ys):
+        raise ValueError(f"{folder}: breast_homo files need their label column")
+    sizes = [len(p.ids) for p in parts]
+    return Federation(list(parts[0].names), np.concatenate([np.asarray(p.ids) for p in parts]),
+                      np.vstack([p.x for p in parts]), np.concatenate(ys), test.x, test.y,
+                      np.asarray(test.ids), {"A": np.arange(sizes[0]),
+                                             "B": np.arange(sizes[0], sum(sizes))})
 
 
 def error_rate(y: np.ndarray, probability: np.ndarray) -> float:
@@ -176,12 +196,13 @@ def _mb(value: Any) -> str:
 
 def print_table(result: dict[str, Any], args: argparse.Namespace) -> None:
     """The test errors (%) next to the paper's, then SimFL's costs."""
-    paper = PAPER.get(args.partition) if args.parties == 2 and (
+    paper = PAPER.get(args.partition) if args.dataset == "adult" and args.parties == 2 and (
         args.partition == "balanced" or abs(args.theta - 0.8) < 1e-9) else None
     split = (f"unbalanced theta {args.theta:g}" if args.partition == "unbalanced"
              else "balanced")
-    print(f"\nAdult (a9a encoding, {len(result['settings']['features'])} features), {split}, "
-          f"{args.parties} members; {args.trees} trees, depth {args.depth}, lr {args.lr:g}, "
+    data = (f"Adult (a9a encoding, {len(result['settings']['features'])} features), {split}, "
+            f"{args.parties} members" if args.dataset == "adult" else "breast_homo, 2 members")
+    print(f"\n{data}; {args.trees} trees, depth {args.depth}, lr {args.lr:g}, "
           f"max_bin {args.max_bin}; test error %")
     print(f"{'approach':<10} {'ours':>22} {'paper':>22}")
     simfl = result["simfl"]
@@ -210,7 +231,8 @@ def print_table(result: dict[str, Any], args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """SOLO and ALL-IN once, SimFL once per seed."""
-    fed = federation(args.partition, args.theta, args.parties, args.data_seed, args.data)
+    fed = (federation(args.partition, args.theta, args.parties, args.data_seed, args.data)
+           if args.dataset == "adult" else breast_federation(args.data.parent))
     sizes = {m: int(p.size) for m, p in fed.parts.items()}
     print(f"train {fed.y_train.size} rows, test {fed.y_test.size}; members " + ", ".join(
         f"{m} {n} rows ({100 * fed.y_train[fed.parts[m]].mean():.1f}% >50K)"
@@ -239,7 +261,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 costs.append(cost)
                 print(f"  SimFL seed {seed}: {100 * error:.2f}% "
                       f"({time.perf_counter() - started:.0f} s)", flush=True)
-    settings = {"partition": args.partition, "theta": args.theta, "parties": args.parties,
+    settings = {"dataset": args.dataset, "partition": args.partition, "theta": args.theta,
+                "parties": args.parties,
                 "data_seed": args.data_seed, "seeds": list(range(len(simfl))),
                 "params": boost_params(args, 0), "lsh_r": args.lsh_r, "features": fed.names,
                 "rows": sizes, "test_rows": int(fed.y_test.size),
@@ -262,6 +285,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lsh-r", type=float, default=4.0)
     parser.add_argument("--data-seed", type=int, default=0)
     parser.add_argument("--data", type=Path, default=ADULT)
+    parser.add_argument("--dataset", choices=("adult", "breast"), default="adult",
+                        help="breast: breast_homo's guest and host beside --data (no partition)")
     parser.add_argument("--no-simfl", action="store_true", help="SOLO and ALL-IN only")
     parser.add_argument("--keep", type=Path, help="keep the member files and runs here")
     parser.add_argument("--json", type=Path)

@@ -438,7 +438,25 @@ class LshConfig(_Strict):
     r: float = Field(4.0, gt=0.0, le=1e6)
     """Bucket width."""
     seed: int = Field(0, ge=0)
-    """Seed of the projections, agreed per job (never derived from data)."""
+    """Part of the preprocessing's key: another seed gives other functions. The projections
+    themselves come from a secret the members agree on (never from this seed or from data)."""
+
+
+class SimflPrivacyConfig(_Strict):
+    """The noise a member adds to the gradient sums it sends a builder
+    (``workers.simfl.privacy``); it cannot be switched off."""
+
+    label_noise: float = Field(4.0, ge=1.0, le=1000.0)
+    """sigma_label: per builder row, drawn once per preprocessing, in units of ``clip``
+    (members refuse less than 1)."""
+    tree_noise: float = Field(8.0, ge=1.0, le=1000.0)
+    """sigma_tree: drawn anew per tree, in units of ``clip`` (g) and of the hessian's bound
+    (members refuse less than 1)."""
+    clip: float = Field(1.0, gt=0.0, le=1e6)
+    """Regression: each row's g is clipped to [-clip, clip] before it is summed. Binary: not
+    used (the logistic loss's |g| < 1 is its own bound)."""
+    delta: float = Field(1e-5, gt=0.0, lt=1.0)
+    """The delta of the (epsilon, delta) the job reports (``metrics.json``: ``privacy``)."""
 
 
 class SimflParamsConfig(_TreeParams):
@@ -446,6 +464,7 @@ class SimflParamsConfig(_TreeParams):
 
     objective: Literal["binary", "regression"] = "binary"  # type: ignore[assignment]
     lsh: LshConfig = LshConfig()
+    privacy: SimflPrivacyConfig = SimflPrivacyConfig()
 
 
 class SimflJobConfig(_MembersAndAggregator, _Strict):

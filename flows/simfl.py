@@ -1,17 +1,19 @@
 """SimFL as a Prefect flow (Practical Federated GBDT, seed 000): preprocess once, then per tree
 aggregate similar gradients -> grow -> share.
 
-Preprocessing (Algorithm 1): every member hashes its rows with the job's p-stable LSH functions
-and the aggregator tells each member, per row, the most similar row of every other member; a
-federation whose members, data and LSH parameters are unchanged reuses it. Training
-(Algorithm 2): members take turns growing trees; for each tree the other members send the
-builder the summed gradients of their rows similar to each of its rows, the builder grows the
-tree on its own rows with those weighted gradients and shares it with everyone.
+Preprocessing (Algorithm 1): every member hashes its rows with p-stable LSH functions from a
+secret the members agree on among themselves and the aggregator tells each member, per row, the
+most similar row of every other member; a federation whose members, data and LSH parameters are
+unchanged reuses it. Training (Algorithm 2): members take turns growing trees; for each tree the
+other members send the builder the summed gradients of their rows similar to each of its rows,
+with noise (``workers.simfl.privacy``), the builder estimates them, grows the tree on its own
+rows with those weighted gradients and shares it with everyone.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from typing import Any
 
@@ -38,7 +40,38 @@ def simfl_spec(config: SimflJobConfig) -> SimflSpec:
         max_bin=p.max_bin, objective=p.objective, reg_lambda=p.reg_lambda, gamma=p.gamma,
         min_child_weight=p.min_child_weight, min_samples_leaf=p.min_samples_leaf,
         subsample=p.subsample, seed=p.seed, lsh_functions=p.lsh.functions or 0,
-        lsh_r=p.lsh.r, lsh_seed=p.lsh.seed)
+        lsh_r=p.lsh.r, lsh_seed=p.lsh.seed, noise_label=p.privacy.label_noise,
+        noise_tree=p.privacy.tree_noise, gradient_clip=p.privacy.clip)
+
+
+def privacy_spent(config: SimflJobConfig, trees: int) -> dict[str, Any]:
+    """What the first ``trees`` trees' gradient messages spent, per member as a sender, toward
+    each builder (``workers.simfl.privacy``: zCDP, then (epsilon, delta)).
+
+    ``label_epsilon`` (binary objective): one row's label, over every tree the member sent
+    that builder and its label sum, ``rho = T / (2 (sigma_tree^2 + T sigma_label^2)) +
+    1 / (2 sigma_tree^2)``. ``row_epsilon``: one row's values replaced (its gradient and
+    hessian, and the builder row it is similar to), ``rho = 2.5 T / sigma_tree^2``;
+    ``row_epsilon_per_tree`` the same for one tree. The trees a member builds are outside both
+    (every member receives them).
+    """
+    members, noise = config.members, config.params.privacy
+    delta = noise.delta
+
+    def epsilon(rho: float) -> float:  # Bun and Steinke 2016, Proposition 1.3
+        return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+    sent = {m: max((sum(1 for t in range(trees) if t % len(members) == b)
+                    for b in range(len(members)) if members[b] != m), default=0)
+            for m in members}  # to the builder it sent most trees
+    label = {m: epsilon(t / (2.0 * (noise.tree_noise ** 2 + t * noise.label_noise ** 2))
+                        + 1.0 / (2.0 * noise.tree_noise ** 2))  # and the noisy label sum
+             for m, t in sent.items()}
+    return {"delta": delta, "label_noise": noise.label_noise, "tree_noise": noise.tree_noise,
+            "trees_sent": sent,
+            "label_epsilon": label if config.params.objective == "binary" else None,
+            "row_epsilon": {m: epsilon(2.5 * t / noise.tree_noise ** 2) for m, t in sent.items()},
+            "row_epsilon_per_tree": epsilon(2.5 / noise.tree_noise ** 2)}
 
 
 @task(name="open_job", task_run_name="open-job", cache_policy=NO_CACHE)
@@ -64,13 +97,12 @@ def preprocess(job: str, aggregator: str, members: list[str]) -> dict[str, Any]:
     started = time.perf_counter()
     keys = coord.call(members, MsgType.S_MEMBER_KEY, Step(), step_id(MsgType.S_MEMBER_KEY))
     key = hashlib.sha256("".join(sorted(k.key for k in keys.values())).encode()).hexdigest()
-    sent = coord.call(members, MsgType.S_HASH_ROWS, Prepare(key, False),
+    held = coord.call(members, MsgType.S_HASH_ROWS, Prepare(key, False),
                       step_id(MsgType.S_HASH_ROWS))
-    reused = all(reply.count == -1 for reply in sent.values())
-    if not reused:
-        if any(reply.count == -1 for reply in sent.values()):  # some lost theirs: all again
-            sent = coord.call(members, MsgType.S_HASH_ROWS, Prepare(key, True),
-                              step_id(MsgType.S_HASH_ROWS, 1))
+    reused = all(reply.count == -1 for reply in held.values())
+    if not reused:  # one member without it: all again, under the members' secret functions
+        sent = coord.call(members, MsgType.S_HASH_ROWS, Prepare(key, True),
+                          step_id(MsgType.S_HASH_ROWS, 1))
         coord.call([aggregator], MsgType.S_MATCH_ROWS, Step(), step_id(MsgType.S_MATCH_ROWS))
         got = coord.call(members, MsgType.S_STORE_SIMILAR, Step(),
                          step_id(MsgType.S_STORE_SIMILAR))
@@ -170,6 +202,7 @@ def _train(config: SimflJobConfig, progress: Any) -> dict[str, Any]:
         "preprocess_reused": prep["reused"], "preprocess_seconds": prep["seconds"],
         "preprocess_bytes": prep["bytes"],
         "tree_bytes": sum(per_tree) / len(per_tree) if per_tree else None,
+        "privacy": privacy_spent(config, config.params.n_trees),
         "step_seconds": dict(link(job).step_seconds)}
     create_table_artifact(
         [{"tree": k + 1, "builder": m.get("builder"),

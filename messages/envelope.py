@@ -16,11 +16,14 @@ from messages import simfl as s
 from messages.codec import from_wire, to_wire
 from messages.names import JOB_NAME_RULE, is_job_name
 
-WIRE_VERSION = 3
+WIRE_VERSION = 4
 """2: a row's packed (g, h, count) slots are sized by what they hold (``crypto.encoding``); a
 version-1 party would cut the bin sums apart in the wrong places, so the versions refuse each other.
 3: horizontal set-up counts cells of a public grid instead of sending quantile summaries, and a
-tree's root histograms are sealed until a round key is released (``messages.horizontal``)."""
+tree's root histograms are sealed until a round key is released (``messages.horizontal``).
+4: SimFL's gradient sums are randomised for every builder row and its hash functions come from
+a secret the members exchange sealed (``S_LSH_KEY``, ``S_LSH_SECRET``); an older member would
+send exact sums."""
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """Refuse to parse anything larger; transports chunk big payloads well below this."""
 
@@ -117,6 +120,8 @@ class MsgType(IntEnum):
     S_SIMILAR = 361
     S_GRADIENTS = 362
     S_TREE = 363
+    S_LSH_KEY = 364
+    S_LSH_SECRET = 365
     # the vertical random forest (messages.forest): commands 380-389, peer messages 390-399
     F_OPEN_JOB = 380
     F_PREPARE = 381
@@ -192,7 +197,8 @@ BODY_TYPES.update({
     MsgType.S_OPEN_JOB: s.OpenSimfl, MsgType.S_HASH_ROWS: s.Prepare,
     MsgType.S_PREPARE_REPLY: s.MemberKey, MsgType.S_ROW_HASHES: s.RowHashes,
     MsgType.S_SIMILAR: s.SimilarRows, MsgType.S_GRADIENTS: s.SimilarGradients,
-    MsgType.S_TREE: s.SharedTree})
+    MsgType.S_TREE: s.SharedTree, MsgType.S_LSH_KEY: s.LshKey,
+    MsgType.S_LSH_SECRET: s.LshSecret})
 SIMFL_STEPS = frozenset({MsgType.S_MEMBER_KEY, MsgType.S_MATCH_ROWS, MsgType.S_STORE_SIMILAR,
                          MsgType.S_SEND_GRADIENTS, MsgType.S_BUILD_TREE, MsgType.S_RECEIVE_TREE})
 BODY_TYPES.update({

@@ -1,8 +1,9 @@
 """SimFL's messages (seed 000): members exchange LSH values once, through the aggregator, and
 then per tree the summed gradients of their rows similar to the builder's rows.
 
-No message carries a feature value: hash values, opaque per-job row handles, gradient sums and
-finished trees (whose thresholds are the builder's cut points, part of the shared model).
+No message carries a feature value: hash values, opaque per-job row handles, randomised gradient
+sums and finished trees (whose thresholds are the builder's cut points, part of the shared
+model). The hash functions' secret travels only between members, sealed.
 """
 
 from __future__ import annotations
@@ -33,6 +34,16 @@ class SimflSpec:
     """Hash functions L (0: the paper's min(40, d - 1))."""
     lsh_r: float
     lsh_seed: int
+    """Part of the preprocessing's key (another seed, other functions); the functions come from
+    a secret the members agree on among themselves, never from this seed."""
+    noise_label: float
+    """sigma_label: noise on the g sums a member sends, drawn once per builder row (units of
+    ``gradient_clip``)."""
+    noise_tree: float
+    """sigma_tree: noise on the g and h sums, drawn anew per tree (units of their bounds)."""
+    gradient_clip: float
+    """C: each row's g is clipped to [-C, C] before it is summed (the logistic loss's g has
+    |g| < 1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,24 +88,43 @@ class RowHashes:
 
 
 @dataclass(frozen=True, slots=True)
+class LshKey:
+    """Member -> the first member: an X25519 public key of this job, to receive the secret of
+    the hash functions sealed."""
+
+    public: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LshSecret:
+    """The first member -> member: its X25519 public key of this job and the secret of the hash
+    functions, sealed under their pair secret (ChaCha20-Poly1305)."""
+
+    public: bytes
+    sealed: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class SimilarRows:
     """Aggregator -> member: for each other member, the handle of its most similar row to each
-    of the recipient's rows (uint64 LE, in the order the recipient sent them); the reference
+    of the recipient's rows (uint64 LE, in the order the recipient sent them) and the handles
+    of all that member's rows (in its order: the recipient sends a sum for each); the reference
     columns (no lists when members' columns differ) and the base score."""
 
     columns: list[str]
     members: list[str]
     handles: list[bytes]
     base_score: float
+    everyone: list[bytes]
 
 
 @dataclass(frozen=True, slots=True)
 class SimilarGradients:
-    """Member -> builder of tree ``tree``: per builder handle that is the most similar row of
-    some of the sender's rows, the sums of their g and h (float64 LE)."""
+    """Member -> builder of tree ``tree``: for every builder row, in the builder's order, the
+    sums of g and h of the sender's rows most similar to it, randomised
+    (``workers.simfl.privacy``; float64 LE)."""
 
     tree: int
-    handles: bytes
     g: bytes
     h: bytes
 

@@ -295,6 +295,13 @@ def test_a_simfl_job_over_the_same_workers_equals_its_embedded_run(
 
     over_broker = simfl(_load(tmp_path / "broker", simfl_job(False)))
     embedded_out = tmp_path / "embedded"
+    # SimFL's noise and hash functions come from each member's own key: the same keys here
+    for member in MEMBERS:
+        name = fed.names[member]
+        own = embedded_out / ".fedboost" / name
+        own.mkdir(parents=True, mode=0o700)
+        (own / "checkpoint.key").write_bytes(
+            (fed.models / ".fedboost" / name / "checkpoint.key").read_bytes())
     embedded = train_embedded(_load(tmp_path / "embedded-job", simfl_job(True)), embedded_out)
     assert over_broker["preprocess_reused"] is False
     assert over_broker["train_auc"] == embedded["train_auc"]

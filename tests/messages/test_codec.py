@@ -22,12 +22,14 @@ from messages.instance_space import BITMAP, GAPS, InstanceSpace, decode_mask, en
 SAMPLES = {
     MsgType.S_OPEN_JOB: s.OpenSimfl(s.SimflSpec(
         [b.PartyInfo("a", "member"), b.PartyInfo("agg", "aggregator")], 3, 8, 0.3, 32, "binary",
-        1.0, 0.0, 1.0, 1, 1.0, 0, 0, 4.0, 7)),
+        1.0, 0.0, 1.0, 1, 1.0, 0, 0, 4.0, 7, 2.0, 4.0, 1.0)),
     MsgType.S_HASH_ROWS: s.Prepare("ab" * 32, False),
     MsgType.S_PREPARE_REPLY: s.MemberKey("cd" * 32),
     MsgType.S_ROW_HASHES: s.RowHashes(["x0"], bytes(16), bytes(8 * 4), 4, 1.0),
-    MsgType.S_SIMILAR: s.SimilarRows(["x0"], ["b"], [bytes(16)], -0.5),
-    MsgType.S_GRADIENTS: s.SimilarGradients(2, bytes(8), bytes(8), bytes(8)),
+    MsgType.S_SIMILAR: s.SimilarRows(["x0"], ["b"], [bytes(16)], -0.5, [bytes(24)]),
+    MsgType.S_GRADIENTS: s.SimilarGradients(2, bytes(8), bytes(8)),
+    MsgType.S_LSH_KEY: s.LshKey(bytes(32)),
+    MsgType.S_LSH_SECRET: s.LshSecret(bytes(32), bytes(60)),
     MsgType.S_TREE: s.SharedTree(2, [s.WireNode(0, 1, 2, 3, 0.5, True, 0.0),
                                      s.WireNode(1, -1, -1, -1, 0.0, False, 0.25)]),
     MsgType.H_OPEN_JOB: h.OpenHorizontal(h.HorizontalSpec(

@@ -1,6 +1,7 @@
 """SimFL's aggregator (seed 000, Algorithm 1): builds the global hash tables from the members'
 LSH values and tells each member, for each of its rows, the most similar row of every other
-member (by handle). It never sees a feature value; after preprocessing it has nothing to do.
+member (by handle), and every other member's handles. It never sees a feature value, nor the
+hash functions (a secret of the members); after preprocessing it has nothing to do.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from workers import ProtocolError
 from workers.policy import check_protocol
 from workers.runtime import StepContext
 from workers.simfl.lsh import most_similar
-from workers.simfl.member import MAX_ROWS, PROTOCOL, aggregator_of, members_of
+from workers.row_partitioned import aggregator_of, members_of
+from workers.simfl.member import MAX_ROWS, PROTOCOL
 
 MAX_FUNCTIONS = 1000
 
@@ -49,7 +51,7 @@ def match_rows(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     reference = received[0].columns
     if any(r.columns != reference for r in received):
         for m in members:  # each member then names its own file and its difference
-            ctx.send(m, MsgType.S_SIMILAR, SimilarRows(list(reference), [], [], 0.0))
+            ctx.send(m, MsgType.S_SIMILAR, SimilarRows(list(reference), [], [], 0.0, []))
         return MsgType.ACK, Ack(count=0)
     handles, hashes = {}, {}
     for m, r in zip(members, received):
@@ -67,9 +69,9 @@ def match_rows(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     for m in members:
         others = [o for o in members if o != m]
         similar = [handles[o][most_similar(hashes[m], hashes[o], rng)] for o in others]
-        ctx.send(m, MsgType.S_SIMILAR, SimilarRows(list(reference), others,
-                                                   [s.astype("<u8").tobytes() for s in similar],
-                                                   base))
+        ctx.send(m, MsgType.S_SIMILAR, SimilarRows(
+            list(reference), others, [s.astype("<u8").tobytes() for s in similar], base,
+            [received[members.index(o)].handles for o in others]))
     return MsgType.ACK, Ack(count=len(members))
 
 

@@ -9,7 +9,9 @@ shares the most values with a row is taken as its most similar row (Algorithm 1,
 What a holder of the hash values learns: for each row, L windows ``F_k <= (a_k . x + b_k) / r <
 F_k + 1``; with ``L < d`` these leave infinitely many rows possible (the paper's Theorem 1), but
 they do locate a row inside a slab of width ``r`` per function, and equal values across members
-show which rows are close. The functions come from a seed every member shares, never from data.
+show which rows are close. Whoever also knows ``a`` and ``b`` can invert the values by least
+squares (a row is then known to within the slabs), so in a job the functions come from a secret
+only the members hold (:meth:`LshFunctions.from_secret`), never from data or the job's spec.
 
 Pure numpy/numba; no protocol, no I/O.
 """
@@ -23,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from workers import DataError
+from workers.simfl.privacy import derive_key, standard_normal, uniform
 
 DEFAULT_R = 4.0
 """Window width r; the paper's experiments use 4.0 (section "Experiments") on standardized
@@ -95,7 +98,7 @@ class LshFunctions:
 
     @classmethod
     def from_seed(cls, seed: int, n_features: int, functions: int, r: float) -> LshFunctions:
-        """The functions every member derives from the job's LSH seed (never from data).
+        """Functions from a public seed, for experiments (a job uses :meth:`from_secret`).
 
         The stream is ``numpy.random.default_rng([seed, n_features, functions, _STREAM])``, so
         the same arguments give the same functions on every member and numpy version that keeps
@@ -116,6 +119,31 @@ class LshFunctions:
         rng = np.random.default_rng([seed, n_features, functions, _STREAM])
         a = rng.standard_normal((functions, n_features))
         b = rng.random(functions) * float(r)
+        return cls(a=a, b=b, r=r)
+
+    @classmethod
+    def from_secret(cls, secret: bytes, n_features: int, functions: int,
+                    r: float) -> LshFunctions:
+        """The functions of a job: ``a`` and ``b`` from ChaCha20 keystreams under keys derived
+        from ``secret`` (which only the members hold), so that nobody without it can rebuild
+        them (a seed's PCG64 stream would not do: its state follows from its outputs).
+
+        Raises
+        ------
+        ValueError
+            If ``secret`` is shorter than 32 bytes, ``n_features`` or ``functions`` is below
+            1, or ``r`` is not a positive finite number.
+        """
+        if len(secret) < 32:
+            raise ValueError(f"the LSH secret must have at least 32 bytes, got {len(secret)}")
+        if n_features < 1 or functions < 1:
+            raise ValueError(
+                f"n_features and functions must be at least 1, got {n_features}, {functions}"
+            )
+        shape = f"{n_features}x{functions}"
+        a = standard_normal(derive_key(secret, "simfl lsh projections v1", shape),
+                            functions * n_features).reshape(functions, n_features)
+        b = uniform(derive_key(secret, "simfl lsh offsets v1", shape), functions) * float(r)
         return cls(a=a, b=b, r=r)
 
     def same_as(self, other: LshFunctions) -> bool:

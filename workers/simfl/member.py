@@ -1,20 +1,17 @@
-"""A SimFL member (seed 000, Algorithms 1-2): rows with every column and the label.
+"""A SimFL member (seed 000, Algorithm 2): rows with every column and the label.
 
-Preprocessing: it sends the aggregator its rows' LSH values under opaque per-job handles and
-gets back, for each other member, the handle of that member's most similar row to each of its
-own. Training: members take turns building trees; for the builder's tree every other member
-sends, per builder handle, the summed g and h of its rows most similar to that row (Weighted
-Gradient Boosting); the builder grows the tree on its own rows with those weighted gradients
-and shares it. No feature value leaves a member except the thresholds of the trees it builds.
+After preprocessing (``workers.simfl.preprocess``) a member knows, for each other member, the
+handle of that member's most similar row to each of its own rows, and all that member's
+handles. Training: members take turns building trees; for the builder's tree every other member
+sends, for every builder handle, the summed g and h of its rows most similar to that row,
+randomised (``workers.simfl.privacy``); the builder estimates the exact sums, adds them to its
+own rows' g and h (Weighted Gradient Boosting), grows the tree and shares it. No feature value
+leaves a member except the thresholds of the trees it builds.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -33,20 +30,25 @@ from boosting.tree import (Model, Tree, TreeNode, leaf_values, node_values, raw_
 from messages.bodies import Ack, Metric, Opened, Resumed, ResumeJob, Step, TreeFinished
 from messages.codec import to_wire
 from messages.envelope import MsgType
-from messages.simfl import (MemberKey, OpenSimfl, Prepare, RowHashes, SharedTree,
-                            SimilarGradients, SimilarRows, SimflSpec, WireNode)
+from messages.simfl import OpenSimfl, SharedTree, SimilarGradients, SimflSpec, WireNode
 from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.data import PartyData
+from workers.horizontal.masking import MaskKey
 from workers.horizontal.tree import OWNER
 from workers.policy import check_protocol
 from workers.runtime import StepContext
-from workers.row_partitioned import (aggregator_of, load_member_data, members_of, params_of,
-                                     save_member_model)
-from workers.simfl.lsh import DEFAULT_R, LshFunctions, default_functions
+from workers.row_partitioned import load_member_data, members_of, params_of, save_member_model
+from workers.simfl.privacy import HESSIAN_BOUND, GradientNoise, denoise
 
 PROTOCOL = "simfl"
 MAX_ROWS = 1 << 26
 """Rows one member may declare (the aggregator's and builder's allocations are bounded)."""
+MIN_NOISE = 1.0
+"""The least sigma_label and sigma_tree a member accepts, whatever the job says: below it one
+tree's sum tells a lone row's label with an advantage above 0.28 (``2 Phi(1 / 2 sigma) - 1``)."""
+STATE_FORMAT = 2
+"""The layout of a member's checkpoint: 2 holds every other member's handles (randomised sums
+for each); format 1 (exact sums) is refused."""
 
 
 def builder_of(spec: SimflSpec, tree: int) -> str:
@@ -55,11 +57,11 @@ def builder_of(spec: SimflSpec, tree: int) -> str:
     return members[tree % len(members)]
 
 
-def lsh_of(spec: SimflSpec, n_features: int) -> LshFunctions:
-    """The job's hash functions: from its seed, the same at every member."""
-    return LshFunctions.from_seed(spec.lsh_seed, n_features,
-                                  spec.lsh_functions or default_functions(n_features),
-                                  spec.lsh_r or DEFAULT_R)
+def noise_of(spec: SimflSpec) -> GradientNoise:
+    """The job's gradient noise. The logistic loss's |g| < 1 is its own clip (C = 1, which the
+    label guarantee needs: a flipped label then moves g by exactly 1 in every tree)."""
+    clip = 1.0 if spec.objective == "binary" else spec.gradient_clip
+    return GradientNoise(spec.noise_label, spec.noise_tree, clip, HESSIAN_BOUND[spec.objective])
 
 
 @dataclass(slots=True)
@@ -77,6 +79,12 @@ class SimflMember:
     handles: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))
     similar: dict[str, np.ndarray] = field(default_factory=dict)
     """Per other member, the handle of its most similar row to each of this member's rows."""
+    everyone: dict[str, np.ndarray] = field(default_factory=dict)
+    """Per other member, all its handles in its order (a sum is sent for each)."""
+    target: dict[str, np.ndarray] = field(default_factory=dict)
+    """Per other member, the position in ``everyone`` of each of this member's similar rows."""
+    exchange: MaskKey | None = None
+    """This job's X25519 key for the hash functions' secret (never stored)."""
     base: float = 0.0
     margin: FloatArray | None = None
     trees: list[Tree] = field(default_factory=list)
@@ -96,6 +104,25 @@ class SimflMember:
         return Model(self.params, (self.base,), n_classes, tuple(self.trees),
                      {OWNER: self.data.names})
 
+    def set_prepared(self, similar: dict[str, np.ndarray], everyone: dict[str, np.ndarray],
+                     base: float) -> None:
+        """Keep a preprocessing's result; every similar handle must be one of that member's."""
+        targets = {}
+        for m, given in similar.items():
+            handles = np.asarray(given, dtype=np.uint64)
+            others = np.asarray(everyone[m], dtype=np.uint64)
+            order = np.argsort(others)
+            at = order[np.minimum(np.searchsorted(others, handles, sorter=order),
+                                  others.size - 1)]
+            if handles.size != self.y.size or not np.array_equal(others[at], handles):
+                raise ProtocolError(f"{self.data_file}: similar rows of {m} are not among its "
+                                    f"rows")
+            targets[m] = at
+        self.similar = {m: np.asarray(v, dtype=np.uint64) for m, v in similar.items()}
+        self.everyone = {m: np.asarray(v, dtype=np.uint64) for m, v in everyone.items()}
+        self.target, self.base = targets, float(base)
+        self.margin = np.full((self.y.size, 1), self.base)
+
     def require_similar(self) -> None:
         if self.margin is None or not self.similar:
             raise StageError(f"{self.data_file}: preprocessing has not run")
@@ -105,6 +132,11 @@ def open_job(ctx: StepContext, body: OpenSimfl) -> tuple[MsgType, Any]:
     """Load the member's data set (labels of both classes), bin it with its own cuts."""
     spec, me = body.spec, ctx.party.name
     check_protocol(ctx.party.policy, me, PROTOCOL)
+    if not (spec.noise_label >= MIN_NOISE and spec.noise_tree >= MIN_NOISE
+            and np.isfinite(spec.gradient_clip) and spec.gradient_clip > 0):
+        raise ProtocolError(f"{me}: the job's gradient noise (label {spec.noise_label}, tree "
+                            f"{spec.noise_tree}, clip {spec.gradient_clip}) is below this "
+                            f"member's minimum {MIN_NOISE}: refused")
     own = ctx.party.dataset_in(spec.parties)
     data = load_member_data(me, own)
     if spec.objective == "binary":
@@ -122,98 +154,6 @@ def open_job(ctx: StepContext, body: OpenSimfl) -> tuple[MsgType, Any]:
         ctx.model_dir, ctx.state.digest, checkpoint.key_of(ctx.party)))
 
 
-def member_key(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
-    """A keyed digest of this member's data set, the LSH parameters and the members: the same
-    key again means its preprocessing still holds (without revealing the data's digest)."""
-    job: SimflMember = ctx.state
-    s = job.spec
-    h = hashlib.sha256()
-    with open(job.data_file, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    h.update(msgpack.packb([list(job.data.names), s.lsh_functions, s.lsh_r, s.lsh_seed,
-                            members_of(s), ctx.party.name], use_bin_type=True))
-    key = hmac.new(checkpoint.key_of(ctx.party), h.digest(), hashlib.sha256).hexdigest()
-    return MsgType.S_PREPARE_REPLY, MemberKey(key)
-
-
-def _cache_file(ctx: StepContext, key: str) -> Path:
-    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
-        raise ProtocolError(f"{ctx.party.name}: preprocessing key {key!r} is not a digest")
-    folder = ctx.party.private_dir() / "simfl"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    return folder / f"{key}.npz"
-
-
-def hash_rows(ctx: StepContext, body: Prepare) -> tuple[MsgType, Any]:
-    """Algorithm 1, l.1-4: this member's rows' LSH values under fresh opaque handles, to the
-    aggregator; or, when this federation's preprocessing is on record here, nothing (count -1)."""
-    job: SimflMember = ctx.state
-    cache = _cache_file(ctx, body.key)
-    if not body.force and cache.is_file() and _load_prepared(job, cache):
-        job.prep_key = body.key
-        return MsgType.ACK, Ack(count=-1)
-    functions = lsh_of(job.spec, job.data.x.shape[1])
-    hashes = functions.hash(job.data.x)
-    handles = np.unique(np.frombuffer(secrets.token_bytes(8 * len(job.data.ids) * 2), "<u8"))
-    handles = np.random.default_rng(secrets.randbits(64)).permutation(handles)[:len(job.data.ids)]
-    if handles.size != len(job.data.ids):  # 2n random 64-bit values had n distinct
-        raise ProtocolError(f"{ctx.party.name}: could not draw distinct row handles")
-    job.handles, job.prep_key = handles.astype(np.uint64), body.key
-    message = RowHashes(list(job.data.names), handles.astype("<u8").tobytes(),
-                        hashes.astype("<i4").tobytes(), functions.a.shape[0], float(job.y.sum()))
-    ctx.send(aggregator_of(job.spec), MsgType.S_ROW_HASHES, message)
-    return MsgType.ACK, Ack(count=len(message.handles) + len(message.hashes))
-
-
-def store_similar(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
-    """Algorithm 1, l.7-12 (done by the aggregator): keep the similar handles per other member,
-    on record under the federation's preprocessing key."""
-    job: SimflMember = ctx.state
-    me = ctx.party.name
-    got: SimilarRows = ctx.mailbox.take(MsgType.S_SIMILAR, aggregator_of(job.spec))
-    if got.columns != list(job.data.names):
-        raise DataError(f"party {me}: file {job.data_file}: columns differ from the first "
-                        f"member's: {_first_difference(list(job.data.names), got.columns)}")
-    if not got.members:  # another member's columns differ: its own error names its file
-        return MsgType.ACK, Ack(count=0)
-    others = [m for m in members_of(job.spec) if m != me]
-    n = len(job.data.ids)
-    if got.members != others or any(len(h) != 8 * n for h in got.handles) or \
-            not np.isfinite(got.base_score):
-        raise ProtocolError(f"{me}: similar rows for {got.members} of wrong shape; expected "
-                            f"{others}, {n} rows each")
-    job.similar = {m: np.frombuffer(h, "<u8").astype(np.uint64)
-                   for m, h in zip(got.members, got.handles)}
-    job.base = float(got.base_score)
-    job.margin = np.full((n, 1), job.base)
-    np.savez(_cache_file(ctx, job.prep_key), handles=job.handles, base=np.float64(job.base),
-             members=np.array(others), **{f"similar_{k}": v for k, v in
-                                           enumerate(job.similar.values())})
-    return MsgType.ACK, Ack(count=sum(len(h) for h in got.handles))
-
-
-def _load_prepared(job: SimflMember, path: Path) -> bool:
-    """A preprocessing on record: handles, similar handles per member, base score."""
-    with np.load(path, allow_pickle=False) as saved:
-        handles = saved["handles"]
-        others = [str(m) for m in saved["members"]]
-        if handles.size != len(job.data.ids) or len(others) != len(members_of(job.spec)) - 1:
-            return False
-        job.handles = handles.astype(np.uint64)
-        job.similar = {m: saved[f"similar_{k}"].astype(np.uint64) for k, m in enumerate(others)}
-        job.base = float(saved["base"])
-    job.margin = np.full((len(job.data.ids), 1), job.base)
-    return True
-
-
-def _first_difference(mine: list[str], reference: list[str]) -> str:
-    for k, (a, b) in enumerate(zip(mine, reference)):
-        if a != b:
-            return f"column {k + 1} is {a!r} here, {b!r} there"
-    return f"{len(mine)} columns here, {len(reference)} there"
-
-
 def _gradients(job: SimflMember) -> tuple[FloatArray, FloatArray]:
     assert job.margin is not None
     g, h = gradients(job.params.objective, job.margin, job.y)
@@ -221,8 +161,8 @@ def _gradients(job: SimflMember) -> tuple[FloatArray, FloatArray]:
 
 
 def send_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
-    """Algorithm 2, l.1-8: per builder row, the summed g and h of this member's rows whose most
-    similar builder row it is."""
+    """Algorithm 2, l.1-8: for every builder row, the summed g and h of this member's rows whose
+    most similar builder row it is, randomised under this member's own key."""
     job: SimflMember = ctx.state
     job.require_similar()
     builder = builder_of(job.spec, body.tree)
@@ -230,18 +170,19 @@ def send_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         raise StageError(f"{ctx.party.name}: tree {body.tree} by {body.owners}; {len(job.trees)} "
                          f"trees done, builder {builder}")
     g, h = _gradients(job)
-    targets, where = np.unique(job.similar[builder], return_inverse=True)
-    g_sum = np.bincount(where, weights=g, minlength=targets.size)
-    h_sum = np.bincount(where, weights=h, minlength=targets.size)
+    noise = noise_of(job.spec)
+    g_sum, h_sum = noise.sums(g, h, job.target[builder], job.everyone[builder].size)
+    g_sent, h_sent = noise.randomize(g_sum, h_sum, checkpoint.key_of(ctx.party),
+                                     f"{job.prep_key}/{builder}")
     ctx.send(builder, MsgType.S_GRADIENTS, SimilarGradients(
-        body.tree, targets.astype("<u8").tobytes(), g_sum.astype("<f8").tobytes(),
-        h_sum.astype("<f8").tobytes()))
-    return MsgType.ACK, Ack(count=int(targets.size))
+        body.tree, g_sent.astype("<f8").tobytes(), h_sent.astype("<f8").tobytes()))
+    return MsgType.ACK, Ack(count=int(g_sent.size))
 
 
 def build_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
-    """Algorithm 2, l.9-21: weighted gradients (own plus the others' sums) on this member's rows;
-    the tree grows with the core and goes to every other member."""
+    """Algorithm 2, l.9-21: weighted gradients (own plus the others' sums, estimated from the
+    noisy ones) on this member's rows; the tree grows with the core and goes to every other
+    member."""
     job: SimflMember = ctx.state
     me = ctx.party.name
     job.require_similar()
@@ -249,25 +190,21 @@ def build_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         raise StageError(f"{me}: tree {body.tree} is not this member's to build now")
     others = [m for m in members_of(job.spec) if m != me]
     ctx.mailbox.require(*[(MsgType.S_GRADIENTS, m, body.tree, -1) for m in others])
-    g, h = _gradients(job)
-    order = np.argsort(job.handles)
+    own_g, own_h = _gradients(job)
+    g, h = own_g.copy(), own_h.copy()
+    noise = noise_of(job.spec)
+    n = job.y.size
     received = 0
     for m in others:
         part: SimilarGradients = ctx.mailbox.take(MsgType.S_GRADIENTS, m, body.tree)
-        handles = np.frombuffer(part.handles, "<u8").astype(np.uint64)
+        if not len(part.g) == len(part.h) == 8 * n:
+            raise ProtocolError(f"{me}: {m} sent {len(part.g) // 8} gradient sums for {n} rows")
         g_part, h_part = (np.frombuffer(v, "<f8") for v in (part.g, part.h))
-        if not (handles.size == g_part.size == h_part.size) or \
-                not (np.isfinite(g_part).all() and np.isfinite(h_part).all()):
-            raise ProtocolError(f"{me}: {m}'s gradient sums are malformed")
-        at = np.searchsorted(job.handles, handles, sorter=order)
-        rows = order[np.minimum(at, order.size - 1)]
-        if handles.size and not np.array_equal(job.handles[rows], handles):
-            raise ProtocolError(f"{me}: {m} sent gradient sums for rows that are not this "
-                                f"member's")
-        np.add.at(g, rows, g_part)
-        np.add.at(h, rows, h_part)
-        received += len(part.handles) + len(part.g) + len(part.h)
-    n = job.y.size
+        if not (np.isfinite(g_part).all() and np.isfinite(h_part).all()):
+            raise ProtocolError(f"{me}: {m}'s gradient sums are not finite")
+        g += denoise(g_part, noise.g_spread(), own_g, own_h)
+        h += np.maximum(denoise(h_part, noise.h_spread(), own_h), 0.0)  # sums of h >= 0
+        received += len(part.g) + len(part.h)
     grower = TreeGrower(job.params, quantize(g, n), quantize(h, n),
                         sample_rows(n, job.params.subsample, job.params.seed, body.tree), 1)
     tree = grow_tree(job.params, grower, [BinnedBlock(OWNER, job.cuts, job.bins)], [0], 0)
@@ -337,8 +274,10 @@ def _finish(ctx: StepContext, job: SimflMember, tree: Tree,
     done = TreeFinished(metrics=[*metrics, Metric("rows", float(job.y.size)), *extra])
     job.history.append(done)
     checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.prep_key,
-                    {"handles": job.handles, "similar": list(job.similar.values()),
-                     "members": list(job.similar), "base": job.base, "margin": job.margin,
+                    {"format": STATE_FORMAT, "handles": job.handles,
+                     "similar": list(job.similar.values()), "members": list(job.similar),
+                     "everyone": list(job.everyone.values()), "base": job.base,
+                     "margin": job.margin,
                      "trees": job.packed,
                      "history": [[[m.name, m.value] for m in done.metrics]
                                  for done in job.history]},
@@ -351,15 +290,20 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     job: SimflMember = ctx.state
     saved = checkpoint.load(ctx.model_dir, body.checkpoint, job.digest,
                             checkpoint.key_of(ctx.party))
-    keys = {"handles", "similar", "members", "base", "margin", "trees", "history"}
+    if isinstance(saved, dict) and saved.get("format") != STATE_FORMAT:
+        raise checkpoint.CheckpointError(
+            f"{ctx.party.name}: checkpoint after {body.checkpoint.trees_done} trees is of SimFL "
+            f"format {saved.get('format', 1)} (exact gradient sums), not {STATE_FORMAT}: "
+            f"refused; run the job from the start")
+    keys = {"handles", "similar", "members", "everyone", "base", "margin", "trees", "history"}
     if not (isinstance(saved, dict) and keys <= set(saved)
             and len(saved["trees"]) == body.checkpoint.trees_done):
         raise checkpoint.CheckpointError(f"{ctx.party.name}: checkpoint after "
                                          f"{body.checkpoint.trees_done} trees is damaged")
     job.handles = np.asarray(saved["handles"], dtype=np.uint64)
-    job.similar = dict(zip(saved["members"], (np.asarray(s, np.uint64)
-                                              for s in saved["similar"])))
-    job.base, job.margin = float(saved["base"]), np.array(saved["margin"])
+    job.set_prepared(dict(zip(saved["members"], saved["similar"])),
+                     dict(zip(saved["members"], saved["everyone"])), float(saved["base"]))
+    job.margin = np.array(saved["margin"])
     job.packed = list(saved["trees"])
     job.trees = [tree for packed in job.packed for tree in trees_from_arrays(packed)]
     job.history = [TreeFinished([Metric(str(n), float(v)) for n, v in metrics])

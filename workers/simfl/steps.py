@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from messages.envelope import MsgType
 from workers.runtime import Protocol, RoleSteps
-from workers.simfl import aggregator, member
+from workers.simfl import aggregator, member, preprocess
 
 MEMBER = RoleSteps({
     MsgType.S_OPEN_JOB: member.open_job,
-    MsgType.S_MEMBER_KEY: member.member_key,
-    MsgType.S_HASH_ROWS: member.hash_rows,
-    MsgType.S_STORE_SIMILAR: member.store_similar,
+    MsgType.S_MEMBER_KEY: preprocess.member_key,
+    MsgType.S_HASH_ROWS: preprocess.hash_rows,
+    MsgType.S_STORE_SIMILAR: preprocess.store_similar,
     MsgType.S_SEND_GRADIENTS: member.send_gradients,
     MsgType.S_BUILD_TREE: member.build_tree,
     MsgType.S_RECEIVE_TREE: member.receive_tree,
