@@ -206,7 +206,7 @@ def test_unknown_ids_get_a_404_naming_them_and_other_requests_go_on(
     assert unknown.status_code == 404, unknown.text
     body = unknown.json()
     assert body["unknown"] == ["no-such", "nor-this"]
-    assert body["detail"].startswith("2 of 4 ids unknown (no row at ")
+    assert body["detail"] == "2 of 4 ids cannot be scored: 'no-such', 'nor-this'"
     assert fine.status_code == 200 and len(fine.json()["scores"]) == 2
 
 
