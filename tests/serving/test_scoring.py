@@ -110,10 +110,15 @@ def test_a_request_with_an_id_one_party_lacks_sends_no_decisions_and_names_no_pa
         # the control: the same rows without it are scored, and then decisions do cross
         reply = client.post("/v1/score", json={"ids": chosen[:3]})
         assert reply.status_code == 200, reply.text
-        decisions = _decisions(_crossed(firehose, until=2))
+        crossed = _crossed(firehose, until=2)
+    decisions = _decisions(crossed)
     assert sorted(d.envelope.sender for d in decisions if d.envelope) == [
         bureau, federation.name("telco")]
     assert all(d.envelope and d.envelope.body.n_rows == 3 for d in decisions)
+    # decisions go to the active party's worker only; which ids a party lacks, to the service
+    assert {d.queue for d in decisions} == {f"fedboost.{federation.name('guest')}"}
+    found = [c for c in crossed if c.envelope and c.envelope.kind == MsgType.ROWS_FOUND]
+    assert found and all(c.queue.startswith("fedboost.flow.") for c in found)
 
 
 def test_unknown_ids_get_one_404_and_other_requests_go_on(
