@@ -137,7 +137,10 @@ class ScoringLink:
         self.stats = LinkStats()
         self.problem = "the scoring session is not open yet"
         """Why the service cannot score now ("" when it can)."""
+        self._submitted: deque[_Request] = deque()
+        """Requests from any thread (a deque's append and popleft are thread-safe)."""
         self._queue: deque[_Request] = deque()
+        """Requests waiting for a round: the link's thread only."""
         self._pings: deque[_Request] = deque()
         self._in_flight: dict[str, _Round] = {}
         self._number = 0
@@ -195,7 +198,7 @@ class ScoringLink:
     def submit(self, ids: list[str], done: Done, client: str = "") -> None:
         """Queue a request (any thread); ``done`` gets its scores or its failure. ``client``
         names the caller in the log."""
-        self._queue.append(_Request(ids, done, client))
+        self._submitted.append(_Request(ids, done, client))
         self.transport.wake()
 
     def ping(self, done: Done) -> None:
@@ -214,11 +217,11 @@ class ScoringLink:
                 self.transport.acknowledge()
                 self._file(data)
             self._expire()
-        for request in [*self._queue, *self._pings,
+        self._take_submitted()
+        for request in [*self._queue, *_drained(self._pings),
                         *(r for x in self._in_flight.values() for r in x.requests)]:
             self._finish(request, ScoringFailure(503, "the scoring service is shutting down"))
         self._queue.clear()
-        self._pings.clear()
         self.close_session()
 
     def _wait(self) -> float:
@@ -228,25 +231,46 @@ class ScoringLink:
         return max(0.0, min(0.5, oldest + self.plan.timeout - time.monotonic()))
 
     def _launch(self) -> None:
-        """Turn queued requests into rounds while fewer than ``max_in_flight`` are out: a
-        membership round unless every id was found at every party already."""
+        """Turn queued requests into rounds: scoring rounds of requests whose ids every party
+        holds, membership rounds of the others, up to ``max_in_flight`` of each kind at once
+        (a membership round costs the parties a lookup: it does not hold up scoring)."""
+        self._take_submitted()
         if self._reopen and (self._queue or self._pings) and not self._in_flight:
             self._try_reopen()
-        if self._pings and not self._reopen and not any(
-                not r.ids for x in self._in_flight.values() for r in x.requests):
-            pings = list(self._pings)
-            self._pings.clear()  # one ping round answers every waiting probe
-            self._send_round(pings, [], MsgType.FIND_ROWS)
-        while (self._queue and len(self._in_flight) < self.max_in_flight
-               and not self._reopen):
-            requests, ids = [self._queue.popleft()], []
-            ids.extend(requests[0].ids)
-            while self._queue and len(ids) + len(self._queue[0].ids) <= self.plan.max_rows:
-                request = self._queue.popleft()
-                requests.append(request)
+        if self._reopen:
+            return
+        if self._pings and not any(not r.ids for x in self._in_flight.values()
+                                   for r in x.requests):
+            # one ping round answers every waiting probe
+            self._send_round(_drained(self._pings), [], MsgType.FIND_ROWS)
+        for kind in (MsgType.SCORE_ROWS, MsgType.FIND_ROWS):
+            while self._queue and self._out(kind) < self.max_in_flight:
+                requests, ids = self._take(kind == MsgType.SCORE_ROWS)
+                if not requests:
+                    break
+                self._send_round(requests, ids, kind)
+
+    def _take_submitted(self) -> None:
+        self._queue.extend(_drained(self._submitted))
+
+    def _out(self, kind: MsgType) -> int:
+        return sum(1 for r in self._in_flight.values() if r.kind == kind and r.ids)
+
+    def _take(self, found: bool) -> tuple[list[_Request], list[str]]:
+        """Queued requests, in order, whose ids are (``found``) or are not all known to be at
+        every party, up to ``max_rows`` rows; the others stay queued."""
+        taken: list[_Request] = []
+        ids: list[str] = []
+        kept: deque[_Request] = deque()
+        for request in self._queue:
+            fits = len(ids) + len(request.ids) <= self.plan.max_rows
+            if fits and (request.found or self._found.issuperset(request.ids)) == found:
+                taken.append(request)
                 ids.extend(request.ids)
-            found = all(r.found or self._found.issuperset(r.ids) for r in requests)
-            self._send_round(requests, ids, MsgType.SCORE_ROWS if found else MsgType.FIND_ROWS)
+            else:
+                kept.append(request)
+        self._queue = kept
+        return taken, ids
 
     def _try_reopen(self) -> None:
         try:
@@ -254,9 +278,8 @@ class ScoringLink:
             log.warning("reopened scoring session %s (a worker had restarted)", self.plan.job)
         except (PartyError, TransportError) as exc:
             self.problem = str(exc)
-            for waiting in (self._queue, self._pings):
-                while waiting:
-                    self._finish(waiting.popleft(), ScoringFailure(503, str(exc)))
+            for request in [*_drained(self._queue), *_drained(self._pings)]:
+                self._finish(request, ScoringFailure(503, str(exc)))
 
     def _send_round(self, requests: list[_Request], ids: list[str], kind: MsgType) -> None:
         self._number += 1
@@ -412,3 +435,11 @@ class ScoringLink:
 
 def _shown(ids: list[str]) -> str:
     return ", ".join(repr(i) for i in ids[:20]) + (", ..." if len(ids) > 20 else "")
+
+
+def _drained(waiting: deque[_Request]) -> list[_Request]:
+    """Everything in a deque another thread may append to, none lost."""
+    taken = []
+    while waiting:
+        taken.append(waiting.popleft())
+    return taken
