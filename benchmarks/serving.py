@@ -1,13 +1,15 @@
 """The scoring service's speed under load: rows/s, p50/p99 and errors at 1, 8 and 64 clients.
 
     python -m benchmarks.serving [--json FILE] [--work DIR] [--url amqp://...] [--stand-in]
-                                 [--clients 1,8,64] [--seconds 10] [--singles 1000]
+                                 [--clients 1,8,64] [--seconds 10] [--repeats 4] [--singles 1000]
 
 Each case trains a model over RabbitMQ on loopback with three parties (the lender and two data
 providers of configs/default_credit_three_party.yaml, each a 'fedboost worker' process) with
-'fedboost train', then serves it with 'fedboost serve-model' twice in the same run: over HTTPS
-with one API key per client (as deployed), and over plain HTTP without authentication
-('--insecure-no-auth', the baseline the ratios compare with). Cases:
+'fedboost train', then serves it with two 'fedboost serve-model' processes at once: one over
+HTTPS with one API key per client (as deployed), one over plain HTTP without authentication
+('--insecure-no-auth', the baseline the ratios compare with). The two take turns in short
+slices (100 single rows, or --seconds / --repeats of batches), so the load the machine's other
+users add falls on both alike. Cases:
 
   secureboost  configs/default_credit_three_party.yaml as 30 trees of depth 3, 2048-bit keys
   forest       configs/default_credit_forest.yaml's protocol and parameters (50 trees of depth
@@ -38,14 +40,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import yaml
 
-from benchmarks.serving_load import BATCH, Clients, batches, make_keys, make_tls, single_rows
+from benchmarks.serving_load import (BATCH, Clients, Sample, batches, make_keys, make_tls,
+                                     single_rows, summary)
 from messages.rabbitmq import delete_party_queues
 from messages.signing import write_key_pair
 
@@ -53,6 +56,8 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
 MODES = ("https_keys", "plain")
+SLICE_ROWS = 100
+"""Single-row requests per slice: the two services take turns this often."""
 
 
 def _parties() -> dict[str, Any]:
@@ -147,23 +152,27 @@ def _free_port() -> int:
 @contextmanager
 def _service(work: Path, run: Path, url: str, case: str, mode: str, args: argparse.Namespace
              ) -> Iterator[Clients]:
-    """'fedboost serve-model' of a trained case: over HTTPS with a key per client, or plain."""
+    """'fedboost serve-model' of a trained case: over HTTPS with a key per client, plain, or
+    (``before``) plain from the checkout in ``--compare-with``."""
     port = _free_port()
     log = work / f"serve-{case}-{mode}.log"
+    code = args.compare_with if mode == "before" else REPO
     if mode == "https_keys":
         tls = make_tls(work / "tls")
         keys = make_keys(work / "api-keys.json", max(args.clients))
         flags = ["--tls-cert", str(tls / "server.pem"), "--tls-key", str(tls / "server.key"),
-                 "--api-keys", str(work / "api-keys.json")]
+                 "--api-keys", str(work / "api-keys.json"), "--access-log", "off"]
         clients = Clients(f"https://127.0.0.1:{port}", tls / "ca.pem", keys)
     else:
-        flags, clients = ["--insecure-no-auth"], Clients(f"http://127.0.0.1:{port}")
-    proc = subprocess.Popen([*FEDBOOST, "serve-model", str(run), "--port", str(port),
-                             "--max-ids", str(BATCH), "--round-rows", "4096",
-                             "--in-flight", str(args.in_flight), "--access-log", "off", *flags],
+        flags, clients = [], Clients(f"http://127.0.0.1:{port}")
+        if "--insecure-no-auth" in (code / "fedboost" / "serving.py").read_text():
+            flags = ["--insecure-no-auth", "--access-log", "off"]  # else: a version before
+    proc = subprocess.Popen([sys.executable, "-m", "fedboost.cli", "serve-model", str(run),
+                             "--port", str(port), "--max-ids", str(BATCH), "--round-rows",
+                             "4096", "--in-flight", str(args.in_flight), *flags],
                             stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(REPO), "FEDBOOST_AMQP_URL": url},
-                            cwd=work)
+                            env={**os.environ, "PYTHONPATH": str(code), "FEDBOOST_AMQP_URL": url},
+                            cwd=code)
     clients.pid = proc.pid
     try:
         deadline = time.monotonic() + 300
@@ -191,17 +200,35 @@ def _health(clients: Clients) -> dict[str, Any]:
     return body
 
 
-def _measure(clients: Clients, ids: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    """Single rows never asked before, the same again, then batches at each client count."""
+def _measure(services: dict[str, Clients], ids: list[str],
+             args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Every measurement on both services in turn, in short slices, so the load the machine's
+    other users put on it falls on both alike: single rows never asked before, the same again,
+    then batches at each client count."""
     fresh = random.Random(1).sample(ids, args.singles + 50)
-    result: dict[str, Any] = {"single_new": single_rows(clients, fresh),
-                              "single_found": single_rows(clients, fresh),
-                              "clients": {}}
+    for clients in services.values():  # warm-up: connections, code paths, not in the figures
+        single_rows(clients, fresh[args.singles:])
+    result: dict[str, dict[str, Any]] = {mode: {"clients": {}} for mode in services}
+    for label in ("single_new", "single_found"):
+        samples: dict[str, list[Sample]] = {mode: [] for mode in services}
+        for k in range(0, args.singles, SLICE_ROWS):
+            for mode, clients in services.items():
+                samples[mode].append(single_rows(clients, fresh[k:k + SLICE_ROWS]))
+        for mode in services:
+            result[mode][label] = summary(samples[mode])
     for n in args.clients:
-        result["clients"][str(n)] = batches(clients, ids, n, args.seconds)
-        print(f"  {n:>3} clients: {result['clients'][str(n)]}", flush=True)
-    health = _health(clients)
-    result.update({k: health.get(k) for k in ("rounds", "membership_rounds", "requests")})
+        samples = {mode: [] for mode in services}
+        for repeat in range(args.repeats):
+            for mode, clients in services.items():
+                samples[mode].append(batches(clients, ids, n, args.seconds / args.repeats,
+                                             seed=repeat))
+        for mode in services:
+            result[mode]["clients"][str(n)] = summary(samples[mode])
+            print(f"  {mode}, {n:>3} clients: {result[mode]['clients'][str(n)]}", flush=True)
+    for mode, clients in services.items():
+        health = _health(clients)
+        result[mode].update({k: health.get(k) for k in ("rounds", "membership_rounds",
+                                                        "requests")})
     return result
 
 
@@ -261,10 +288,18 @@ def main() -> None:
     parser.add_argument("--singles", type=int, default=1000)
     parser.add_argument("--clients", type=lambda v: [int(c) for c in v.split(",")],
                         default=[1, 8, 64], help="concurrent client counts (default 1,8,64)")
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=10.0,
+                        help="seconds of batches per client count and service (default 10)")
+    parser.add_argument("--repeats", type=int, default=4,
+                        help="slices those seconds are cut into, the services taking turns")
+    parser.add_argument("--compare-with", type=Path, metavar="DIR",
+                        help="also serve plain from this checkout (e.g. 'git archive main'), in "
+                             "turns with the others: the code before a change")
     parser.add_argument("--in-flight", type=int, default=2,
                         help="serve-model --in-flight: scoring rounds out at once")
     args = parser.parse_args()
+    if args.compare_with is not None:
+        args.compare_with = args.compare_with.resolve()
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         work = (args.work or Path(tmp)).resolve()
@@ -279,7 +314,7 @@ def main() -> None:
             print(f"{case:<12} skipped: {r['skipped']}")
             continue
         r["load"] = loads
-        for mode in MODES:
+        for mode in [m for m in (*MODES, "before") if m in r]:
             m = r[mode]
             best = max(c["rows_per_s"] or 0 for c in m["clients"].values())
             levels = "; ".join(f"{n}: {c['rows_per_s']:,.0f} {c['p50_ms']:.1f}/"
@@ -310,11 +345,12 @@ def run_cases(work: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]
         files = _worker_files(work, args.url, bits, [job["protocol"]])
         with _workers(work, files, args.url):
             run = _train(work, case, job, args.url)
-            modes = {}
-            for mode in MODES:
-                print(f"{case}, {mode}:", flush=True)
-                with _service(work, run, args.url, case, mode, args) as clients:
-                    modes[mode] = _measure(clients, ids, args)
+            print(f"{case}: serving over HTTPS with keys and over plain HTTP, in turns",
+                  flush=True)
+            with ExitStack() as services:
+                modes = _measure({mode: services.enter_context(
+                    _service(work, run, args.url, case, mode, args)) for mode in (
+                        *MODES, *(["before"] if args.compare_with else []))}, ids, args)
             results[case] = _headline(modes, args)
         print(f"{case}: {json.dumps({k: v for k, v in results[case].items() if k not in MODES})}",
               flush=True)
