@@ -32,8 +32,7 @@ HOST_RECORDS = {0: LookupRecord(0, 3, 0.0, False), 1: LookupRecord(1, 5, 0.5, Tr
                 2: LookupRecord(0, 7, -0.3, False)}
 
 
-def _plant_model(models: Path, job: str,
-                 records: dict[int, LookupRecord] = HOST_RECORDS) -> None:
+def _plant_model(models: Path, job: str) -> None:
     """A trained job's parts as 'fedboost train' leaves them: two trees, nodes of both."""
     tree0 = Tree((TreeNode(0, 1, 2, "host", record_id=0), TreeNode(1, 3, 4, "guest", 0, 2, 0.1),
                   TreeNode(2, 5, 6, "host", record_id=1), TreeNode(3, value=-0.4),
@@ -45,7 +44,7 @@ def _plant_model(models: Path, job: str,
     save_model(model, models / job / "guest" / "model.json")
     (models / job / "host").mkdir(parents=True)
     (models / job / "host" / "lookup.json").write_text(json.dumps(
-        lookup_to_dict("host", job, ("x0", "x1"), records)))
+        lookup_to_dict("host", job, ("x0", "x1"), HOST_RECORDS)))
 
 
 class Federation:
@@ -153,39 +152,6 @@ def test_a_passive_party_refuses_pairs_outside_the_job_and_keeps_serving(
                           HOST_RECORDS[rec].missing_left)[0] for r, rec in ((3, 1), (0, 0), (7, 2))]
     got = np.unpackbits(np.frombuffer(body.bits, dtype=np.uint8), count=3).astype(bool)
     assert got.tolist() == want
-
-
-def test_a_passive_party_answers_one_node_of_each_tree_per_row_and_level(
-        tmp_path: Path) -> None:
-    """Outside the honest-but-curious model: a modified active party asks, under the path-only
-    policy, for every (row, record) decision. The host's records know their tree and level
-    (as 'fedboost train' saves them): it answers per row one node of each tree, of the level
-    asked, so a job yields at most max_depth of a tree's decisions per row, not all."""
-    placed = {0: LookupRecord(0, 3, 0.0, False, tree=0, level=0),
-              1: LookupRecord(1, 5, 0.5, True, tree=0, level=1),
-              2: LookupRecord(0, 7, -0.3, False, tree=1, level=0),
-              3: LookupRecord(1, 2, 0.1, True, tree=0, level=1)}
-    _plant_model(tmp_path, "trained", placed)
-    fed = Federation(tmp_path)
-    fed.open_and_align()
-    every = _request([r for r in range(100) for _ in placed], list(placed) * 100)
-    refused = _host_answers(fed, every, "every")
-    assert isinstance(refused.body, ErrorReply)
-    assert "a record of another level (a row's path is at level 0" in refused.body.message
-    both = _host_answers(fed, _request([5, 5], [1, 3], depth=1), "both")
-    assert isinstance(both.body, ErrorReply)
-    assert "two records of one tree for one row" in both.body.message
-    assert fed.workers["guest"].transport.receive(timeout=0.2) is None  # nothing answered
-    # an honest walk is answered: every level of every batch, then the scores
-    for batch in range(6):
-        for level in range(3):
-            replies = fed.call(["guest", "host"], MsgType.TRAVERSE_LEVEL, Step(batch, level),
-                               f"b{batch}l{level}")
-            assert all(r.kind == MsgType.ACK for r in replies.values()), replies
-            if replies["guest"].body.count == 0:
-                break
-    written = fed.call(["guest"], MsgType.WRITE_SCORES, Step(), "write")["guest"]
-    assert written.kind == MsgType.ACK and written.body.count == 569
 
 
 @pytest.mark.parametrize("name", ["../../etc/x", "/etc/x", "..", "sub/scores.csv", ""])

@@ -60,11 +60,6 @@ class LookupRecord:
     flip: bool = False
     """The split's children were shown to the active party in swapped order (the vertical
     forest, seed 002): its "left" child is this record's right one."""
-    tree: int = -1
-    level: int = -1
-    """The tree and depth of the node this split was made for (-1: not recorded, e.g. a
-    lookup table saved before): a path-mode request may ask a row's decision at one node of
-    each tree per level only (``workers.vertical.paths``)."""
 
 
 def records_go_left(x: np.ndarray, records: list[LookupRecord]) -> np.ndarray:
@@ -453,8 +448,7 @@ def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         record_id = len(run.records)
         run.records[record_id] = LookupRecord(
             feature=choice.feature, bin=choice.bin, missing_left=choice.missing_left,
-            threshold=split_threshold(state.cuts[choice.feature], choice.bin),
-            tree=body.tree, level=body.depth)
+            threshold=split_threshold(state.cuts[choice.feature], choice.bin))
         out.append(AppliedSplit(node=choice.node, record_id=record_id, left=encode_mask(mask)))
     ctx.send(state.active, MsgType.APPLIED_SPLITS, AppliedSplits(body.tree, body.depth, out))
     return MsgType.ACK, Ack(count=len(out))
@@ -504,8 +498,7 @@ def lookup_to_dict(party: str, job: str, names: tuple[str, ...],
     return {"format": LOOKUP_FORMAT, "version": LOOKUP_VERSION, "party": party, "job": job,
             "features": list(names),
             "records": {str(k): {"feature": r.feature, "bin": r.bin, "threshold": r.threshold,
-                                 "missing_left": r.missing_left, "flip": r.flip,
-                                 "tree": r.tree, "level": r.level}
+                                 "missing_left": r.missing_left, "flip": r.flip}
                         for k, r in records.items()}}
 
 
@@ -516,7 +509,6 @@ def lookup_from_dict(raw: dict[str, Any]) -> tuple[tuple[str, ...], dict[int, Lo
     records = {int(k): LookupRecord(feature=int(v["feature"]), bin=int(v["bin"]),
                                     threshold=float(v["threshold"]),
                                     missing_left=bool(v["missing_left"]),
-                                    flip=bool(v.get("flip", False)),
-                                    tree=int(v.get("tree", -1)), level=int(v.get("level", -1)))
+                                    flip=bool(v.get("flip", False)))
                for k, v in raw["records"].items()}
     return tuple(raw["features"]), records

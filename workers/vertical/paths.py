@@ -7,11 +7,7 @@ level down. A passive party thus reveals the decisions on each row's path and no
 batched mode (``workers.vertical.scoring``) it reveals every record's decision for every row.
 
 A passive party answers only pairs inside the job: rows of the batch, records it owns, each
-pair once, levels a tree can have; and, where its lookup table says which tree and level each
-record was made for, per row at most one record of each tree, of the level asked. It cannot
-check that the record lies on the row's path (it does not know the trees), but a modified active
-party asking more than the path gets at most one decision per row, tree and level in a job:
-``max_depth`` of a tree's nodes instead of all of them.
+pair once, levels a tree can have.
 """
 
 from __future__ import annotations
@@ -241,26 +237,8 @@ def _checked_pairs(state: JobState, request: DecisionRequest,
     if np.unique(rows * ids.size + index).size != rows.size:
         raise ProtocolError(f"{where}: a (row, record) pair is asked twice")
     table = [own[int(r)] for r in ids]
-    _one_node_per_tree(where, request.depth, rows, np.array([r.tree for r in table])[index],
-                       np.array([r.level for r in table])[index])
     feature = np.array([r.feature for r in table], dtype=np.int64)[index]
     threshold = np.array([r.threshold for r in table])[index]
     missing_left = np.array([r.missing_left for r in table], dtype=bool)[index]
     flip = np.array([r.flip for r in table], dtype=bool)[index]
     return rows, (feature, threshold, missing_left, flip)
-
-
-def _one_node_per_tree(where: str, level: int, rows: IntArray, trees: IntArray,
-                       levels: IntArray) -> None:
-    """A path meets one node of each tree per level: refuse records of another level, and two
-    records of one tree for one row (records whose tree is not known are not checked)."""
-    known = trees >= 0
-    if not known.any():
-        return
-    if np.any(levels[known] != level):
-        raise ProtocolError(f"{where}: a record of another level (a row's path is at level "
-                            f"{level} of every tree)")
-    pairs = rows[known] * (int(trees.max()) + 1) + trees[known]
-    if np.unique(pairs).size != pairs.size:
-        raise ProtocolError(f"{where}: two records of one tree for one row (a path meets one "
-                            f"node of a tree per level)")
