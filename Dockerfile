@@ -1,21 +1,35 @@
 # One image for every fedboost role: party workers, the deployment runner, the Prefect server.
+# Its processes run as the user fedboost (uid 10001); docker-compose.yml starts the services that
+# hold a private key as root, for deploy/entrypoint.sh to hand the keys to that user first.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
-    PREFECT_SERVER_ANALYTICS_ENABLED=false OMP_NUM_THREADS=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false OMP_NUM_THREADS=1
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+# the dependencies first, in a layer of their own: a change of fedboost's code or README
+# reuses it (empty packages and README stand in for them here)
+COPY pyproject.toml ./
+RUN for package in boosting crypto messages workers flows fedboost; do \
+        mkdir -p "$package" && touch "$package/__init__.py"; done \
+    && touch README.md && pip install "setuptools>=68" . && pip uninstall -y fedboost \
+    && rm -rf build ./*.egg-info README.md
+COPY README.md ./
 COPY boosting ./boosting
 COPY crypto ./crypto
 COPY messages ./messages
 COPY workers ./workers
 COPY flows ./flows
 COPY fedboost ./fedboost
-RUN pip install . \
-    && useradd --create-home --uid 10001 fedboost \
-    && mkdir -p /models && chown fedboost /models
+COPY deploy/entrypoint.sh /usr/local/bin/fedboost-entrypoint
+COPY deploy/healthcheck.py /usr/local/bin/fedboost-healthcheck
+# writable for fedboost: /models (model parts and checkpoints), /prefect (the Prefect server's
+# database and UI files), its home (Prefect's and numba's caches) and /tmp; nothing else
+RUN pip install --no-deps --no-build-isolation . && rm -rf build ./*.egg-info \
+    && useradd --create-home --uid 10001 --user-group fedboost \
+    && mkdir -p /models /prefect /keys /tls && chown fedboost:fedboost /models /prefect \
+    && chmod 755 /usr/local/bin/fedboost-entrypoint /usr/local/bin/fedboost-healthcheck
 
 USER fedboost
-ENTRYPOINT ["fedboost"]
+ENTRYPOINT ["fedboost-entrypoint"]
 CMD ["--help"]

@@ -44,10 +44,14 @@ def tree_rng(seed: int, tree: int) -> np.random.Generator:
     return np.random.default_rng([seed, tree])
 
 
-def node_rng(seed: int, tree: int, depth: int, first_row: int) -> np.random.Generator:
+def node_rng(seed: int, tree: int, depth: int, first_row: int,
+             secret: int | None = None) -> np.random.Generator:
     """The generator of one node's feature draw, named by its first row: nodes of a level are
-    disjoint, and which child a passive party showed first (at random) does not change it."""
-    return np.random.default_rng([seed, tree, depth, first_row])
+    disjoint, and which child a passive party showed first (at random) does not change it.
+    With ``secret`` (a non-negative integer only the drawing party knows), nobody else can
+    replay the draw from the job's public seed."""
+    entropy = [seed, tree, depth, first_row] + ([] if secret is None else [secret])
+    return np.random.default_rng(entropy)
 
 
 def bootstrap_weights(rng: np.random.Generator, n_rows: int, bootstrap: bool) -> IntArray:
@@ -90,25 +94,49 @@ class ForestSplit:
     n_right: float
 
 
+def _allowed(count: FloatArray, min_samples_leaf: int,
+             missing_left: bool) -> tuple[FloatArray, FloatArray, np.ndarray]:
+    """Per threshold bin of one feature: the weighted rows left and right, and whether the
+    split leaves ``min_samples_leaf`` on each side (labels play no part)."""
+    n_bins = count.size - 1
+    left_n = np.cumsum(count[:n_bins]) + (count[n_bins] if missing_left else 0.0)
+    right_n = count.sum() - left_n
+    ok = (left_n >= min_samples_leaf) & (right_n >= min_samples_leaf)
+    ok[n_bins - 1] = False  # everything non-missing left: not a split
+    return left_n, right_n, ok
+
+
+def allowed_splits(count: FloatArray, feature: int,
+                   min_samples_leaf: int) -> list[ForestSplit]:
+    """Every threshold of one feature that leaves ``min_samples_leaf`` on each side, with a
+    drop of 0: the splits a node may take whatever its labels (missing values on the right,
+    and on the left too when there are any)."""
+    out = []
+    for missing_left in (False, True) if count[-1] > 0 else (False,):
+        left_n, right_n, ok = _allowed(count, min_samples_leaf, missing_left)
+        out += [ForestSplit(0.0, feature, int(k), missing_left, float(left_n[k]),
+                            float(right_n[k])) for k in np.flatnonzero(ok)]
+    return out
+
+
 def best_bin_split(objective: str, count: FloatArray, sums: FloatArray, feature: int,
                    min_samples_leaf: int) -> ForestSplit | None:
     """Best threshold of one feature from its per-bin weighted counts and channel sums
     (``count``: bins, the last bin holds missing values; ``sums``: bins x channels), trying
-    missing values on either side; None if no split leaves ``min_samples_leaf`` on each side."""
+    missing values on either side; None if no split leaves ``min_samples_leaf`` on each side
+    and lowers the impurity."""
     n_bins = count.size - 1
     stats = node_sums(objective, sums, count)
     total_n, total_s = count.sum(), stats.sum(axis=0)
     if total_n <= 0:
         return None
     parent = float((total_s ** 2).sum() / total_n)
-    cum_n, cum_s = np.cumsum(count[:n_bins]), np.cumsum(stats[:n_bins], axis=0)
+    cum_s = np.cumsum(stats[:n_bins], axis=0)
     best: ForestSplit | None = None
     for missing_left in (False, True):
-        left_n = cum_n + (count[n_bins] if missing_left else 0.0)
+        left_n, right_n, ok = _allowed(count, min_samples_leaf, missing_left)
         left_s = cum_s + (stats[n_bins] if missing_left else 0.0)
-        right_n, right_s = total_n - left_n, total_s - left_s
-        ok = (left_n >= min_samples_leaf) & (right_n >= min_samples_leaf)
-        ok[n_bins - 1] = False  # everything non-missing left: not a split
+        right_s = total_s - left_s
         if not ok.any():
             continue
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -21,11 +21,15 @@ benchmarks.crypto`` prints both): the default (``crypto.pack_bin_sums: key_holde
 
 What the key holder learns is unchanged: the same bin sums, and which bins are empty. Empty bins
 (the trivial ciphertext 1) used to travel as such; now they travel as a mask and are not packed,
-which saves their shifts.
+which saves their shifts. A sender that folds can also fill each plaintext's bits above its
+sums with random ones (``pack(..., n=n)``): then a decryption shows the key holder only the
+``cell_bits`` per sum that honest sums fill, whatever it encrypted; a sum sent alone, for the
+key holder to fold, shows all ``n_bits`` of its plaintext (docs/threat-model.md).
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -68,19 +72,29 @@ class BinSumPacking:
         """Packed ciphertexts that carry ``sums`` bin sums."""
         return -(-sums // self.per_ciphertext)
 
-    def pack(self, ciphertexts: Sequence[mpz], nsquare: mpz) -> list[mpz]:
-        """Fold each run of ``per_ciphertext`` ciphertexts into one (the last run may be short)."""
+    def pack(self, ciphertexts: Sequence[mpz], nsquare: mpz,
+             n: int | None = None) -> list[mpz]:
+        """Fold each run of ``per_ciphertext`` ciphertexts into one (the last run may be short).
+
+        With ``n`` (the key's modulus), the bits of each plaintext above its sums are random
+        (:func:`random_above`): the key holder reads the sums as before, and nothing else. An
+        honest sum fits its ``cell_bits``; a key holder that encrypted chosen values instead
+        of gradients (``2**i`` for row i) would otherwise read the bins of up to ``n_bits``
+        rows in the top sum of every plaintext, the whole plaintext in a run of one.
+        """
         shift = mpz(1) << self.cell_bits
         out = []
         for start in range(0, len(ciphertexts), self.per_ciphertext):
-            acc = mpz(ciphertexts[start])
-            for c in ciphertexts[start + 1:start + self.per_ciphertext]:
+            run = ciphertexts[start:start + self.per_ciphertext]
+            acc = mpz(run[0])
+            for c in run[1:]:
                 acc = powmod(acc, shift, nsquare) * c % nsquare
-            out.append(acc)
+            out.append(acc if n is None else random_above(acc, len(run) * self.cell_bits, n))
         return out
 
-    def unpack(self, plaintexts: Sequence[int], sums: int) -> list[int]:
-        """The ``sums`` bin sums from the decrypted packed plaintexts, in packing order."""
+    def unpack(self, plaintexts: Sequence[int], sums: int, masked: bool = False) -> list[int]:
+        """The ``sums`` bin sums from the decrypted packed plaintexts, in packing order
+        (``masked``: packed with random bits above the sums, which are dropped)."""
         if len(plaintexts) != self.n_ciphertexts(sums):
             raise CryptoError(f"{len(plaintexts)} packed plaintexts cannot hold {sums} sums")
         bits, mask = self.cell_bits, (1 << self.cell_bits) - 1
@@ -88,10 +102,24 @@ class BinSumPacking:
         for k, packed in enumerate(plaintexts):
             here = min(self.per_ciphertext, sums - k * self.per_ciphertext)
             packed = int(packed)
-            if packed >> (here * bits):
+            if masked:
+                packed &= (1 << (here * bits)) - 1
+            elif packed >> (here * bits):
                 raise OverflowRiskError(f"packed plaintext {k} is wider than its {here} sums")
             out += [(packed >> (i * bits)) & mask for i in reversed(range(here))]
         return out
+
+
+def random_above(ciphertext: mpz, bits: int, n: int) -> mpz:
+    """The ciphertext plus ``r * 2**bits`` for a uniform r that keeps a plaintext below
+    ``2**bits`` from reaching n: the low ``bits`` bits decrypt as before, the ones above are
+    random. Adding a known plaintext m is a product with ``(1 + m*n)`` (no obfuscator: the
+    ciphertext's own randomness covers it)."""
+    room = (int(n) >> bits) - 1
+    if room < 1:  # the sums fill the plaintext: nothing above them to hide
+        return mpz(ciphertext)
+    nsquare = mpz(n) * n
+    return mpz(ciphertext) * (1 + mpz(secrets.randbelow(room) << bits) * n) % nsquare
 
 
 def decrypt_bin_sums(private: PaillierPrivateKey, ciphertexts: Sequence[mpz],

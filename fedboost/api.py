@@ -124,7 +124,8 @@ class PredictResult:
         return [r[0] for r in rows], np.array([[float(v) for v in r[1:]] for r in rows])
 
 
-def train(config: JobSource, out: str | os.PathLike[str] | None = None) -> TrainResult:
+def train(config: JobSource, out: str | os.PathLike[str] | None = None, *,
+          log_level: str = "WARNING") -> TrainResult:
     """Train a federated model (or continue the job if its parties hold checkpoints of it).
 
     Parameters
@@ -136,6 +137,9 @@ def train(config: JobSource, out: str | os.PathLike[str] | None = None) -> Train
     out
         The run folder (default ``runs/<job>``): ``job.json``, ``metrics.json`` and, on the
         embedded default, each party's model part.
+    log_level
+        Prefect's lines on the console at this level and above (``INFO``: the flow's,
+        ``DEBUG``: every task's too); the Prefect API keeps them all.
 
     Returns
     -------
@@ -155,12 +159,13 @@ def train(config: JobSource, out: str | os.PathLike[str] | None = None) -> Train
     folder = Path(out) if out is not None else Path("runs") / job.job
     folder.mkdir(parents=True, exist_ok=True)
     _write_json(folder / "job.json", json.loads(job.model_dump_json()), mode=0o600)
-    return _run_training(job, folder)
+    return _run_training(job, folder, log_level)
 
 
-def resume(job: str, out: str | os.PathLike[str] | None = None) -> TrainResult:
+def resume(job: str, out: str | os.PathLike[str] | None = None, *,
+           log_level: str = "WARNING") -> TrainResult:
     """Continue an interrupted job after its last completed tree, from ``out/job.json``
-    (default ``runs/<job>``) as :func:`train` wrote it."""
+    (default ``runs/<job>``) as :func:`train` wrote it (``log_level``: as for :func:`train`)."""
     _prefect_env.configure()
     from flows.config import ConfigError, validate_job
     from messages.names import JOB_NAME_RULE, is_job_name
@@ -177,12 +182,12 @@ def resume(job: str, out: str | os.PathLike[str] | None = None) -> TrainResult:
     config = keep_password_out(validate_job(raw, str(job_file)), job_file)  # older job.json
     if config.job != job:
         raise ConfigError(f"{job_file} is job {config.job!r}, not {job!r}")
-    return _run_training(config, folder)
+    return _run_training(config, folder, log_level)
 
 
 def predict(model_dir: str | os.PathLike[str], data: DataSource = None, *,
             out: str | os.PathLike[str] | None = None, mode: str = "path",
-            batch_size: int = 4096) -> PredictResult:
+            batch_size: int = 4096, log_level: str = "WARNING") -> PredictResult:
     """Score rows with a trained model.
 
     Parameters
@@ -202,6 +207,8 @@ def predict(model_dir: str | os.PathLike[str], data: DataSource = None, *,
         ``batched`` (all its decisions, two rounds per batch).
     batch_size
         Rows per batch.
+    log_level
+        Prefect's lines on the console at this level and above (as for :func:`train`).
     """
     _prefect_env.configure()
     from flows.config import ConfigError, JobConfig, validate_job
@@ -217,7 +224,12 @@ def predict(model_dir: str | os.PathLike[str], data: DataSource = None, *,
     config = validate_job(raw, str(job_file))
     if not isinstance(config, JobConfig):  # horizontal and SimFL models are every member's
         return _predict_member(folder, config, data, out)
-    return _predict_federated(folder, config, data, out, mode, batch_size)
+    from fedboost._console import prefect_console
+    from fedboost._ephemeral import isolate_ephemeral_server
+
+    isolate_ephemeral_server()
+    with prefect_console(log_level):
+        return _predict_federated(folder, config, data, out, mode, batch_size)
 
 
 def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
@@ -326,15 +338,23 @@ def keep_password_out(config: AnyJobConfig, source: object) -> AnyJobConfig:
     return stripped
 
 
-def _run_training(config: AnyJobConfig, out: Path) -> TrainResult:
+def _run_training(config: AnyJobConfig, out: Path, log_level: str) -> TrainResult:
     """Train (or, when the parties hold checkpoints of this job, continue) and write
     ``metrics.json``."""
+    from fedboost._console import prefect_console
+    from fedboost.preflight import check_party_files
+
+    if config.transport.kind != "rabbitmq":  # before Prefect is even imported
+        check_party_files(config.parties)
+    from fedboost._ephemeral import isolate_ephemeral_server
     from fedboost.embedded import protocol_flow, train_embedded
 
-    if config.transport.kind == "rabbitmq":  # the parties' workers run on their own
-        result = protocol_flow(config)(config)
-    else:
-        result = train_embedded(config, out)
+    isolate_ephemeral_server()
+    with prefect_console(log_level):
+        if config.transport.kind == "rabbitmq":  # the parties' workers run on their own
+            result = protocol_flow(config)(config)
+        else:
+            result = train_embedded(config, out)
     history = result.pop("history")
     result["trees"] = [{"tree": k, "seconds": s, **m}
                        for k, (s, m) in enumerate(zip(result["tree_seconds"], history,

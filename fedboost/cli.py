@@ -32,21 +32,30 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     warnings.simplefilter("always", api.FedboostWarning)
     args = _parser().parse_args(argv)
+    # errors printed as one line; none of these imports Prefect (a bad job file answers fast)
     from boosting import BoostingError
-    from flows._tasks import JobStopped, PartyError
-    from fedboost.report import ReportError
     from flows.config import ConfigError
+    from flows.errors import JobStopped, PartyError, StepTimeout
     from workers import DataError
 
     try:
         return int(args.run(args))
-    except (ConfigError, DataError, BoostingError, JobStopped, ReportError) as exc:
+    except KeyboardInterrupt:  # 'train' and 'resume' catch it themselves, with the resume line
+        print("fedboost: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (ConfigError, DataError, BoostingError, JobStopped, StepTimeout) as exc:
         print(f"fedboost: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except PartyError as exc:
         if not exc.user_error:
             raise
         print(f"fedboost: error: {exc.reply.message}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except ValueError as exc:  # fedboost.report is loaded only by the command that raises it
+        report = sys.modules.get("fedboost.report")
+        if report is None or not isinstance(exc, report.ReportError):
+            raise
+        print(f"fedboost: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
 
 
@@ -84,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="path (default): each passive party reveals only the decisions on "
                               "each row's path, one round per tree level; batched: all its "
                               "decisions for every row, two rounds per batch")
+    _log_level_option(predict)
     predict.set_defaults(run=_predict)
     inspect = sub.add_parser("inspect", help="show each party's model part in a model folder "
                              "(trees, the thresholds it holds, lookup tables)")
@@ -147,44 +157,14 @@ def _parser() -> argparse.ArgumentParser:
 def _progress_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--quiet", action="store_true",
                          help="no progress display: only the final line (and errors)")
+    _log_level_option(command)
+
+
+def _log_level_option(command: argparse.ArgumentParser) -> None:
     command.add_argument("--log-level", default="WARNING",
                          choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                          help="Prefect's log lines on the console (default WARNING; INFO shows "
                               "the flow's lines, DEBUG every task's too)")
-
-
-class _UserErrorFilter(logging.Filter):
-    """Keep tracebacks of user errors (bad data, empty intersection) off the console.
-
-    Prefect logs a failing task or flow with its traceback; for bad input the CLI prints one
-    line instead. Records still reach the Prefect API, so the UI shows the full failure.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        from flows._tasks import JobStopped, PartyError
-
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, JobStopped) or (isinstance(exc, PartyError) and exc.user_error):
-            self.seen.add(str(exc))
-            return False
-        message = record.getMessage()
-        return not any(text in message for text in self.seen)
-
-
-def _quiet_task_logs() -> None:
-    """Show the flow's per-tree progress, not a line per task (the Prefect UI has those)."""
-    import flows.protocols  # noqa: F401  Prefect sets up its logging on import: adjust it after
-
-    logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
-    user_errors = _UserErrorFilter()
-    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
-        for handler in logging.getLogger(name or None).handlers:
-            if isinstance(handler, logging.StreamHandler):
-                handler.addFilter(user_errors)
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -210,23 +190,15 @@ def _train(args: argparse.Namespace) -> int:
         job = load_config(args.config).job
         return f"fedboost resume {job} --out {args.out or Path('runs') / job}"
 
-    return _with_progress(args, lambda: api.train(args.config, args.out), resume_command)
+    return _with_progress(args, lambda: api.train(args.config, args.out,
+                                                  log_level=args.log_level), resume_command)
 
 
 def _resume(args: argparse.Namespace) -> int:
-    return _with_progress(args, lambda: api.resume(args.job, args.out),
+    return _with_progress(args, lambda: api.resume(args.job, args.out,
+                                                   log_level=args.log_level),
                           lambda: f"fedboost resume {args.job} --out "
                                   f"{args.out or Path('runs') / args.job}")
-
-
-def _console_logs(level: str) -> None:
-    """Prefect's console lines at ``level`` and above (the API, and so the UI, keeps all)."""
-    if level == "DEBUG":
-        logging.getLogger("prefect.task_runs").setLevel(logging.INFO)
-    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
-        for handler in logging.getLogger(name or None).handlers:
-            if isinstance(handler, logging.StreamHandler):
-                handler.setLevel(getattr(logging, level))
 
 
 def _with_progress(args: argparse.Namespace, run: Callable[[], api.TrainResult],
@@ -238,8 +210,6 @@ def _with_progress(args: argparse.Namespace, run: Callable[[], api.TrainResult],
     from fedboost.progress_view import progress_view
     from flows.progress import listening
 
-    _quiet_task_logs()
-    _console_logs(args.log_level)
     mode = "quiet" if args.quiet else "bar" if sys.stdout.isatty() else "lines"
     view = progress_view(mode, sys.stdout)
     interrupted: list[int] = []
@@ -269,9 +239,14 @@ def _report_training(result: api.TrainResult) -> int:
     resumed = result.metrics["resumed_after"]
     rows = ("aligned rows" if result.protocol in ("vertical_secureboost", "vertical_random_forest")
             else "rows")
+    if result.model_parts:
+        where = f"model in {result.run_dir}/"
+    else:  # over RabbitMQ each party's worker wrote its own part
+        where = (f"metrics in {result.run_dir}/; each party's worker keeps its model part in "
+                 f"its models folder, models/{result.job}/<party>/")
     print(f"trained {result.n_trees} trees{f' (resumed after {resumed} trees)' if resumed else ''}"
           f" on {result.metrics['n_aligned']} {rows} in {result.metrics['train_seconds']:.1f} s: "
-          f"{_metrics_summary(result.final_metrics)}; model in {result.run_dir}/")
+          f"{_metrics_summary(result.final_metrics)}; {where}")
     return 0
 
 
@@ -287,9 +262,8 @@ def _predict(args: argparse.Namespace) -> int:
         if bare:
             raise ConfigError(f"--data {bare[0]!r}: expected PARTY=CSV")
         data = {party: path for party, _, path in pairs}
-    _quiet_task_logs()
     result = api.predict(args.model_dir, data, out=args.out, mode=args.mode,
-                         batch_size=args.batch_size)
+                         batch_size=args.batch_size, log_level=args.log_level)
     done = f"scored {result.n_scored} rows"
     if result.remote_file is not None:
         print(f"{done} in {result.seconds:.1f} s ({result.mode} mode): party {result.party} "
@@ -434,8 +408,8 @@ def _centralized(args: argparse.Namespace) -> int:
     from boosting.train import TreeReport
 
     def report(r: TreeReport) -> None:
-        print(f"tree {r.tree + 1}/{r.n_trees}: " + ", ".join(f"{k}={v:.4f}"
-                                                           for k, v in r.metrics.items()))
+        shown = ", ".join(f"{k}={v:.4f}" for k, v in r.metrics.items())
+        print(f"tree {r.tree} ({r.tree + 1}/{r.n_trees}): {shown}")
 
     result = api.centralized(args.config, args.out, on_tree=report)
     print(f"centralized: {_metrics_summary(result.final_metrics)}; model in {result.run_dir}/")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Callable
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -61,25 +63,64 @@ def processes_of(party: Any) -> int:
 def run_embedded(job: str, specs: list[PartySpec], run_flow: Callable[[], T], *,
                  hub: MemoryHub | None = None, log_level: int = logging.WARNING,
                  step_timeout: float = DEFAULT_STEP_TIMEOUT, end_to_end: bool = False) -> T:
-    """Start the parties' workers, run the flow against them, and stop them whatever happens."""
+    """Start the parties' workers, run the flow against them, and stop them whatever happens
+    (``hub``: the caller's, which it closes itself; else one made and closed here)."""
+    own_hub = hub is None
     hub = hub or MemoryHub([s.name for s in specs] + [FLOW_ENDPOINT],
                            helpers={s.name: s.processes - 1 for s in specs if s.processes > 1})
     # fresh keys: one machine, one run
     sealers = federation_sealers([s.name for s in specs], end_to_end=end_to_end)
     procs, helpers = start_workers(hub, specs, sealers, log_level)
+    by_party = dict(zip([s.name for s in specs], procs, strict=True))
     attach(Coordinator(job=job, transport=hub.endpoint(FLOW_ENDPOINT),
-                       sealer=sealers[FLOW_IDENTITY], timeout=step_timeout))
+                       sealer=sealers[FLOW_IDENTITY], timeout=step_timeout,
+                       parties=tuple(by_party), gone=lambda parties: exited(by_party, parties),
+                       presence=lambda parties: stopped(by_party, parties)))
+    interrupted = False
     try:
         return run_flow()
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
         detach(job)
-        for proc in procs:  # a failed flow never sent CLOSE_JOB
+        everyone = [*procs, *helpers]
+        for proc in everyone:  # a failed flow never sent CLOSE_JOB; helpers serve until told
             if proc.is_alive():
-                proc.terminate()
-        stop_workers(procs)
-        for helper in helpers:  # helpers serve until told to stop
-            helper.terminate()
-        stop_workers(helpers)
+                proc.terminate()  # SIGTERM: a worker finishes its step, then exits
+        # after Ctrl-C the user waits: a worker still in its step after 3 s is killed
+        # (checkpoints are written whole or not at all)
+        stop_workers(everyone, timeout=3.0 if interrupted else 10.0)
+        if own_hub:
+            hub.close()
+
+
+def exited(procs: dict[str, BaseProcess], parties: list[str]) -> dict[str, str]:
+    """Of ``parties``, those whose worker process has ended, and how."""
+    gone = {}
+    for party in parties:
+        proc = procs.get(party)
+        if proc is None or proc.is_alive() or proc.exitcode is None:
+            continue
+        code = proc.exitcode
+        how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
+               else f"exited with code {code}")
+        gone[party] = f"its worker process {how}"
+    return gone
+
+
+def stopped(procs: dict[str, BaseProcess], parties: list[str]) -> dict[str, str]:
+    """Of ``parties``, those whose worker process is stopped (SIGSTOP, Ctrl-Z, a debugger)."""
+    found = {}
+    for party in parties:
+        proc = procs.get(party)
+        try:
+            stat = Path(f"/proc/{proc.pid}/stat").read_text() if proc is not None else ""
+        except OSError:  # gone, or not Linux
+            continue
+        if stat.rpartition(")")[2].split()[:1] in (["T"], ["t"]):
+            found[party] = "its worker process is stopped"
+    return found
 
 
 def train_embedded(config: AnyJobConfig, out_dir: Path, *,

@@ -65,7 +65,8 @@ def join_parties(config: JobConfig) -> JoinedData:
 @dataclass(frozen=True, slots=True)
 class PooledRows:
     """The members' rows of a horizontal job stacked in member order, with the cuts the
-    federation shares (merged from the members' summaries exactly as the aggregator does)."""
+    federation shares (the set-up grid's rounds on the union's counts, as the aggregator
+    runs them on the members' summed counts)."""
 
     ids: list[str]
     y: np.ndarray
@@ -77,7 +78,7 @@ def pool_members(config: HorizontalJobConfig | SimflJobConfig,
                  members: list[str] | None = None) -> PooledRows:
     """Load every member's file (or those of ``members``) and stack the rows."""
     from flows.horizontal import summary_size
-    from workers.horizontal.summary import merge_cuts, summarize
+    from workers.horizontal.grid import union_cuts
     from workers.horizontal.tree import OWNER
 
     loaded = [load_party_data(name, config.parties[name].data, config.parties[name].id,
@@ -89,8 +90,8 @@ def pool_members(config: HorizontalJobConfig | SimflJobConfig,
         if data.names != names:
             raise DataError(f"party {name}: file {config.parties[name].data}: columns differ "
                             f"from member {config.members[0]}'s")
-    size = summary_size(config.params.max_bin)
-    cuts = merge_cuts([summarize(d.x, size) for d in loaded], config.params.max_bin)
+    cuts = union_cuts(np.vstack([d.x for d in loaded]), summary_size(config.params.max_bin),
+                      config.params.max_bin)
     chosen = [d for name, d in zip(config.members, loaded) if members is None or name in members]
     x = np.vstack([d.x for d in chosen])
     y = np.concatenate([d.y for d in chosen if d.y is not None])

@@ -3,7 +3,8 @@ otherwise (CI, log files), nothing with ``--quiet``.
 
 It listens to the flow's progress events (:mod:`flows.progress`): the stage (opening, PSI,
 binning, trees, validation, saving), the protocol step under way and the parties that have
-answered it, and each finished tree with its seconds and training metrics.
+answered it, each finished tree with its seconds and training metrics, and parties that keep
+a step waiting.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import IO, Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from flows.progress import TREES, ProgressEvent, StepProgress, TreeProgress
+from flows.progress import TREES, PartiesSilent, ProgressEvent, StepProgress, TreeProgress
 
 RECENT_TREES = 10
 """Seconds per tree (and so the ETA) are the mean of the last this-many trees."""
@@ -91,6 +92,9 @@ class PlainLines:
         self.run = RunProgress()
 
     def __call__(self, event: ProgressEvent) -> None:
+        if isinstance(event, PartiesSilent):
+            self._print(event.text())
+            return
         step = self.run.step
         changed = self.run.update(event)
         if isinstance(event, TreeProgress):
@@ -123,6 +127,10 @@ class LiveBar:
                                            detail="Prefect and the parties' workers")
 
     def __call__(self, event: ProgressEvent) -> None:
+        if isinstance(event, PartiesSilent):  # a line that stays, and on the bar until answered
+            self.progress.console.print(f"[yellow]{event.text()}[/yellow]")
+            self.progress.update(self.task, detail=f"[yellow]{event.text()}[/yellow]")
+            return
         changed = self.run.update(event)
         run = self.run
         if run.stage == TREES or isinstance(event, TreeProgress):

@@ -333,7 +333,7 @@ def _trees(view: PartyView) -> str:
     for t, tree in enumerate(view.model.trees[:TREES_DRAWN]):
         svg = tree_svg(tree, lambda node, t=t: _node_text(view, node, t), f"tree-{t}")
         opened = " open" if t < TREES_OPEN else ""
-        parts.append(f"<details{opened}><summary>tree {t + 1}{_output(tree, view)}</summary>"
+        parts.append(f"<details{opened}><summary>tree {t}{_output(tree, view)}</summary>"
                      f'<div class="tree">{svg}</div></details>')
     if len(view.model.trees) > TREES_DRAWN:
         parts.append(f"<p>(first {TREES_DRAWN} trees drawn)</p>")

@@ -49,6 +49,7 @@ def policy_of(config: PolicyConfig) -> PartyPolicy:
     """A party's policy as its worker holds it."""
     return PartyPolicy(min_key_bits=config.min_key_bits, protocols=tuple(config.protocols),
                        obfuscator=config.obfuscator, predict_modes=tuple(config.predict_modes),
+                       pack_bin_sums=tuple(config.pack_bin_sums),
                        roles={protocol: tuple(roles) for protocol, roles in config.roles.items()})
 
 
@@ -56,6 +57,8 @@ def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = 
     """Process entry point: connect, then serve jobs until SIGTERM/SIGINT (or until the
     process that started it dies)."""
     die_with_parent()
+    if mp.parent_process() is not None:  # Ctrl-C: the first process forwards it as SIGTERM
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _configure_logging(config.party, log_level)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sealer = Sealer.from_folder(config.signing.key_dir, config.party,

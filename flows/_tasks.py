@@ -24,7 +24,10 @@ from prefect.cache_policies import NO_CACHE
 from messages import MessageError, TransportError
 from messages.bodies import Aligned, ErrorReply, Step, TreeFinished
 from flows.config import ConfigError, JobConfig
-from flows.progress import step_progress, tree_done
+from flows.errors import (JobStopped, PartyError, PartyGone,  # noqa: F401  the flows' errors,
+                          StepTimeout)                       # imported from here by them
+from flows.progress import (PartiesSilent, has_listener, step_progress, step_text, tell_silence,
+                            tree_done)
 from messages.envelope import Envelope, MsgType
 from messages.chunks import FrameSigner
 from messages.rabbitmq import RabbitTransport, holds_password
@@ -35,32 +38,16 @@ log = logging.getLogger("fedboost.flow")
 
 DEFAULT_STEP_TIMEOUT = 3600.0
 """Seconds a step may take before its party is reported unresponsive."""
+FIRST_NOTICE_SECONDS = 30.0
+"""A step still waiting for parties after this long says whom it waits for..."""
+NOTICE_EVERY_SECONDS = 60.0
+"""...and says it again this often, until they answer or the step times out."""
 
 
-class PartyError(RuntimeError):
-    """A party answered a step with an error."""
-
-    def __init__(self, reply: ErrorReply) -> None:
-        super().__init__(f"party {reply.party}: step {reply.step}: {reply.message}")
-        self.reply = reply
-
-    @property
-    def user_error(self) -> bool:
-        """True for bad input (data, config) rather than a fault."""
-        return self.reply.user_error
-
-
-class JobStopped(RuntimeError):
-    """The job cannot go on, for a reason its one-line message says (e.g. too few parties
-    left): the command line prints that line, not a traceback."""
-
-
-class StepTimeout(TransportError):
-    """Parties did not answer a step in time (``missing``: which)."""
-
-    def __init__(self, message: str, missing: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.missing = list(missing or [])
+Presence = Callable[[list[str]], dict[str, str]]
+"""What is known of parties that have not answered: party -> a short note (e.g. "its worker
+process exited with code 1", "no worker is connected to its queue"); parties with nothing
+known are left out."""
 
 
 def _new_session() -> str:
@@ -88,6 +75,17 @@ class Coordinator:
     calls (calls running at once, as the forest's trees, each count their own)."""
     lost: ErrorReply | None = None
     """A party's answer that it lost this session's state (``abandon``); None while it holds."""
+    gone: Presence | None = None
+    """Parties whose worker is known to have stopped (the embedded default watches its
+    processes): a step waiting for one fails at once with :class:`PartyGone`."""
+    presence: Presence | None = None
+    """Notes on silent parties for the waiting notices (over RabbitMQ: whether a worker
+    consumes the party's queue)."""
+    parties: tuple[str, ...] = ()
+    """Every party of the job: ``gone`` and ``presence`` look at them all while a step waits,
+    since a party that does not answer may itself wait for another's peer messages."""
+    first_notice: float = FIRST_NOTICE_SECONDS
+    notice_every: float = NOTICE_EVERY_SECONDS
 
     def begin_session(self) -> None:
         """Start a new session: the parties will open the job afresh (or from checkpoints)."""
@@ -118,10 +116,12 @@ class Coordinator:
                 self.transport.send(party, self.sealer.seal(env))
         replies: dict[str, Any] = {}
         deadline = time.monotonic() + self.timeout
+        silence = _Silence(self, step, time.monotonic())
         try:
             while len(replies) < len(parties):
                 if self.lost is not None:
                     raise PartyError(self.lost)
+                silence.check([p for p in parties if p not in replies])
                 left = deadline - time.monotonic()
                 if left <= 0:
                     missing = sorted(set(parties) - set(replies))
@@ -177,6 +177,56 @@ class Coordinator:
                 log.warning("flow %s: dropped stale reply %s from %s", self.job, env.task,
                             env.sender)
             return []
+
+
+class _Silence:
+    """One call's watch over the parties that have not answered it yet: fails at once when
+    one is known to be gone, and says whom the step waits for after ``first_notice`` seconds,
+    then every ``notice_every``."""
+
+    def __init__(self, coordinator: Coordinator, step: str, started: float) -> None:
+        self.coordinator, self.step, self.started = coordinator, step, started
+        self.wall_started = time.time()
+        self.next_notice = started + coordinator.first_notice
+
+    def check(self, silent: list[str]) -> None:
+        coord = self.coordinator
+        # every party of the job: a silent one may be waiting for another's peer messages
+        everyone = sorted(set(coord.parties) | set(silent))
+        if coord.gone is not None:
+            gone = coord.gone(everyone)
+            if gone:
+                raise PartyGone("; ".join(f"party {p}: {why} while the flow waited for "
+                                          f"{', '.join(silent)} to answer "
+                                          f"{step_text(self.step)}"
+                                          for p, why in sorted(gone.items())),
+                                sorted(gone))
+        now = time.monotonic()
+        if now < self.next_notice or not silent:
+            return
+        self.next_notice = now + coord.notice_every
+        notes = {}
+        if coord.presence is not None:
+            with coord.lock:  # it asks the broker on the job's connection
+                notes = coord.presence(everyone)
+        event = PartiesSilent(self.step, tuple(silent), now - self.started,
+                              time.strftime("%H:%M:%S", time.localtime(self.wall_started)),
+                              tuple(sorted(notes.items())))
+        tell_silence(coord.job, event)
+        # the Prefect UI shows it on the flow run; a listener (the command line) shows it itself
+        _run_log().log(logging.INFO if has_listener(coord.job) else logging.WARNING,
+                       "%s; the step gives up after %.0f s (transport.step_timeout)",
+                       event.text(), coord.timeout)
+
+
+def _run_log() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    """The flow run's logger (its lines reach the Prefect UI), or this module's outside one."""
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return log
 
 
 _LINKS: dict[str, Coordinator] = {}
@@ -235,7 +285,15 @@ def broker_coordinator(config: Any, job: str, timeout: float) -> Coordinator:
                                frames=FrameSigner(sealer),
                                partial_seconds=transport.partial_seconds,
                                tls=transport.tls_options())
-    return Coordinator(job=job, transport=endpoint, sealer=sealer, timeout=timeout)
+    return Coordinator(job=job, transport=endpoint, sealer=sealer, timeout=timeout,
+                       parties=tuple(getattr(config, "parties", ())),
+                       presence=lambda parties: _unconsumed(endpoint, parties))
+
+
+def _unconsumed(endpoint: RabbitTransport, parties: list[str]) -> dict[str, str]:
+    """Of ``parties``, those whose inbox no worker consumes now."""
+    return {p: "no worker of it is connected to the broker" for p in parties
+            if endpoint.consumers(p) == 0}
 
 
 MAX_RECOVERIES = 3

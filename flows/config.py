@@ -45,6 +45,9 @@ class PolicyConfig(_Strict):
     """Key holder's Paillier obfuscators: short exponent (fast) or full-length r^n."""
     predict_modes: list[Literal["path", "batched"]] = ["path"]
     """Prediction modes a passive party answers (batched reveals all its decisions)."""
+    pack_bin_sums: list[Literal["key_holder", "passive"]] = ["key_holder", "passive"]
+    """Who may fold a passive party's encrypted bin sums: ``[passive]`` refuses jobs that send
+    one sum per ciphertext to the key holder (each shows a whole plaintext to it)."""
     roles: dict[Protocol, list[Literal["active", "passive", "member", "aggregator"]]] = {}
     """Per protocol, the only roles the party takes, e.g. ``{vertical_secureboost: [active],
     horizontal: [member]}`` (a protocol not named: any role a job gives it)."""
@@ -656,7 +659,9 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
                "categorical": getattr(entry, "categorical", None),
                # the job file's own protocol: this party's entry in it is an opt-in
                "policy": entry.policy or PolicyConfig(protocols=[job.protocol]),
-               "models": base / "models", "transport": job.transport.model_dump(),
+               # like 'fedboost train''s runs/: beside where it starts (README, .gitignore),
+               # not beside the job file (configs/models/ sat in the checkout, unignored)
+               "models": Path.cwd() / "models", "transport": job.transport.model_dump(),
                "signing": job.signing.model_dump() if job.signing else None}
         if entry.data is None and entry.role != "aggregator":
             raise ConfigError(f"config file {path}: parties.{party}.data is required to start "

@@ -64,7 +64,8 @@ def open_forest(job: str, parties: list[str], spec: ForestSpec) -> dict[str, lis
 @task(name="prepare", task_run_name="encrypt-labels-and-bin", cache_policy=NO_CACHE)
 def prepare(job: str, parties: list[str], keep: list[int]) -> int:
     """The active party encrypts its labels once and sends them; every party bins its features
-    and loads the trees kept; returns the federation's feature count."""
+    and loads the trees kept; returns the active party's feature count (its own and the
+    passive parties')."""
     replies = link(job).call(parties, MsgType.F_PREPARE, TreeCommand(keep=keep),
                              _step(MsgType.F_PREPARE))
     return int(replies[parties[0]].count)
@@ -144,8 +145,8 @@ def _train(config: ForestJobConfig, progress: Any) -> dict[str, Any]:
     aligned = align_entities(job, active, passives)
     logger.info("aligned %d rows (%d train, %d validation)", aligned.n_aligned, aligned.n_train,
                 aligned.n_valid)
-    n_features = prepare(job, parties, keep)
-    logger.info("labels encrypted once; %d features in the federation", n_features)
+    prepare(job, parties, keep)
+    logger.info("labels encrypted once")  # not the feature count: the run's log is shared
     seconds: dict[int, float | None] = {}
     todo = [t for t in range(params.n_trees) if t not in keep]
     running: dict[Any, int] = {}

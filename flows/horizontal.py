@@ -1,22 +1,27 @@
 """Horizontal federated GBDT as a Prefect flow (FedTree, horizontal setting; seed 001).
 
 Members hold different rows with the same columns and the label; the aggregator holds no data.
-After the members agree on shared cuts (mergeable quantile summaries), each tree follows
-FedTree's four steps:
+After the members agree on shared cuts (securely summed counts on a public grid), each tree
+follows FedTree's four steps:
 
 1. send tree: the members compute g and h under the model so far and agree on a common scale;
-2. update histograms: per depth, each member builds its histograms and masks them;
+2. update histograms: per depth, each member builds its histograms and masks them (the root's
+   are also sealed, and the members release the seal's key once all are in);
 3. secure sum: the aggregator adds the masked vectors (pairwise masks cancel in the sum);
 4. grow: the aggregator chooses the splits, the members route their rows through them;
 
 and finally the aggregator sends the leaves, which every member applies (step 1 of the next
-tree). A member that does not answer within ``transport.step_timeout`` is dropped: the tree
-restarts with the others under fresh masks, and the job fails below ``min_members``.
+tree). A member that does not answer within ``transport.step_timeout`` is dropped, and the
+aggregator never gets two sums of one tree over different members: before the root's key went
+out the tree restarts with the others (the first attempt's vectors stay sealed); after, the
+tree stops where it stands (its open nodes become leaves) and the next tree goes on without
+the member. The job fails below ``min_members``.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -33,7 +38,8 @@ from messages.envelope import MsgType
 from messages.horizontal import HorizontalSpec, OpenHorizontal, Round
 
 SUMMARY_POINTS_PER_BIN = 32
-"""A member's quantile summary has this many points per bin (at least 256 in all)."""
+"""The set-up grid's resolution per bin: a quantile's cell is split while it holds more than
+1 / (32 max_bin) of the rows (at least 1/256); the spec calls it ``summary_size``."""
 
 
 def horizontal_spec(config: HorizontalJobConfig) -> HorizontalSpec:
@@ -52,7 +58,7 @@ def horizontal_spec(config: HorizontalJobConfig) -> HorizontalSpec:
 
 
 def summary_size(max_bin: int) -> int:
-    """Points per feature in a member's summary."""
+    """The set-up grid's resolution (``workers.horizontal.grid``)."""
     return max(256, SUMMARY_POINTS_PER_BIN * max_bin)
 
 
@@ -81,11 +87,18 @@ def resume_job(job: str, parties: list[str], trees_done: int,
 
 @task(name="agree_bins", task_run_name="agree-bins", cache_policy=NO_CACHE)
 def agree_bins(job: str, aggregator: str, members: list[str]) -> int:
-    """Shared cuts without pooling rows: members send quantile summaries (and their masked
-    label sums), the aggregator merges them, every member bins its rows. Returns all rows."""
+    """Shared cuts without pooling rows: round by round, members count their values in the
+    cells of a public grid (masked, with their masked label sums in round 0), the aggregator
+    sums the counts and splits the cells holding quantiles, then sends the cuts; every member
+    bins its rows. Returns all rows."""
     coord = link(job)
-    coord.call(members, MsgType.H_SUMMARIZE, Round(), _step(MsgType.H_SUMMARIZE))
-    coord.call([aggregator], MsgType.H_MERGE_BINS, Round(), _step(MsgType.H_MERGE_BINS))
+    round_, more = 0, 1
+    while more:
+        coord.call(members, MsgType.H_SUMMARIZE, Round(depth=round_),
+                   _step(MsgType.H_SUMMARIZE, -1, round_))
+        more = coord.call([aggregator], MsgType.H_MERGE_BINS, Round(depth=round_),
+                          _step(MsgType.H_MERGE_BINS, -1, round_))[aggregator].count
+        round_ += 1
     replies = coord.call(members, MsgType.H_APPLY_BINS, Round(), _step(MsgType.H_APPLY_BINS))
     return sum(reply.count for reply in replies.values())
 
@@ -104,10 +117,22 @@ def start_tree(job: str, aggregator: str, members: list[str], tree: int, attempt
 
 @task(name="update_histograms", task_run_name="update-histograms-t{tree}-d{depth}-a{attempt}",
       cache_policy=NO_CACHE)
-def update_histograms(job: str, members: list[str], tree: int, depth: int, attempt: int) -> None:
-    """Step 2: every member builds its histograms of the level's nodes and masks them."""
-    link(job).call(members, MsgType.H_UPDATE_HISTOGRAMS, Round(tree, depth, attempt, members),
+def update_histograms(job: str, members: list[str], tree: int, depth: int, attempt: int,
+                      silent: list[str] | None = None) -> None:
+    """Step 2: every member builds its histograms of the level's nodes and masks them (the
+    root's also sealed); ``members`` is the tree's member set, ``silent`` those not asked."""
+    link(job).call(_asked(members, silent), MsgType.H_UPDATE_HISTOGRAMS,
+                   Round(tree, depth, attempt, members),
                    _step(MsgType.H_UPDATE_HISTOGRAMS, tree, depth, attempt))
+
+
+@task(name="release_round", task_run_name="release-round-t{tree}-a{attempt}",
+      cache_policy=NO_CACHE)
+def release_round(job: str, members: list[str], tree: int, attempt: int) -> None:
+    """Step 2's end at the root: every member's sealed histograms are in, so the members
+    (any one of them suffices) send the aggregator the key of the seals."""
+    link(job).call(members, MsgType.H_RELEASE_ROUND, Round(tree, 0, attempt, members),
+                   _step(MsgType.H_RELEASE_ROUND, tree, 0, attempt))
 
 
 @task(name="secure_sum", task_run_name="secure-sum-t{tree}-d{depth}-a{attempt}",
@@ -124,23 +149,30 @@ def secure_sum(job: str, aggregator: str, members: list[str], tree: int, depth: 
 
 
 @task(name="grow", task_run_name="grow-t{tree}-d{depth}-a{attempt}", cache_policy=NO_CACHE)
-def grow(job: str, members: list[str], tree: int, depth: int, attempt: int) -> None:
+def grow(job: str, members: list[str], tree: int, depth: int, attempt: int,
+         silent: list[str] | None = None) -> None:
     """Step 4 at the members: route their rows through the chosen splits."""
-    link(job).call(members, MsgType.H_APPLY_SPLITS, Round(tree, depth, attempt, members),
+    link(job).call(_asked(members, silent), MsgType.H_APPLY_SPLITS,
+                   Round(tree, depth, attempt, members),
                    _step(MsgType.H_APPLY_SPLITS, tree, depth, attempt))
 
 
 @task(name="finish_tree", task_run_name="finish-tree-t{tree}-a{attempt}", cache_policy=NO_CACHE)
-def finish_tree(job: str, aggregator: str, members: list[str], tree: int,
-                attempt: int) -> dict[str, TreeFinished]:
-    """The aggregator sends the leaf values; every member applies the tree and checkpoints.
-    Returns each member's metrics over its own rows."""
+def finish_tree(job: str, aggregator: str, members: list[str], tree: int, attempt: int,
+                silent: list[str] | None = None) -> dict[str, TreeFinished]:
+    """The aggregator sends the leaf values (of the tree as far as it grew); every member
+    still answering applies the tree and checkpoints. Returns each one's metrics over its own
+    rows."""
     coord = link(job)
     round_ = Round(tree, -1, attempt, members)
     coord.call([aggregator], MsgType.H_SEND_TREE, round_,
                _step(MsgType.H_SEND_TREE, tree, -1, attempt))
-    return coord.call(members, MsgType.H_RECEIVE_TREE, round_,
+    return coord.call(_asked(members, silent), MsgType.H_RECEIVE_TREE, round_,
                       _step(MsgType.H_RECEIVE_TREE, tree, -1, attempt))
+
+
+def _asked(members: list[str], silent: list[str] | None) -> list[str]:
+    return [m for m in members if m not in (silent or [])]
 
 
 @task(name="save_models", task_run_name="save-models", cache_policy=NO_CACHE)
@@ -153,6 +185,24 @@ class MembersLost(JobStopped):
     """Too few members remain after dropouts."""
 
 
+@dataclass(slots=True)
+class Membership:
+    """Who takes part in a flow run, across its recoveries: a dropped member stays dropped."""
+
+    live: list[str]
+    dropped: list[str] = field(default_factory=list)
+    attempt: int = 0
+    """Attempts so far (each tree grown again after a dropout is a new one)."""
+
+
+class Regrow(Exception):
+    """Members went silent before any sum of the tree was opened: grow it without them."""
+
+    def __init__(self, silent: list[str]) -> None:
+        super().__init__(", ".join(silent))
+        self.silent = silent
+
+
 @flow(name="horizontal", flow_run_name="{config.job}")
 def horizontal(config: HorizontalJobConfig) -> dict[str, Any]:
     """Train a GBDT between members holding different rows of the same columns.
@@ -160,52 +210,48 @@ def horizontal(config: HorizontalJobConfig) -> dict[str, Any]:
     ``config`` is the job file's content (a deployment's parameter). Running the same job
     again continues after the last tree every party checkpointed.
     """
-    return train_with_recoveries(config, _train)
+    membership = Membership(list(config.members))
+    return train_with_recoveries(config, lambda c, progress: _train(c, progress, membership))
 
 
-def _train(config: HorizontalJobConfig, progress: Any) -> dict[str, Any]:
+def _train(config: HorizontalJobConfig, progress: Any, members: Membership) -> dict[str, Any]:
     logger = get_run_logger()
-    job, aggregator, members = config.job, config.aggregator, config.members
+    job, aggregator = config.job, config.aggregator
     started = time.perf_counter()
-    opened = open_job(job, [aggregator, *members], horizontal_spec(config))
+    opened = open_job(job, [aggregator, *members.live], horizontal_spec(config))
     rows = sum(reply.rows for reply in opened.values())
     shared = set.intersection(*(set(reply.checkpoints) for reply in opened.values()))
     history: list[dict[str, Any]] = []
     done = 0
     if shared:
         newest = max(shared, key=lambda c: c.trees_done)
-        resumed = resume_job(job, [aggregator, *members], newest.trees_done, newest)
+        resumed = resume_job(job, [aggregator, *members.live], newest.trees_done, newest)
         done = newest.trees_done
-        history = [combine_member_metrics({m: resumed[m].history[k] for m in members}) for k in range(done)]
+        history = [combine_member_metrics({m: resumed[m].history[k] for m in members.live})
+                   for k in range(done)]
         logger.info("resumed after %d trees from every party's checkpoint", done)
+    elif members.dropped:  # a set-up without them would hand the aggregator their counts
+        raise MembersLost(f"job {job}: no checkpoint left that {', '.join(members.live)} share "
+                          f"after {', '.join(members.dropped)} dropped out; the set-up cannot "
+                          f"be redone without them")
     else:
-        agree_bins(job, aggregator, members)
-    logger.info("%d members, %d rows in all; aggregator %s", len(members), rows, aggregator)
-    live, dropped, attempt = list(members), [], 0
+        agree_bins(job, aggregator, members.live)
+    logger.info("%d members, %d rows in all; aggregator %s", len(members.live), rows, aggregator)
     tree_seconds: list[float | None] = [None] * done
     for tree in range(done, config.params.n_trees):
         tree_start = time.perf_counter()
-        while True:
-            try:
-                _grow_tree(job, aggregator, live, tree, attempt, config.params.max_depth)
-                break
-            except StepTimeout as exc:
-                live, attempt = _drop(config, live, dropped, exc, tree, attempt, logger)
-        try:
-            replies = finish_tree(job, aggregator, live, tree, attempt)
-        except StepTimeout as exc:  # the tree is complete: the silent members leave after it
-            live, attempt = _drop(config, live, dropped, exc, tree, attempt, logger, restart=False)
-            replies = {}
-        metrics = combine_member_metrics({m: r for m, r in replies.items() if m in live})
+        replies = _one_tree(config, members, tree, logger)
+        metrics = combine_member_metrics({m: r for m, r in replies.items()
+                                          if m in members.live})
         history.append(metrics)
         tree_seconds.append(time.perf_counter() - tree_start)
         record_tree(job, progress, tree + 1, config.params.n_trees, tree_seconds[-1], metrics)
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
-        logger.info("tree %d/%d done in %.2f s: %s", tree + 1, config.params.n_trees,
-                    tree_seconds[-1], shown)
-    save_models(job, [aggregator, *live])
+        logger.info("tree %d done (%d/%d) in %.2f s: %s", tree, tree + 1,
+                    config.params.n_trees, tree_seconds[-1], shown)
+    save_models(job, [aggregator, *members.live])
     try:
-        close_job(job, [aggregator, *live])
+        close_job(job, [aggregator, *members.live])
     except PartyError as exc:
         if not exc.reply.state_lost:
             raise
@@ -216,8 +262,8 @@ def _train(config: HorizontalJobConfig, progress: Any) -> dict[str, Any]:
         **{k: v for k, v in last.items() if k != "members"},
         "resumed_after": done, "trees_trained": config.params.n_trees - done,
         "train_seconds": time.perf_counter() - started, "tree_seconds": tree_seconds,
-        "history": history, "protocol": "horizontal", "members": members,
-        "dropped": dropped, "member_metrics": last.get("members", {}),
+        "history": history, "protocol": "horizontal", "members": config.members,
+        "dropped": list(members.dropped), "member_metrics": last.get("members", {}),
         "step_seconds": dict(link(job).step_seconds)}
     if config.privacy is not None:  # every tree spends epsilon / n_trees (privacy.PrivacyBudget)
         result["epsilon"] = config.privacy.epsilon
@@ -227,37 +273,96 @@ def _train(config: HorizontalJobConfig, progress: Any) -> dict[str, Any]:
           **{key: value for key, value in m.items() if key != "members"}}
          for k, (sec, m) in enumerate(zip(tree_seconds, history, strict=True))],
         description=f"{job}: metrics per tree (row-weighted over members)"
-                    + (f"; dropped {', '.join(dropped)}" if dropped else ""))
+                    + (f"; dropped {', '.join(members.dropped)}" if members.dropped else ""))
     run_charts.publish(job, result)
     return result
 
 
-def _grow_tree(job: str, aggregator: str, live: list[str], tree: int, attempt: int,
-               max_depth: int) -> None:
-    """FedTree's steps 1-4 for one tree, level by level."""
-    start_tree(job, aggregator, live, tree, attempt)
+def _one_tree(config: HorizontalJobConfig, members: Membership, tree: int,
+              logger: Any) -> dict[str, TreeFinished]:
+    """Grow one tree, with fewer members only as long as no sum of it was opened; returns the
+    metrics of the members that applied it."""
+    job, aggregator = config.job, config.aggregator
+    while True:
+        grown, silent = list(members.live), []
+        try:
+            silent = _grow_tree(job, aggregator, grown, tree, members.attempt,
+                                config.params.max_depth)
+        except Regrow as again:
+            _drop(config, members, again.silent, tree, logger,
+                  f"tree {tree} restarts without them under fresh masks")
+            members.attempt += 1
+            continue
+        if silent:
+            _drop(config, members, silent, tree, logger,
+                  f"tree {tree} stops where it stood (its open nodes become leaves)")
+        break
+    try:
+        replies = finish_tree(job, aggregator, grown, tree, members.attempt, silent)
+    except StepTimeout as exc:  # the tree is complete: the silent members leave after it
+        _drop(config, members, _members_in(exc, grown), tree, logger, "the tree is complete")
+        replies = {}
+    return replies
+
+
+def _grow_tree(job: str, aggregator: str, members: list[str], tree: int, attempt: int,
+               max_depth: int) -> list[str]:
+    """FedTree's steps 1-4 for one tree, level by level; returns the members that went silent
+    once the root's round key was out (the tree then stops at the level it reached).
+
+    Raises ``Regrow`` for members silent before: their root vectors, if any, stay sealed."""
+    try:
+        start_tree(job, aggregator, members, tree, attempt)
+        update_histograms(job, members, tree, 0, attempt)
+    except StepTimeout as exc:
+        raise Regrow(_members_in(exc, members)) from None
+    silent = _timed_out(lambda: release_round(job, members, tree, attempt), members, [])
+    if len(silent) == len(members):  # none may have released: the job cannot go on
+        return silent
     for depth in range(max_depth):
-        update_histograms(job, live, tree, depth, attempt)
-        open_nodes = secure_sum(job, aggregator, live, tree, depth, attempt)
-        grow(job, live, tree, depth, attempt)
-        if open_nodes == 0:
-            break
+        if depth > 0:
+            silent = _timed_out(lambda: update_histograms(job, members, tree, depth, attempt,
+                                                          silent), members, silent)
+            if silent:
+                return silent
+        open_nodes = secure_sum(job, aggregator, members, tree, depth, attempt)
+        silent = _timed_out(lambda: grow(job, members, tree, depth, attempt, silent), members,
+                            silent)
+        if silent or open_nodes == 0:
+            return silent
+    return silent
 
 
-def _drop(config: HorizontalJobConfig, live: list[str], dropped: list[str], exc: StepTimeout,
-          tree: int, attempt: int, logger: Any, restart: bool = True) -> tuple[list[str], int]:
-    """Drop the members that did not answer; the aggregator not answering ends the job."""
-    silent = [m for m in exc.missing if m in live]
+def _timed_out(step: Any, members: list[str], silent: list[str]) -> list[str]:
+    """Run a members' step; returns the silent members after it (those before and new)."""
+    try:
+        step()
+    except StepTimeout as exc:
+        return [*silent, *_members_in(exc, members)]
+    return silent
+
+
+def _members_in(exc: StepTimeout, members: list[str]) -> list[str]:
+    """The silent members of a timeout; the aggregator silent ends the job."""
+    silent = [m for m in exc.missing if m in members]
     if not silent:
         raise exc
-    live = [m for m in live if m not in silent]
-    dropped.extend(silent)
-    if len(live) < config.min_members:
+    return silent
+
+
+def _drop(config: HorizontalJobConfig, members: Membership, silent: list[str], tree: int,
+          logger: Any, then: str) -> None:
+    """Drop the members that did not answer; below ``min_members`` the job ends."""
+    silent = [m for m in silent if m in members.live]
+    if not silent:
+        return
+    members.live = [m for m in members.live if m not in silent]
+    members.dropped.extend(silent)
+    if len(members.live) < config.min_members:
         raise MembersLost(f"job {config.job}: member(s) {', '.join(silent)} did not answer "
                           f"within {config.transport.step_timeout:.0f} s at tree {tree}; "
-                          f"{len(live)} member(s) left, min_members is {config.min_members}")
-    logger.warning("dropped member(s) %s at tree %d: no answer within %.0f s; %s", ", ".join(silent),
-                   tree, config.transport.step_timeout,
-                   f"tree {tree} restarts with {', '.join(live)} under fresh masks" if restart
-                   else f"the tree is complete; {', '.join(live)} go on")
-    return live, attempt + 1
+                          f"{len(members.live)} member(s) left, min_members is "
+                          f"{config.min_members}")
+    logger.warning("dropped member(s) %s at tree %d: no answer within %.0f s; %s; %s go on",
+                   ", ".join(silent), tree, config.transport.step_timeout, then,
+                   ", ".join(members.live))

@@ -51,7 +51,37 @@ class TreeProgress:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-ProgressEvent = StepProgress | TreeProgress
+@dataclass(frozen=True, slots=True)
+class PartiesSilent:
+    """Step ``step`` has waited ``waited`` seconds (since ``since``, local clock time) for
+    ``parties``; ``notes``: what is known of any party of the job (party, note), e.g. the one
+    a silent party itself waits for."""
+
+    step: str
+    parties: tuple[str, ...]
+    waited: float
+    since: str
+    notes: tuple[tuple[str, str], ...] = ()
+
+    def text(self) -> str:
+        """'waiting 90 s (since 10:02:11) for guest to answer broadcast_nodes (tree 1, depth
+        0); host: its worker process is stopped'."""
+        notes = "".join(f"; {party}: {note}" for party, note in self.notes)
+        return (f"waiting {self.waited:.0f} s (since {self.since}) for "
+                f"{', '.join(self.parties)} to answer {step_text(self.step)}{notes}")
+
+
+def step_text(step: str) -> str:
+    """A step id as a user reads it: 'build_histograms/t3/d1' -> 'build_histograms (tree 3,
+    depth 1)' (trees and depths count from 0, as everywhere else)."""
+    kind, *coords = step.split("/")
+    named = {"t": "tree", "d": "depth", "a": "attempt"}
+    parts = [f"{named[c[0]]} {c[1:]}" for c in coords
+             if c[:1] in named and c[1:].isdigit() and not (c[0] == "a" and c[1:] == "0")]
+    return f"{kind} ({', '.join(parts)})" if parts else kind
+
+
+ProgressEvent = StepProgress | TreeProgress | PartiesSilent
 Listener = Callable[[ProgressEvent], None]
 
 _LISTENERS: dict[str | None, Listener] = {}
@@ -77,6 +107,16 @@ def report(job: str, event: ProgressEvent) -> None:
     listener = _listener(job)
     if listener is not None:
         listener(event)
+
+
+def has_listener(job: str) -> bool:
+    """Whether someone (the command line) shows ``job``'s progress."""
+    return _listener(job) is not None
+
+
+def tell_silence(job: str, event: PartiesSilent) -> None:
+    """Report parties that keep a step waiting."""
+    report(job, event)
 
 
 def step_progress(job: str, kind: MsgType, answered: int, parties: int) -> None:

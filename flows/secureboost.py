@@ -196,7 +196,8 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
         history.append(metrics)
         record_tree(job, progress, tree + 1, n_trees, tree_seconds[-1], metrics)
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-        logger.info("tree %d/%d done in %.2f s: %s", tree + 1, n_trees, tree_seconds[-1], shown)
+        logger.info("tree %d done (%d/%d) in %.2f s: %s", tree, tree + 1, n_trees,
+                    tree_seconds[-1], shown)
     result: dict[str, Any] = {"n_aligned": aligned.n_aligned, "n_train": aligned.n_train,
                               "n_valid": aligned.n_valid, "n_trees": n_trees,
                               **{k: v for k, v in history[-1].items()

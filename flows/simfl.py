@@ -152,8 +152,8 @@ def _train(config: SimflJobConfig, progress: Any) -> dict[str, Any]:
         record_tree(job, progress, tree + 1, config.params.n_trees, tree_seconds[-1], metrics)
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()
                           if k.startswith("train_") and isinstance(v, float))
-        logger.info("tree %d/%d (%s) done in %.2f s: %s", tree + 1, config.params.n_trees,
-                    builder, tree_seconds[-1], shown)
+        logger.info("tree %d (%s) done (%d/%d) in %.2f s: %s", tree, builder, tree + 1,
+                    config.params.n_trees, tree_seconds[-1], shown)
     save_models(job, members)
     close_job(job, [aggregator, *members])
     last = history[-1] if history else {}

@@ -31,6 +31,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from messages import DecodeError, MessageError
+from messages.rejections import RejectionLog
 from messages.signing import CLOCK_SKEW_SECONDS, Sealer, signer_of
 
 log = logging.getLogger("fedboost.transport")
@@ -90,10 +91,15 @@ class Manifest:
 
 def claimed_sender(headers: dict[str, Any]) -> str:
     """The sender a frame's manifest names, verified or not (for warnings)."""
+    name = _claimed_name(headers)
+    return repr(name) if name else "nobody (no readable manifest)"
+
+
+def _claimed_name(headers: dict[str, Any]) -> str:
     try:
-        return repr(Manifest.unpack(headers["fb-manifest"]).sender)
+        return Manifest.unpack(headers["fb-manifest"]).sender
     except (KeyError, TypeError, DecodeError):
-        return "nobody (no readable manifest)"
+        return ""
 
 
 class FrameSigner:
@@ -170,13 +176,16 @@ class _Partial:
 class Reassembly:
     """The partial messages of one receiving endpoint, with their caps and expiry.
 
-    ``drop`` acknowledges frames that will never be handed over (the broker forgets them).
+    ``drop`` acknowledges frames that will never be handed over (the broker forgets them);
+    ``rejections`` logs the frames it drops within budgets (``messages.rejections``).
     """
 
     def __init__(self, owner: str, frames: FrameSigner | None, *, max_frames: int, max_bytes: int,
                  partial_seconds: float, max_partials: int,
-                 drop: Callable[[list[Tag]], None]) -> None:
+                 drop: Callable[[list[Tag]], None],
+                 rejections: RejectionLog | None = None) -> None:
         self.owner = owner
+        self.rejections = rejections or RejectionLog(log, owner)
         self.frames = frames
         self.max_frames = max_frames
         self.max_bytes = max_bytes
@@ -216,13 +225,14 @@ class Reassembly:
         if (type(count) is not int or type(index) is not int or not 0 <= index < count
                 or count > self.max_frames or not isinstance(digest, str | bytes)
                 or not message_id):
-            log.warning("%s: dropped a malformed chunk frame claiming sender %s", self.owner,
-                        claimed_sender(headers))
+            self._reject("malformed chunk", _claimed_name(headers), "dropped a malformed chunk "
+                         "frame claiming sender %s", claimed_sender(headers))
             self._drop([tag])
             return None
         digest = digest.decode(errors="replace") if isinstance(digest, bytes) else digest
         if message_id in self._refused:
-            log.info("%s: dropped a further chunk of refused message %s", self.owner, message_id)
+            self._reject("chunk of a refused message", _claimed_name(headers), "dropped a "
+                         "further chunk of refused message %s", message_id, level=logging.INFO)
             self._drop([tag])
             return None
         partial, proof = self._partials.get(message_id), _proof(headers)
@@ -235,8 +245,8 @@ class Reassembly:
                 return None
         if (partial.proof != proof or partial.count != count or partial.digest != digest
                 or index in partial.chunks):
-            log.warning("%s: dropped a duplicate or inconsistent chunk of %s", self.owner,
-                        message_id)
+            self._reject("inconsistent chunk", _claimed_name(headers), "dropped a duplicate or "
+                         "inconsistent chunk of %s", message_id)
             self._drop([tag])
             return None
         return self._add(message_id, partial, index, tag, body)
@@ -250,12 +260,13 @@ class Reassembly:
         try:
             manifest = self.frames.verify(headers, self.owner)
         except ForgedFrame as exc:
-            log.warning("%s: dropped a %s", self.owner, exc)
+            self._reject("forged chunk", _claimed_name(headers), "dropped a %s", exc)
             return None, 0
         if (manifest.message_id != message_id or manifest.count != count
                 or manifest.sha256 != digest or not 0 < manifest.size <= self.max_bytes):
-            log.warning("%s: dropped a chunk frame from %r that does not match its manifest",
-                        self.owner, manifest.sender)
+            self._reject("chunk unlike its manifest", manifest.sender, "dropped a chunk frame "
+                         "from %r that does not match its manifest", manifest.sender,
+                         authenticated=True)
             return None, 0
         return signer_of(manifest.sender), manifest.size
 
@@ -266,10 +277,10 @@ class Reassembly:
         frames, size_held = sum(p.count for p in own), sum(p.size or p.held for p in own)
         if (len(own) >= self.max_partials or frames + count > self.max_frames
                 or size_held + size > self.max_bytes):
-            log.warning("%s: dropped message %s from %s: over its cap of %d messages, %d chunks "
-                        "and %d bytes in progress", self.owner, message_id,
-                        repr(signer) if signer else "unsigned senders", self.max_partials,
-                        self.max_frames, self.max_bytes)
+            self._reject("chunks over their cap", signer, "dropped message %s from %s: over its "
+                         "cap of %d messages, %d chunks and %d bytes in progress", message_id,
+                         repr(signer) if signer else "unsigned senders", self.max_partials,
+                         self.max_frames, self.max_bytes, authenticated=bool(signer))
             self._refuse(message_id)
             return None
         partial = self._partials[message_id] = _Partial(signer, count, digest, size, proof)
@@ -282,8 +293,9 @@ class Reassembly:
         partial.tags.append(tag)
         held = sum(p.held for p in self._partials.values() if p.signer == partial.signer)
         if partial.held > (partial.size or self.max_bytes) or held > self.max_bytes:
-            log.warning("%s: dropped message %s: its chunks exceed its size or its sender's "
-                        "%d-byte cap", self.owner, message_id, self.max_bytes)
+            self._reject("chunks over their size", partial.signer, "dropped message %s: its "
+                         "chunks exceed its size or its sender's %d-byte cap", message_id,
+                         self.max_bytes)
             self._discard(message_id)
             return None
         if len(partial.chunks) < partial.count:
@@ -291,8 +303,8 @@ class Reassembly:
         del self._partials[message_id]
         data = b"".join(partial.chunks[i] for i in range(partial.count))
         if hashlib.sha256(data).hexdigest() != partial.digest:
-            log.warning("%s: dropped %s: reassembled payload fails its SHA-256", self.owner,
-                        message_id)
+            self._reject("chunks fail their SHA-256", partial.signer, "dropped %s: reassembled "
+                         "payload fails its SHA-256", message_id)
             self._drop(partial.tags)
             return None
         return data, partial.tags
@@ -303,11 +315,20 @@ class Reassembly:
         for message_id, partial in list(self._partials.items()):
             # (an acknowledgement that lost the connection clears every partial)
             if message_id in self._partials and now - partial.last > self.partial_seconds:
-                log.warning("%s: dropped %d of %d chunks of %s from %s: no new chunk for %.0f s",
-                            self.owner, len(partial.chunks), partial.count, message_id,
-                            repr(partial.signer) if partial.signer else "an unsigned sender",
-                            now - partial.last)
+                self._reject("chunks expired", partial.signer, "dropped %d of %d chunks of %s "
+                             "from %s: no new chunk for %.0f s", len(partial.chunks),
+                             partial.count, message_id,
+                             repr(partial.signer) if partial.signer else "an unsigned sender",
+                             now - partial.last, authenticated=bool(partial.signer))
                 self._discard(message_id)
+        self.rejections.flush()
+
+    def _reject(self, reason: str, sender: str, message: str, *args: object,
+                authenticated: bool = False, level: int = logging.WARNING) -> None:
+        """Log a dropped frame within its sender's budget: only a signed manifest's signer is
+        authenticated, and only for what the signature covers (frames themselves are not)."""
+        self.rejections.refuse(reason, sender, message, *args, authenticated=authenticated,
+                               level=level)
 
     def _discard(self, message_id: str) -> None:
         partial = self._partials.pop(message_id)

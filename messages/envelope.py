@@ -16,9 +16,11 @@ from messages import simfl as s
 from messages.codec import from_wire, to_wire
 from messages.names import JOB_NAME_RULE, is_job_name
 
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 """2: a row's packed (g, h, count) slots are sized by what they hold (``crypto.encoding``); a
-version-1 party would cut the bin sums apart in the wrong places, so the versions refuse each other."""
+version-1 party would cut the bin sums apart in the wrong places, so the versions refuse each other.
+3: horizontal set-up counts cells of a public grid instead of sending quantile summaries, and a
+tree's root histograms are sealed until a round key is released (``messages.horizontal``)."""
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """Refuse to parse anything larger; transports chunk big payloads well below this."""
 
@@ -88,14 +90,18 @@ class MsgType(IntEnum):
     H_APPLY_SPLITS = 308
     H_SEND_TREE = 309
     H_RECEIVE_TREE = 310
+    H_RELEASE_ROUND = 311
     H_MASK_KEY = 320
-    H_SUMMARIES = 321
+    H_COLUMNS = 321
     H_MASKED = 322
     H_CUTS = 323
     H_GRADIENT_RANGE = 324
     H_GRADIENT_SCALE = 325
     H_SPLITS = 326
     H_LEAVES = 327
+    H_SEAL_KEY = 328
+    H_ROUND_KEY = 329
+    H_REFINE = 330
 
     # SimFL (messages.simfl): commands 340-359, peer messages 360-379
     S_OPEN_JOB = 340
@@ -169,7 +175,10 @@ BODY_TYPES: dict[MsgType, type] = {
     MsgType.PATH_DECISIONS: b.PathDecisions,
     MsgType.H_OPEN_JOB: h.OpenHorizontal,
     MsgType.H_MASK_KEY: h.MaskPublicKey,
-    MsgType.H_SUMMARIES: h.MemberSummaries,
+    MsgType.H_COLUMNS: h.MemberColumns,
+    MsgType.H_SEAL_KEY: h.SealShare,
+    MsgType.H_ROUND_KEY: h.RoundKey,
+    MsgType.H_REFINE: h.RefineCells,
     MsgType.H_MASKED: h.MaskedVector,
     MsgType.H_CUTS: h.SharedCuts,
     MsgType.H_GRADIENT_RANGE: h.GradientRange,
@@ -204,7 +213,8 @@ for _kind in SIMFL_STEPS:
 HORIZONTAL_STEPS = frozenset(
     {MsgType.H_SUMMARIZE, MsgType.H_MERGE_BINS, MsgType.H_APPLY_BINS, MsgType.H_COMPUTE_GRADIENTS,
      MsgType.H_AGREE_SCALE, MsgType.H_UPDATE_HISTOGRAMS, MsgType.H_SECURE_SUM,
-     MsgType.H_APPLY_SPLITS, MsgType.H_SEND_TREE, MsgType.H_RECEIVE_TREE})
+     MsgType.H_APPLY_SPLITS, MsgType.H_SEND_TREE, MsgType.H_RECEIVE_TREE,
+     MsgType.H_RELEASE_ROUND})
 for _kind in HORIZONTAL_STEPS:
     BODY_TYPES[_kind] = h.Round
 STEP_COMMANDS = frozenset(
@@ -235,6 +245,17 @@ WORK = frozenset({MsgType.HISTOGRAM_SHARD, MsgType.TREE_CIPHERTEXTS, MsgType.CRY
 """What a party's coordinating process hands to its own helper processes: shards of a step, and
 the data those shards share (a tree's ciphertexts); the active party's encryption and
 decryption shards."""
+REPLIES = frozenset({MsgType.ACK, MsgType.SPLITS_FOUND, MsgType.TREE_FINISHED, MsgType.ERROR,
+                     MsgType.ALIGNED, MsgType.OPENED, MsgType.RESUMED, MsgType.F_OPENED,
+                     MsgType.S_PREPARE_REPLY, MsgType.ROWS_FOUND, MsgType.SCORES})
+"""A party's answers to a flow's commands (a helper process's failed shard also answers with
+``ERROR``, to its own party)."""
+PEER_MAIL = frozenset(MsgType) - COMMANDS - WORK - REPLIES
+"""What parties send one another within a job (and a party's helper processes back to it): a
+job's mailbox files them. Every kind not declared a command, work or a reply is peer mail, so a
+protocol's new peer message needs no listing here. A peer that opened its job first may send
+some before this party's opener arrives: a worker keeps them until it does
+(``workers.early_mail``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,11 @@
 """The horizontal protocol's messages (FedTree): members with different rows and the same
 columns, an aggregator that sums their masked histograms and grows the trees.
 
-Commands come from the flow; peer messages go member -> aggregator (summaries, masked vectors,
-gradient ranges) and aggregator -> member (cuts, scale, splits, leaves), and member -> member
-(the public keys of the pairwise masks). No message carries a path, a row or a plain histogram
-of one member.
+Commands come from the flow; peer messages go member -> aggregator (column names, masked
+vectors, gradient ranges, round keys) and aggregator -> member (cells to split, cuts, scale,
+splits, leaves), and member -> member (the public keys of the pairwise masks, the sealed seal
+contributions). No message carries a path, a row, a raw value or a plain count or histogram of
+one member.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class HorizontalSpec:
     seed: int
     min_members: int
     summary_size: int
-    """Points per feature in a member's quantile summary."""
+    """The set-up grid's resolution: a cell holding a quantile is split while it holds more
+    than 1/summary_size of the feature's rows (``workers.horizontal.grid``)."""
     dp_epsilon: float
     """The job's privacy budget; 0: no differential privacy (lossless)."""
     dp_clip: float
@@ -57,8 +59,8 @@ class OpenHorizontal:
 @dataclass(frozen=True, slots=True)
 class Round:
     """Command for one step of tree ``tree`` at ``depth`` in attempt ``attempt`` (a tree is
-    grown again, under fresh masks, after a member drops out); ``members`` are the members
-    still taking part."""
+    grown again, under fresh masks, when a member drops out before its root was opened);
+    ``members`` are the tree's members (a set-up step: ``depth`` is the set-up round)."""
 
     tree: int = -1
     depth: int = -1
@@ -75,20 +77,44 @@ class MaskPublicKey:
 
 
 @dataclass(frozen=True, slots=True)
-class FeatureSummaryBytes:
-    """One feature's quantile summary (``workers.horizontal.summary.SummaryBytes``)."""
+class SealShare:
+    """Member -> member: the sender's seal contribution of this job session, encrypted and
+    authenticated under their pair secret (``workers.horizontal.masking.seal_share``)."""
 
-    values: bytes
-    weights: bytes
-    exact: bool
+    nonce: bytes
+    sealed: bytes
 
 
 @dataclass(frozen=True, slots=True)
-class MemberSummaries:
-    """Member -> aggregator: its column names and one quantile summary per column."""
+class MemberColumns:
+    """Member -> aggregator, set-up round 0: its column names (the cuts need the same)."""
 
     columns: list[str]
-    features: list[FeatureSummaryBytes]
+
+
+@dataclass(frozen=True, slots=True)
+class RefineCells:
+    """Aggregator -> members: the cells of each feature to split for set-up round ``round``
+    (int32 LE cell indices per feature, ``workers.horizontal.grid``)."""
+
+    round: int
+    cells: list[bytes]
+
+    @property
+    def depth(self) -> int:
+        """The mailbox files a set-up round as a depth."""
+        return self.round
+
+
+@dataclass(frozen=True, slots=True)
+class RoundKey:
+    """Member -> aggregator: the key that removes the seals of one round's masked vectors,
+    sent only on the flow's word that every vector of the round is in."""
+
+    tree: int
+    depth: int
+    attempt: int
+    key: bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ import pika.exceptions as px
 
 from messages import TransportError
 from messages._pika import CONNECTION_ERRORS as _CONNECTION_ERRORS
-from messages._pika import close_quietly
+from messages._pika import close_channel_quietly, close_quietly, why_unreachable
 from messages._work_publisher import Publication, WorkPublisher
 from messages.chunks import (DEFAULT_MAX_PARTIALS, DEFAULT_PARTIAL_SECONDS, ORDINARY_ROOM,
                              FrameSigner, Manifest, Reassembly)
@@ -92,6 +92,13 @@ def delete_party_queues(url: str, parties: list[str], tls: TlsOptions | None = N
             channel.queue_delete(work_queue_of(party))
     finally:
         connection.close()
+
+
+def _host_of(url: str) -> str:
+    """'host:port' of an AMQP URL (default ports filled in), for messages."""
+    parts = urlsplit(url)
+    port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
+    return f"{parts.hostname or 'localhost'}:{port}"
 
 
 def holds_password(url: str | None) -> bool:
@@ -246,11 +253,16 @@ class RabbitTransport:
                 if problem is not None:  # waiting will not change a certificate
                     raise TransportError(f"{self.name}: broker {redact(self.url)}: "
                                          f"{problem}") from None
+                where, why = _host_of(self.url), why_unreachable(exc)
                 if time.monotonic() + delay > deadline:
-                    raise TransportError(f"{self.name}: cannot reach broker {redact(self.url)} "
-                                         f"after {self.reconnect_seconds:.0f} s: {exc!r}") from None
-                log.warning("%s: broker %s unreachable (%r); retrying in %.1f s", self.name,
-                            redact(self.url), exc, delay)
+                    raise TransportError(f"{self.name}: cannot reach the broker at {where} "
+                                         f"({why}) after {self.reconnect_seconds:.0f} s: is "
+                                         f"RabbitMQ running there, and is the URL "
+                                         f"(transport.url, FEDBOOST_AMQP_URL) right?") from None
+                log.warning("%s: cannot reach the broker at %s (%s); trying again in %.0f s, "
+                            "for %.0f s more (is RabbitMQ running there, and is the URL right?)",
+                            self.name, where, why, delay,
+                            max(0.0, deadline - time.monotonic()))
                 time.sleep(delay)
                 delay = min(delay * 2, 15.0)
 
@@ -309,7 +321,9 @@ class RabbitTransport:
         headers = props.headers or {}
         message_id = props.message_id or ""
         if message_id in self._completed:
-            log.info("%s: dropped a redelivered duplicate of %s", self.name, message_id)
+            self._chunks.rejections.refuse("duplicate", "", "dropped a redelivered duplicate of "
+                                           "%s", message_id, authenticated=False,
+                                           level=logging.INFO)
             self._ack([tag])
             return
         data_queue = headers.get("fb-data-queue")
@@ -324,8 +338,9 @@ class RabbitTransport:
                 self._ready.append(_Delivery(queue, b"", [tag], message_id, data_queue,
                                              count, digest))
             else:
-                log.warning("%s: dropped a malformed work ticket naming %r", self.name,
-                            data_queue)
+                self._chunks.rejections.refuse("malformed work ticket", "", "dropped a malformed "
+                                               "work ticket naming %r", data_queue,
+                                               authenticated=False)
                 self._ack([tag])
             return
         if headers.get("fb-count") is None:
@@ -629,9 +644,29 @@ class RabbitTransport:
             return 0
         return int(method.consumer_count) - (1 if self._work_tag is not None else 0)
 
+    def consumers(self, participant: str) -> int | None:
+        """How many processes consume ``participant``'s inbox now: 0 when no worker of that
+        party is connected (its inbox exists but nobody reads it, or it was never made);
+        None when the broker cannot be asked."""
+        try:
+            channel = self._connection.channel()  # a passive declare of a missing queue
+        except _CONNECTION_ERRORS:               # closes its channel: not ours
+            return None
+        try:
+            method = channel.queue_declare(queue_of(participant), durable=True,
+                                           passive=True).method
+            return int(method.consumer_count)
+        except px.ChannelClosedByBroker as exc:
+            return 0 if exc.reply_code == 404 else None
+        except _CONNECTION_ERRORS:
+            return None
+        finally:
+            close_channel_quietly(channel)
+
     def close(self) -> None:
         """Close the connections (after handing out submitted work); unacknowledged messages
         go back to their queues."""
+        self._chunks.rejections.flush(final=True)
         if self._publisher is not None:
             self._publisher.close()
             self._publisher = None

@@ -257,6 +257,23 @@ def _signed_bytes(signer: str, nonce: bytes, sent_at: float, body: bytes,
     return len(header).to_bytes(2, "big") + header + hashlib.sha256(body).digest()
 
 
+def claimed_signer(data: bytes) -> str:
+    """The signer a sealed message names, whether or not its signature holds ("" if none can
+    be read from its first bytes): for counting refusals by sender, never for trusting."""
+    unpacker = msgpack.Unpacker(raw=False, max_bin_len=64, max_str_len=64, max_array_len=0,
+                                max_map_len=len(_FIELDS_E2E))
+    unpacker.feed(data[:512])
+    try:
+        for _ in range(unpacker.read_map_header()):
+            if unpacker.unpack() == "signer":
+                signer = unpacker.unpack()
+                return signer if isinstance(signer, str) else ""
+            unpacker.skip()
+    except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on garbage
+        return ""
+    return ""
+
+
 def federation_sealers(names: list[str], *, end_to_end: bool = False) -> dict[str, Sealer]:
     """Fresh keys for a federation on one machine (the embedded default, tests): one sealer
     per party plus ``flow``, each trusting all of them."""

@@ -98,6 +98,14 @@ class MemoryHub:
                                helper=helper, n_helpers=self.helpers.get(name, 0),
                                claims=self.claims.get(name))
 
+    def close(self) -> None:
+        """The run is over: drop what the queues still hold. A queue keeps a thread that
+        flushes what this process sent into its pipe, and the process waits for it at exit:
+        into the inbox of a worker that died, it waited for ever."""
+        for queue_ in [*self.inboxes.values(), *self.work.values()]:
+            queue_.cancel_join_thread()
+            queue_.close()
+
     def recorded(self, settle: float = 1.0) -> list[tuple[str, str, bytes]]:
         """Everything recorded so far, once the tap has been quiet for ``settle`` seconds."""
         count = -1

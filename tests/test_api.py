@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import yaml
 
 import fedboost
 from flows.config import ConfigError, JobConfig, load_config
-from tests.scenarios import CONFIGS, DATA, REPO
+from tests.scenarios import CONFIGS, REPO
 
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
 PARTS = ("guest/model.json", "host/lookup.json")
@@ -100,22 +99,6 @@ def test_importing_fedboost_is_light() -> None:
                            "('prefect', 'flows', 'workers', 'numpy') if m in sys.modules))"],
                           capture_output=True, text=True, cwd=REPO, check=True)
     assert done.stdout.strip() == "[]"
-
-
-def test_readme_example_runs(tmp_path: Path) -> None:
-    """The README's Python API example, as written, against the shipped breast job."""
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Python API"):]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code is not None
-    (tmp_path / "configs").symlink_to(CONFIGS)  # its data paths resolve to ../shared/data
-    assert (DATA / "breast_hetero_guest.csv").is_file()
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
-    done = subprocess.run([sys.executable, "-c", code.group(1)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    assert "valid_auc" in done.stdout and (tmp_path / "runs" / "breast" / "scores.csv").is_file()
 
 
 def test_a_broker_password_is_cut_out_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from fedboost.broker import definitions, password_env, user_of
-from flows.config import (AnyJobConfig, HorizontalJobConfig, JobConfig, WorkerConfig, load_config,
-                          load_worker_config)
+from flows.config import (AnyJobConfig, ForestJobConfig, HorizontalJobConfig, JobConfig,
+                          SimflJobConfig, WorkerConfig, load_config, load_worker_config)
 from messages.rabbitmq import DEFAULT_CHUNK_BYTES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,8 +32,11 @@ PARTIES = {"guest": "worker-guest", "host": "worker-host", "host_1": "worker-hos
 PROFILE = "horizontal"
 PROFILED = {"worker-host-1", "worker-host-2", "worker-aggregator"}
 """The services only 'docker compose --profile horizontal' starts."""
-JOBS = {"vertical_secureboost": "/config/job.yaml", "horizontal": "/config/horizontal-job.yaml"}
+JOBS = {"vertical_secureboost": "/config/job.yaml", "horizontal": "/config/horizontal-job.yaml",
+        "vertical_random_forest": "/config/forest-job.yaml", "simfl": "/config/simfl-job.yaml"}
 """The runner's job file per protocol (each the default parameter of its deployment)."""
+IDENTITIES = {**{service: party for party, service in PARTIES.items()}, "runner": "flow"}
+"""Each service that holds a private key, and whose key it is."""
 PREFECT_AUTH = "FEDBOOST_PREFECT_AUTH_STRING"
 REQUIRED = {password_env(name) for name in [*PARTIES, "flow"]} | {PREFECT_AUTH}
 """The variables docker compose refuses to start without (compose interpolates every service,
@@ -72,6 +75,8 @@ def test_the_federation_has_every_service_with_health_and_restart() -> None:
         assert service.get("restart") == "unless-stopped", name
         health = service.get("healthcheck", {}).get("test")
         assert health and health[0] == "CMD", f"{name} has no health check"
+        # podman 4 joins a health check's words with spaces and splits them again
+        assert not [word for word in health if " " in word], name
         assert service.get("profiles", []) == ([PROFILE] if name in PROFILED else []), name
     for name in (*PARTIES.values(), "runner"):
         assert SERVICES[name]["depends_on"]["rabbitmq"]["condition"] == "service_healthy", name
@@ -82,7 +87,9 @@ def test_the_federation_has_every_service_with_health_and_restart() -> None:
     assert not PROFILED & set(SERVICES["runner"]["depends_on"])
     assert SERVICES["runner"]["command"][0] == "serve"
     dockerfile = (REPO / "Dockerfile").read_text()
-    assert 'ENTRYPOINT ["fedboost"]' in dockerfile and "USER fedboost" in dockerfile
+    assert 'ENTRYPOINT ["fedboost-entrypoint"]' in dockerfile and "USER fedboost" in dockerfile
+    for name in IDENTITIES:  # a worker's crash ends the container, which is restarted
+        assert SERVICES[name]["init"] is True, name
 
 
 def _mounts(service: str) -> dict[str, str]:
@@ -163,6 +170,17 @@ def test_the_runner_serves_one_deployment_per_protocol() -> None:
         assert all(party.data is None for party in job.parties.values())  # no paths sent
     assert isinstance(_runner_jobs()["vertical_secureboost"], JobConfig)
     assert isinstance(_runner_jobs()["horizontal"], HorizontalJobConfig)
+    assert isinstance(_runner_jobs()["vertical_random_forest"], ForestJobConfig)
+    assert isinstance(_runner_jobs()["simfl"], SimflJobConfig)
+
+
+def test_a_silent_party_fails_a_shipped_job_within_minutes() -> None:
+    # a worker stopped by hand ('docker kill') is not restarted under any policy: the run names
+    # it after step_timeout rather than waiting the default hour
+    for protocol, job in _runner_jobs().items():
+        assert job.transport.step_timeout <= 600, protocol
+        for party in job.parties:
+            assert _worker_file(party).max_message_age > job.transport.step_timeout
 
 
 def test_each_job_asks_only_what_its_parties_workers_serve() -> None:
@@ -182,15 +200,17 @@ def test_each_job_asks_only_what_its_parties_workers_serve() -> None:
             assert (data.id, data.label) == (entry.id, entry.label), (protocol, name)
             columns = _header(name, worker.data_files()[name_of_set])
             assert entry.id in columns and (entry.label is None or entry.label in columns)
-    horizontal = jobs["horizontal"]
-    assert isinstance(horizontal, HorizontalJobConfig)
-    headers = {tuple(_header(m, _worker_file(m).data_files()[horizontal.parties[m].dataset or
-                                                         "default"]))
-               for m in horizontal.members}
-    assert len(headers) == 1  # members hold the same columns
-    # the profile starts every party of the horizontal job that the vertical job lacks
     vertical = jobs["vertical_secureboost"]
-    assert {PARTIES[p] for p in horizontal.parties if p not in vertical.parties} == PROFILED
+    for protocol in ("horizontal", "simfl"):
+        rows = jobs[protocol]
+        assert isinstance(rows, HorizontalJobConfig | SimflJobConfig)
+        headers = {tuple(_header(m, _worker_file(m).data_files()[rows.parties[m].dataset or
+                                                             "default"]))
+                   for m in rows.members}
+        assert len(headers) == 1, protocol  # members hold the same columns
+        # the profile starts every party of the row-partitioned jobs that the vertical one lacks
+        assert {PARTIES[p] for p in rows.parties if p not in vertical.parties} == PROFILED
+    assert set(jobs["vertical_random_forest"].parties) == set(vertical.parties)
     assert not PROFILED & {PARTIES[p] for p in vertical.parties}
 
 
@@ -209,14 +229,15 @@ def test_every_worker_and_job_file_under_deploy_is_valid_and_mounted() -> None:
 
 
 def test_each_service_mounts_only_its_own_signing_key() -> None:
-    identities = {**{service: party for party, service in PARTIES.items()}, "runner": "flow"}
-    for service, identity in identities.items():
-        keys = {c: h for c, h in _mounts(service).items() if c.startswith("/keys/")}
-        private = [c for c in keys if c.endswith(".key")]
-        assert private == [f"/keys/{identity}.key"], (service, private)
-        assert keys[private[0]] == f"./deploy/keys/{identity}.key"
-        assert {c for c in keys if c.endswith(".pub")} == \
-            {f"/keys/{name}.pub" for name in [*PARTIES, "flow"]}
+    for service, identity in IDENTITIES.items():
+        mounts = _mounts(service)
+        private = [c for c in mounts if c.endswith(".key")]
+        # under /secrets: deploy/entrypoint.sh copies them to /keys and /tls for fedboost alone
+        assert sorted(private) == [f"/secrets/keys/{identity}.key",
+                                   f"/secrets/tls/{identity}.key"], (service, private)
+        assert mounts[private[0]] == f"./deploy/keys/{identity}.key"
+        keys = {c: h for c, h in mounts.items() if c.startswith("/keys/")}
+        assert set(keys) == {f"/keys/{name}.pub" for name in [*PARTIES, "flow"]}
     for party in PARTIES:
         assert str(_worker_file(party).signing.key_dir) == "/keys"
     for job in _runner_jobs().values():
@@ -235,20 +256,27 @@ def test_the_broker_speaks_only_tls_and_requires_client_certificates() -> None:
     assert _conf("ssl_options.verify") == "verify_peer"
     assert _conf("ssl_options.fail_if_no_peer_cert") == "true"
     mounts = _mounts("rabbitmq")
-    for key, file in (("cacertfile", "ca.pem"), ("certfile", "server.pem"),
-                      ("keyfile", "server.key")):
+    for key, file in (("cacertfile", "ca.pem"), ("certfile", "server.pem")):
         assert mounts[_conf(f"ssl_options.{key}")] == f"./deploy/tls/{file}"
+    # the private key: mounted under /secrets, copied to the keyfile for the user rabbitmq alone
+    assert mounts["/secrets/tls/server.key"] == "./deploy/tls/server.key"
+    assert not [c for c in mounts if c.endswith(".key") and not c.startswith("/secrets/")]
+    entrypoint = SERVICES["rabbitmq"]["entrypoint"]
+    script = (REPO / mounts[f"/usr/local/bin/{entrypoint[0]}"]).read_text()
+    assert (f"install -D -o rabbitmq -g rabbitmq -m 0400 /secrets/tls/server.key "
+            f"{_conf('ssl_options.keyfile')}\n") in script
+    assert "exec docker-entrypoint.sh" in script  # the image's own, which drops to rabbitmq
     assert all(v.endswith(":ro") for v in SERVICES["rabbitmq"]["volumes"] if "/tls/" in v)
 
 
 def test_each_party_presents_only_its_own_client_certificate_over_amqps() -> None:
-    identities = {**{service: party for party, service in PARTIES.items()}, "runner": "flow"}
-    for service, identity in identities.items():
-        volumes = [v for v in SERVICES[service]["volumes"] if ":/tls/" in v]
+    for service, identity in IDENTITIES.items():
+        volumes = [v for v in SERVICES[service]["volumes"] if "/tls/" in v]
         assert volumes and all(v.endswith(":ro") for v in volumes), service
-        assert {c: h for c, h in _mounts(service).items() if c.startswith("/tls/")} == {
+        assert {c: h for c, h in _mounts(service).items() if "/tls/" in c} == {
             "/tls/ca.pem": "./deploy/tls/ca.pem", f"/tls/{identity}.pem":
-            f"./deploy/tls/{identity}.pem", f"/tls/{identity}.key": f"./deploy/tls/{identity}.key"}
+            f"./deploy/tls/{identity}.pem",
+            f"/secrets/tls/{identity}.key": f"./deploy/tls/{identity}.key"}
         url = SERVICES[service]["environment"]["FEDBOOST_AMQP_URL"]
         assert url.startswith("amqps://") and "@rabbitmq:5671/" in url, service
         if service == "runner":
@@ -321,3 +349,42 @@ def test_broker_keeps_guest_on_loopback() -> None:
     conf = (REPO / _mounts("rabbitmq")["/etc/rabbitmq/rabbitmq.conf"]).read_text()
     settings = [line for line in conf.splitlines() if line and not line.startswith("#")]
     assert not [line for line in settings if line.startswith("loopback_users")]
+
+
+def test_keys_are_handed_to_each_service_user_by_its_entry_point() -> None:
+    entrypoint = (REPO / "deploy" / "entrypoint.sh").read_text()
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "COPY deploy/entrypoint.sh /usr/local/bin/fedboost-entrypoint" in dockerfile
+    assert 'install -D -o fedboost -g fedboost -m 0400 "$secret" "${secret#/secrets}"' in entrypoint
+    assert entrypoint.rstrip().endswith('exec setpriv --reuid=fedboost --regid=fedboost '
+                                        '--init-groups --no-new-privs "$@"')
+    for name, service in SERVICES.items():
+        secrets = [c for c in _mounts(name) if c.startswith("/secrets/")]
+        # root only where there is a key to hand over; the Prefect server never is
+        assert (service.get("user") == "root") == (name in IDENTITIES), name
+        assert bool(secrets) == (name in IDENTITIES or name == "rabbitmq"), name
+        assert "entrypoint" not in service or name == "rabbitmq", name
+        assert all(v.endswith(":ro") for v in service.get("volumes", []) if "/secrets/" in v)
+
+
+def test_no_key_certificate_run_or_model_enters_the_build_context() -> None:
+    rules = [line for line in (REPO / ".dockerignore").read_text().splitlines()
+             if line and not line.startswith("#")]
+    assert rules[0] == "*"  # everything is out, but for what the Dockerfile copies
+    allowed = {rule[1:] for rule in rules if rule.startswith("!")}
+    assert allowed == {"pyproject.toml", "README.md", "boosting", "crypto", "messages", "workers",
+                       "flows", "fedboost", "deploy/entrypoint.sh", "deploy/healthcheck.py"}
+    copied = re.findall(r"^COPY (\S+)", (REPO / "Dockerfile").read_text(), re.M)
+    assert {c for c in copied} <= allowed | {"pyproject.toml"}
+
+
+def test_only_the_prefect_ui_is_published_and_on_loopback() -> None:
+    published = {name: service["ports"] for name, service in SERVICES.items()
+                 if service.get("ports")}
+    # no management page: no user of the definitions may log in to one
+    assert published == {"prefect-server": ["127.0.0.1:4200:4200"]}
+    assert not SERVICES["rabbitmq"]["image"].endswith("-management")
+    server = SERVICES["prefect-server"]
+    assert server["environment"]["PREFECT_UI_STATIC_DIRECTORY"].startswith(
+        server["environment"]["PREFECT_HOME"] + "/")  # the UI's files where the server may write
+    assert _mounts("prefect-server")[server["environment"]["PREFECT_HOME"]] == "prefect-data"

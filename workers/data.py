@@ -41,16 +41,18 @@ class PartyData:
 def load_party_data(party: str, path: Path | str, id_column: str, label: str | None,
                     *, require_label: bool, columns: list[str] | None = None,
                     categorical: list[str] | None = None,
-                    categories: Mapping[str, Sequence[str]] | None = None) -> PartyData:
+                    categories: Mapping[str, Sequence[str]] | None = None,
+                    rows: int | None = None) -> PartyData:
     """Read and validate one party's file: Parquet (``.parquet``, ``.pq``) or CSV.
 
     Empty cells, nulls and NA/NaN are missing values; anything else must be a number, except in
     columns declared ``categorical``, which this party encodes itself (:func:`encode_categories`).
     ``categories`` gives such columns fixed codes (a saved model part's: prediction codes rows
     as training did). ``columns`` restricts the features to those named (in that order).
+    ``rows`` reads only the first this-many rows (a quick check of a file before a job).
     """
     where = f"party {party}: file {path}"
-    table = read_table(where, path)
+    table = read_table(where, path, rows)
     header = table.header
     if id_column not in header:
         raise DataError(f"{where}: no id column {id_column!r} (columns: {', '.join(header)})")

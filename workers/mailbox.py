@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from messages.envelope import MsgType
+from messages.envelope import Envelope, MsgType
 from workers import NotReady
 
 MailKey = tuple[MsgType, str, int, int]
@@ -21,6 +21,20 @@ tree's gradient chunks (4096 ciphertexts, 2 MiB each at 2048 bits: 512 bytes a r
 level's histograms or answers: 4 GiB holds the gradients of 8 million rows."""
 JOB_MAIL = (32768, 8 << 30)
 """Messages and bytes all senders together may have waiting in one job's mailbox."""
+
+
+def mail_key(env: Envelope) -> MailKey:
+    """Where a peer message is filed: its kind, sender, and the tree and depth (or batch,
+    round, PSI stage) its body names; -1 for what a body does not name."""
+    tree = getattr(env.body, "tree", -1)
+    depth = getattr(env.body, "depth", -1)
+    if env.kind in (MsgType.DECISIONS, MsgType.DECISION_REQUEST, MsgType.PATH_DECISIONS):
+        tree = env.body.batch
+    if env.kind == MsgType.ROUND_DECISIONS:
+        tree = env.body.round
+    if env.kind == MsgType.PSI_POINTS:
+        depth = env.body.stage
+    return (env.kind, env.sender, tree, depth)
 
 
 @dataclass(slots=True)

@@ -34,6 +34,13 @@ class PartyPolicy:
     predict_modes: tuple[str, ...] = ("path",)
     """Prediction modes a passive party answers: ``path`` reveals only the decisions on each
     row's path; ``batched`` reveals all its decisions for every row to the active party."""
+    pack_bin_sums: tuple[str, ...] = ("key_holder", "passive")
+    """Who may fold a passive party's encrypted bin sums (the job's ``crypto.pack_bin_sums``):
+    ``key_holder``, the faster, has it send one sum per ciphertext, each a whole plaintext to
+    the key holder; ``passive`` alone has it fold them itself under random high bits, so a
+    decryption shows only the bits honest sums fill. Against an active party that encrypts
+    chosen values (``2**i`` for row i) in place of gradients, ``passive`` alone cuts what each
+    decrypted sum shows from ``n_bits`` to ``cell_bits`` (docs/threat-model.md)."""
     roles: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Per protocol, the only roles this party takes (a protocol not named here: any)."""
 
@@ -61,6 +68,15 @@ def check_protocol(policy: PartyPolicy, party: str, protocol: str) -> None:
     if protocol not in policy.protocols:
         raise PolicyError(f"party {party} refuses protocol {protocol!r}: its policy allows "
                           f"{', '.join(policy.protocols)}")
+
+
+def check_bin_sum_packer(policy: PartyPolicy, party: str, packer: str, why: str) -> None:
+    """Refuse bin sums folded by a party the policy does not allow (``pack_bin_sums``)."""
+    if packer not in policy.pack_bin_sums:
+        raise PolicyError(f"party {party} refuses to send its bin sums for the key holder to "
+                          f"fold ({why}): its policy (pack_bin_sums) allows "
+                          f"{', '.join(policy.pack_bin_sums)} only; set the job's "
+                          f"crypto.pack_bin_sums: passive")
 
 
 def check_key_bits(policy: PartyPolicy, party: str, key_bits: int, what: str) -> None:

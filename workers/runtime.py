@@ -2,7 +2,8 @@
 
 Commands from the flow run a handler and get exactly one reply. Peer messages (ciphertexts,
 instance spaces) are filed in the job's mailbox; a handler that needs one that has not arrived
-raises ``NotReady`` and its command is retried whenever new peer data comes in. A role may also
+raises ``NotReady`` and its command is retried whenever new peer data comes in. Peer messages
+that come before their job's opener are kept for it (``workers.early_mail``). A role may also
 act on a peer message as it is filed (an ``Arrival``: get ready for the step that will need it);
 that answers nothing, and what fails there is left for the step to find and answer. A handler's
 failure becomes an ``ErrorReply``; the worker keeps serving.
@@ -27,15 +28,17 @@ from typing import Any
 
 from boosting import BoostingError
 from crypto import CryptoError
-from messages import DecodeError, MessageError
+from messages import DecodeError, MessageError, UnknownMessageType
 from messages.bodies import ErrorReply
 from messages.envelope import (COMMANDS, OPENERS, TRANSIENT, UNRECORDED, WORK, Envelope,
                                MsgType)
-from messages.signing import CLOCK_SKEW_SECONDS, Sealer, is_flow
+from messages.rejections import RejectionLog
+from messages.signing import CLOCK_SKEW_SECONDS, ForgedMessage, Sealer, claimed_signer, is_flow
 from messages.transport import Transport
 from workers import DataError, NotReady, ProtocolError
 from workers.answered import AnsweredRecord
-from workers.mailbox import MailKey, Mailbox
+from workers.early_mail import EARLY_SECONDS, EarlyMail
+from workers.mailbox import Mailbox, mail_key
 from workers.policy import PartyPolicy, PolicyError
 
 log = logging.getLogger("fedboost.worker")
@@ -214,19 +217,6 @@ class Protocol:
     roles: dict[str, RoleSteps]
     work: dict[MsgType, Handler] = field(default_factory=dict)
 
-# Mail keys need the tree/depth of each peer message; bodies without them file under -1.
-def _mail_key(env: Envelope) -> MailKey:
-    tree = getattr(env.body, "tree", -1)
-    depth = getattr(env.body, "depth", -1)
-    if env.kind in (MsgType.DECISIONS, MsgType.DECISION_REQUEST, MsgType.PATH_DECISIONS):
-        tree = env.body.batch
-    if env.kind == MsgType.ROUND_DECISIONS:
-        tree = env.body.round
-    if env.kind == MsgType.PSI_POINTS:
-        depth = env.body.stage
-    return (env.kind, env.sender, tree, depth)
-
-
 @dataclass(slots=True)
 class _Pending:
     env: Envelope
@@ -284,6 +274,7 @@ class Worker:
                  exit_on_close: bool = False,
                  peer_timeout: float = DEFAULT_PEER_TIMEOUT,
                  idle_job_seconds: float = IDLE_JOB_SECONDS,
+                 early_mail_seconds: float = EARLY_SECONDS,
                  health_file: str | None = None) -> None:
         self.party = party
         self.health_file = Path(health_file) if health_file else None
@@ -298,6 +289,14 @@ class Worker:
         """Signs what this worker sends; verifies and de-duplicates what it receives."""
         self.exit_on_close = exit_on_close
         self.jobs: dict[str, _Job] = {}
+        self.rejections = RejectionLog(log, party.name)
+        """Refused messages, logged within budgets, with summaries (``messages.rejections``)."""
+        self._in_steps = 0.0
+        """Seconds spent in steps: the early-mail clock stands still meanwhile (an opener may
+        wait in the queue behind another job's long step)."""
+        self.early = EarlyMail(party.name, self.rejections, early_mail_seconds,
+                               lambda: time.monotonic() - self._in_steps)
+        """Peer messages of jobs (or sessions) not open yet (``workers.early_mail``)."""
         self._answered: AnsweredRecord | None = None
         self._stopping = False
         self._last_retry = time.monotonic()
@@ -322,7 +321,15 @@ class Worker:
             self._expire_pending()
             self._retry_waiting()
             self._drop_idle_jobs()
+            self.early.expire()
+            self.rejections.flush()
             self._beat()
+        self.rejections.flush(final=True)
+        if self.jobs:  # stopped mid-job (Ctrl-C, SIGTERM): say so, once (a single-job
+            # worker, the embedded default's, is stopped by the command that says so itself)
+            log.log(logging.INFO if self.exit_on_close else logging.WARNING,"worker %s stops with %d job(s) unfinished: %s; its checkpoints stay, "
+                        "and a worker started again resumes them when their flow asks",
+                        self.party.name, len(self.jobs), ", ".join(sorted(self.jobs)))
         for job in self.jobs.values():  # their crypto processes go now, not at exit
             job.discard()
         self.jobs.clear()
@@ -341,8 +348,9 @@ class Worker:
         """A command this party answered before, also before a restart: refused, logged."""
         if (env.job, env.task) not in self.answered:
             return False
-        log.warning("%s: rejected replayed %s %s of job %r (answered before)", self.party.name,
-                    env.kind.name, env.task, env.job)
+        self.rejections.refuse("replayed command", env.sender, "rejected replayed %s %s of job "
+                               "%r (answered before)", env.kind.name, env.task, env.job,
+                               authenticated=True)
         return True
 
     def _record(self, env: Envelope) -> None:
@@ -395,21 +403,27 @@ class Worker:
         try:
             env = self.sealer.open(data)
         except MessageError as exc:  # malformed, forged, unknown signer, replayed
-            log.warning("%s: rejected message: %s", self.party.name, exc)
+            signer = claimed_signer(data)
+            reason = ("forged or replayed" if isinstance(exc, ForgedMessage) else "unknown kind"
+                      if isinstance(exc, UnknownMessageType) else "malformed" if signer
+                      else "unsigned or unreadable")
+            self.rejections.refuse(reason, signer, "rejected message: %s", exc,
+                                   authenticated=False)
             return
         if env.recipient != self.party.name:
-            log.warning("%s: rejected message addressed to %r", self.party.name, env.recipient)
+            self._refuse(env, "misaddressed", "rejected message addressed to %r", env.recipient)
             return
         own = env.sender == self.party.name
         if env.kind in WORK:
             if not own:
-                log.warning("%s: rejected %s work from %r", self.party.name, env.kind.name, env.sender)
+                self._refuse(env, "work from another party", "rejected %s work from %r",
+                             env.kind.name, env.sender)
                 return
             self._run(_Job(RoleSteps(self.work)), env)  # shards carry all they need: no job state
             return
         if env.kind in COMMANDS and not is_flow(env.sender):
-            log.warning("%s: rejected %s from %r: commands come from flows", self.party.name,
-                        env.kind.name, env.sender)
+            self._refuse(env, "command from a party", "rejected %s from %r: commands come from "
+                         "flows", env.kind.name, env.sender)
             return
         if env.kind in COMMANDS and env.kind not in UNRECORDED and self._replayed(env):
             # before anything: a replayed opener must not even replace the open job. A
@@ -426,27 +440,30 @@ class Worker:
                     f"restarted?)", False, state_lost=True))
             return
         session = session_of(env.task)
-        if env.kind in OPENERS and (env.job not in self.jobs
-                                    or self.jobs[env.job].session != session):
-            # a new flow session (a resumed or recovering run) starts the job afresh
+        opening = env.kind in OPENERS and (env.job not in self.jobs
+                                           or self.jobs[env.job].session != session)
+        if opening:  # a new flow session (a resumed or recovering run) starts the job afresh
             opened = self._open(env, session)
             if opened is None:
                 return
             if env.job in self.jobs:
                 self.jobs.pop(env.job).discard()
             self.jobs[env.job] = opened
-        if env.job not in self.jobs:  # late, early or forged: nothing to file it under
-            log.warning("%s: %s for unknown job %r", self.party.name, env.kind.name, env.job)
+            self.early.opened(env.job, session)
+        job = self.jobs.get(env.job)
+        if self.early.keep(env, session, len(data), job.session if job else None):
+            return  # a peer's message that came before this party's opener
+        if job is None:  # late or forged: nothing to file it under
+            self._refuse(env, "unknown job", "%s for unknown job %r", env.kind.name, env.job)
             if env.kind in COMMANDS:  # e.g. this worker restarted: the flow can resume the job
                 self._reply(env, MsgType.ERROR, ErrorReply(
                     self.party.name, env.kind.name, f"job {env.job!r} is not open here (worker "
                     f"restarted?)", False, state_lost=True))
             return
-        job = self.jobs[env.job]
         job.last_seen = time.monotonic()
         if session != job.session:  # sent before the job was reopened: its step is over
-            log.info("%s: dropped %s of another session of job %r", self.party.name,
-                     env.kind.name, env.job)
+            self._refuse(env, "stale session", "dropped %s of another session of job %r",
+                         env.kind.name, env.job, level=logging.INFO)
             if env.kind in COMMANDS:  # a flow still running beside a newer one: stop it
                 self._reply(env, MsgType.ERROR, ErrorReply(
                     self.party.name, env.kind.name, f"job {env.job!r} was reopened by another "
@@ -454,8 +471,8 @@ class Worker:
             return
         if env.kind in COMMANDS:
             if env.task in job.done:
-                log.warning("%s: rejected replayed %s %s of job %r", self.party.name,
-                            env.kind.name, env.task, env.job)
+                self._refuse(env, "replayed command", "rejected replayed %s %s of job %r",
+                             env.kind.name, env.task, env.job)
                 return
             if any(p.env.task == env.task for p in job.pending):
                 return  # the same step again while it waits: one answer will come
@@ -464,19 +481,37 @@ class Worker:
                     self.party.name, env.kind.name, f"{MAX_PENDING} steps already wait", False))
                 return
             self._run(job, env)
+            if opening:  # what its peers sent before the opener, as if it came now
+                early = self.early.release(env.job, session)
+                for peer_env, size in early:
+                    self._file(job, peer_env, size, retry=False)
+                if early:
+                    self._retry_pending(job)
         elif env.kind == MsgType.ERROR and own:
             self._fail_pending(job, env)  # a helper process failed a shard of a waiting step
-        elif not (own or env.sender in job.parties):
-            log.warning("%s: rejected %s from %r: not a party of job %r", self.party.name,
-                        env.kind.name, env.sender, env.job)
         else:
-            full = job.mailbox.put(_mail_key(env), env.body, len(data))
-            if full:
-                log.warning("%s: dropped %s from %r of job %r: mailbox full, %s",
-                            self.party.name, env.kind.name, env.sender, env.job, full)
-                return
-            self._arrived(job, env)
+            self._file(job, env, len(data))
+
+    def _file(self, job: _Job, env: Envelope, size: int, *, retry: bool = True) -> None:
+        """File a peer message of the job in its mailbox and let waiting steps try again."""
+        if not (env.sender == self.party.name or env.sender in job.parties):
+            self._refuse(env, "not a party of the job", "rejected %s from %r: not a party of "
+                         "job %r", env.kind.name, env.sender, env.job)
+            return
+        full = job.mailbox.put(mail_key(env), env.body, size)
+        if full:
+            self._refuse(env, "mailbox full", "dropped %s from %r of job %r: mailbox full, %s",
+                         env.kind.name, env.sender, env.job, full)
+            return
+        self._arrived(job, env)
+        if retry:
             self._retry_pending(job)
+
+    def _refuse(self, env: Envelope, reason: str, message: str, *args: object,
+                level: int = logging.WARNING) -> None:
+        """Log a refused message whose signature verified (``messages.rejections``)."""
+        self.rejections.refuse(reason, env.sender, message, *args, authenticated=True,
+                               level=level)
 
     def _open(self, env: Envelope, session: str) -> _Job | None:
         """A job for an opener: its protocol's steps for the role the job gives this party.
@@ -555,6 +590,7 @@ class Worker:
             if reply is None and env.kind not in WORK:
                 raise TypeError(f"step {env.kind.name} returned no reply")
         except NotReady as waiting:
+            self._in_steps += time.perf_counter() - start
             job.pending.append(_Pending(env, first_try, str(waiting)))
             return
         except USER_ERRORS as exc:
@@ -570,6 +606,7 @@ class Worker:
             log.error("%s: %s crashed:\n%s", self.party.name, env.kind.name, traceback.format_exc())
             reply = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name,
                                               f"internal error: {exc!r}", False)
+        self._in_steps += time.perf_counter() - start
         if ctx.state is not None:
             job.state = ctx.state
         waited = f" (first tried {time.monotonic() - since:.3f}s ago)" if since else ""

@@ -59,7 +59,10 @@ class LevelData:
             sums += _node_histogram(self.codes[lo:hi][:, features], np.arange(lo, hi),
                                     self.ciphertexts, self.n_bins, self.public.nsquare)
         filled = np.array([c != 1 for c in sums], dtype=bool)  # 1 is the trivial E(0): empty
-        packed = self.packing.pack([c for c in sums if c != 1], self.public.nsquare)
+        # folded here, the bits above the sums are random; one per ciphertext, the key holder
+        # folds them and needs them whole
+        packed = self.packing.pack([c for c in sums if c != 1], self.public.nsquare,
+                                   self.public.n if self.packing.per_ciphertext > 1 else None)
         return filled, ciphertexts_to_bytes(packed, self.public)
 
 

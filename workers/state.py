@@ -42,7 +42,8 @@ class JobState:
     """Raw features of the rows scored federatedly (validation rows, or rows to predict)."""
     role_state: Any = None
     paths: Any = None
-    """The active party's path-mode walk of the batch being scored (``workers.vertical.paths``)."""
+    """The active party's path-mode walk of the batch being scored; a passive party's digest
+    of each level it answered (``workers.vertical.paths``)."""
     digest: str = ""
     """The job spec and this party's data, as checkpoints record them (training jobs)."""
     data_file: str = ""

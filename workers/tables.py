@@ -8,6 +8,7 @@ twin gives. Errors name the party and file, never a cell's value.
 from __future__ import annotations
 
 import csv
+import itertools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,15 +68,17 @@ def is_parquet(path: Path | str) -> bool:
     return Path(path).suffix.lower() in PARQUET_SUFFIXES
 
 
-def read_table(where: str, path: Path | str) -> Table:
-    """Read ``path`` as Parquet or CSV (by extension); ``where`` names party and file."""
-    return _read_parquet(where, path) if is_parquet(path) else _read_csv(where, path)
+def read_table(where: str, path: Path | str, rows: int | None = None) -> Table:
+    """Read ``path`` as Parquet or CSV (by extension); ``where`` names party and file;
+    ``rows``: only the first this-many data rows."""
+    return _read_parquet(where, path, rows) if is_parquet(path) else _read_csv(where, path, rows)
 
 
-def _read_csv(where: str, path: Path | str) -> Table:
+def _read_csv(where: str, path: Path | str, limit: int | None) -> Table:
     try:
         with open(path, newline="", encoding="utf-8") as handle:
-            rows = list(csv.reader(handle))
+            lines = csv.reader(handle)
+            rows = list(lines if limit is None else itertools.islice(lines, limit + 1))
     except FileNotFoundError:
         raise DataError(f"{where}: not found") from None
     except UnicodeDecodeError as exc:  # its text quotes the undecodable bytes
@@ -96,14 +99,20 @@ def _read_csv(where: str, path: Path | str) -> Table:
     return Table(header=header, columns=columns, first_row=2)
 
 
-def _read_parquet(where: str, path: Path | str) -> Table:
+def _read_parquet(where: str, path: Path | str, limit: int | None) -> Table:
     import pyarrow as pa  # only Parquet files pay for importing it
     import pyarrow.parquet as pq
 
     if not Path(path).exists():
         raise DataError(f"{where}: not found")
     try:
-        table = pq.read_table(path)
+        if limit is None:
+            table = pq.read_table(path)
+        else:
+            parquet = pq.ParquetFile(path)
+            first = next(parquet.iter_batches(batch_size=max(limit, 1)), None)
+            table = (pa.Table.from_batches([first]) if first is not None
+                     else parquet.schema_arrow.empty_table())
     except (OSError, pa.ArrowException) as exc:
         raise DataError(f"{where}: cannot read as Parquet ({type(exc).__name__})") from None
     header = [str(name).strip() for name in table.column_names]

@@ -167,3 +167,26 @@ def test_bad_layouts_and_plaintexts_are_rejected(keypair_1024) -> None:  # type:
         pack_bin_sums(b"\x02" * (public.ciphertext_bytes + 1), public, packing)
     with pytest.raises(CryptoError):  # zero is no ciphertext
         pack_bin_sums(bytes(public.ciphertext_bytes), public, packing)
+
+
+def test_random_high_bits_hide_all_but_the_sums(
+        keypair_1024: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
+    # Prepare: 7 sums of 100-bit cells, 10 per 1024-bit plaintext: one short run; chosen
+    # plaintexts far wider than a cell, as a key holder that encrypted 2**i for row i would
+    public, private = keypair_1024
+    packing = BinSumPacking(cell_bits=100, per_ciphertext=10)
+    honest = private.encrypt_batch([k + 1 for k in range(7)])
+    chosen = private.encrypt_batch([(1 << 300) + k for k in range(7)])  # top sum: bit 900
+    # Execute
+    masked = [packing.pack(honest, public.nsquare, public.n) for _ in range(2)]
+    seen = [[int(m) for m in private.decrypt_batch(packing.pack(chosen, public.nsquare, public.n))]
+            for _ in range(2)]
+    # Assert: the sums read as before; above them, fresh random bits each time
+    for packed in masked:
+        assert packing.unpack(private.decrypt_batch(packed), 7, masked=True) == list(range(1, 8))
+    with pytest.raises(OverflowRiskError):
+        packing.unpack(private.decrypt_batch(masked[0]), 7)
+    assert seen[0][0] % (1 << 700) == seen[1][0] % (1 << 700)
+    assert seen[0][0] >> 700 != seen[1][0] >> 700  # bit 900 of the top sum is lost
+    unmasked = int(private.decrypt_batch(packing.pack(chosen, public.nsquare))[0])
+    assert unmasked >> 900 & 1  # folded without them, it shows

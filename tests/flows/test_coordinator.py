@@ -1,13 +1,17 @@
-"""The flow's coordinator: calls in flight give up at once when a party lost the job's state."""
+"""The flow's coordinator: calls in flight give up at once when a party lost the job's state
+or is gone, and a step that keeps waiting says for whom."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+import uuid
 
 import pytest
 
-from flows._tasks import Coordinator, PartyError, StepTimeout
+from flows._tasks import Coordinator, PartyError, PartyGone, StepTimeout
+from flows.progress import PartiesSilent, listening
 from messages.bodies import ErrorReply, Step
 from messages.envelope import MsgType
 from messages.signing import federation_sealers
@@ -48,3 +52,67 @@ def test_calls_in_flight_give_up_when_a_party_lost_the_state() -> None:
     coord.timeout = 0.5
     with pytest.raises(StepTimeout):
         coord.call(["guest"], MsgType.BUILD_HISTOGRAMS, Step(0, 1), "build_histograms/t1")
+
+
+def test_a_step_says_whom_it_waits_for_and_fails_at_once_when_a_party_is_gone() -> None:
+    """A silent party is named after ``first_notice`` seconds and again every
+    ``notice_every`` (on the progress listener, the command line's bar or lines), with what is
+    known of every party of the job (the silent one may wait for another's peer messages); a
+    party whose worker is known to have stopped ends the step at once, naming it."""
+    hub = MemoryHub(["flow", "guest", "host"])
+    sealers = federation_sealers(["guest", "host"])
+    gone: dict[str, str] = {}
+    coord = Coordinator("job", hub.endpoint("flow"), sealers["flow"], timeout=600,
+                        parties=("guest", "host"),
+                        gone=lambda parties: {p: gone[p] for p in parties if p in gone},
+                        presence=lambda parties: {"host": "its worker process is stopped"},
+                        first_notice=0.5, notice_every=1.0)
+    heard: list[object] = []
+    outcome: list[BaseException] = []
+
+    def step() -> None:  # guest waits for host's peer messages, say
+        try:
+            coord.call(["guest"], MsgType.BROADCAST_NODES, Step(2, 1), "broadcast_nodes/t2/d1")
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            outcome.append(exc)
+
+    with listening("job", heard.append):
+        waiting = threading.Thread(target=step)
+        waiting.start()
+        time.sleep(2.2)
+        gone["host"] = "its worker process was killed by signal SIGKILL"
+        started = time.monotonic()
+        waiting.join(10)
+    assert not waiting.is_alive() and time.monotonic() - started < 3
+    silent = [e for e in heard if isinstance(e, PartiesSilent)]
+    assert len(silent) == 2, heard  # at 0.5 s and at 1.5 s
+    assert silent[0].parties == ("guest",) and silent[1].waited > silent[0].waited
+    assert re.fullmatch(r"waiting [01] s \(since \d\d:\d\d:\d\d\) for guest to answer "
+                        r"broadcast_nodes \(tree 2, depth 1\); host: its worker process is "
+                        r"stopped", silent[0].text()), silent[0].text()
+    assert isinstance(outcome[0], PartyGone) and outcome[0].missing == ["host"]
+    assert str(outcome[0]) == ("party host: its worker process was killed by signal SIGKILL "
+                               "while the flow waited for guest to answer broadcast_nodes "
+                               "(tree 2, depth 1)")
+
+
+def test_over_rabbitmq_a_silent_party_without_a_worker_is_named_so(rabbit_url: str) -> None:
+    """The flow asks the broker whether anybody consumes a silent party's queue."""
+    from flows._tasks import _unconsumed
+    from messages.rabbitmq import RabbitTransport, delete_party_queues
+
+    tag = uuid.uuid4().hex[:6]
+    flow = RabbitTransport(f"flow.{tag}", rabbit_url, party=False)
+    here = RabbitTransport(f"here{tag}", rabbit_url, party=True)  # a connected worker's queue
+    gone = RabbitTransport(f"gone{tag}", rabbit_url, party=True)
+    gone.close()  # its queue stays; nobody consumes it
+    try:
+        assert _unconsumed(flow, [f"here{tag}", f"gone{tag}", f"never{tag}"]) == {
+            f"gone{tag}": "no worker of it is connected to the broker",
+            f"never{tag}": "no worker of it is connected to the broker"}
+        assert flow.consumers(f"here{tag}") == 1
+    finally:
+        here.close()
+        flow.delete_inbox()
+        flow.close()
+        delete_party_queues(rabbit_url, [f"here{tag}", f"gone{tag}"])

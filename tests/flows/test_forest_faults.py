@@ -5,6 +5,7 @@ kept (never grown again); the forest scores as the uninterrupted one does."""
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import time
 from collections import Counter
@@ -18,6 +19,7 @@ from fedboost.embedded import train_embedded
 from flows.config import load_config
 from messages.rabbitmq import delete_party_queues
 from messages.signing import write_key_pair
+from workers.checkpoint import KEY_FILE
 from tests.flows.test_faults import Federation, _finish, _wait_for
 from tests.scenarios import REPO
 
@@ -89,11 +91,15 @@ def test_passive_worker_killed_mid_forest_and_restarted(forest_federation: Fores
     assert metrics["resumed_after"] >= len(before) >= 2
     after = _finished(fed.log(fed.host), job)
     assert all(after[t] == 1 for t in before), f"a kept tree was grown again: {after}"
-    # the same forest as an uninterrupted run: every tree's sample, features and splits are
-    # fixed by the job's seed (children's order differs, the predictions do not)
+    # the same forest as an uninterrupted run: every tree's sample is fixed by the job's seed,
+    # its feature draws and random thresholds by that and the active party's key (children's
+    # order differs, the predictions do not); the reference's guest holds the same key
     config = load_config(job_file)
     memory = config.model_copy(update={"transport": config.transport.model_copy(
         update={"kind": "memory"})})
+    own = tmp_path / "reference" / ".fedboost" / fed.guest
+    own.mkdir(parents=True, mode=0o700)
+    shutil.copy2(fed.models / ".fedboost" / fed.guest / KEY_FILE, own / KEY_FILE)
     reference = train_embedded(memory, tmp_path / "reference")
     assert metrics["valid_auc"] == pytest.approx(reference["valid_auc"], abs=1e-12)
 

@@ -93,6 +93,8 @@ def test_privacy_of_every_message(tmp_path: Path) -> None:
                                    for i in range(0, len(v) - width + 1, width)]
             for c in candidates:
                 assert math.gcd(c, n) in (1, n) or c == 0, f"{env.kind.name} leaks a factor of n"
+        if recipient == FLOW_ENDPOINT:  # small control replies: no ciphertext, key or data
+            assert not any(isinstance(v, bytes) and len(v) >= 64 for v in values), env.kind.name
         if recipient != "host":
             continue
         kinds_to_host.add(env.kind)
@@ -107,6 +109,10 @@ def test_privacy_of_every_message(tmp_path: Path) -> None:
     assert {MsgType.ENCRYPTED_GRADIENTS, MsgType.NODE_POSITIONS} <= kinds_to_host
     assert MsgType.TREE_FINISHED not in kinds_to_host
     assert MsgType.DECISION_REQUEST in kinds_to_host  # validation scored in path mode
+    # the active party's part shows the passive party's splits as records only
+    host_nodes = [node for t in model.trees for node in t.nodes if node.owner == "host"]
+    assert host_nodes and all(node.feature == -1 and math.isnan(node.threshold)
+                              and node.record_id >= 0 for node in host_nodes)
     # the passive party's saved part holds lookup records only
     host_files = {p.name for p in (tmp_path / "host").iterdir()}
     assert host_files == {"lookup.json", "party.json"}

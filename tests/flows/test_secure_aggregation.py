@@ -1,6 +1,10 @@
 """Secure aggregation is real: everything the aggregator of a horizontal job receives, recorded
 on the transport, holds each member's histograms only under masks that look uniform, and the
-masked vectors of a round still add up to the members' plain histograms exactly."""
+masked vectors of a round still add up to the members' plain histograms exactly (a root round
+once a member released its key). And no member's raw value reaches another party (issue 23,
+item 2): the quantile summaries carried every value of a column (all of them once a member had
+fewer rows than ``summary_size``) and most inner cuts were values found only in another
+member's rows; now the cuts come from summed cell counts on a public grid."""
 
 from __future__ import annotations
 
@@ -19,17 +23,22 @@ from boosting.losses import gradients
 from fedboost.embedded import FLOW_ENDPOINT, train_embedded
 from fedboost.joined import pool_members
 from flows.config import HorizontalJobConfig
+from messages.codec import to_wire
 from messages.envelope import Envelope, MsgType, decode_envelope
 from messages.transport import MemoryHub
 from tests.scenarios import DATA
 from workers.data import load_party_data
+from workers.horizontal.masking import unseal_sum
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 MEMBERS = ("guest", "host_1", "host_2")
 MAX_BIN = 32
-MEMBER_TO_AGGREGATOR = {MsgType.H_SUMMARIES, MsgType.H_MASKED, MsgType.H_GRADIENT_RANGE}
-"""All a member may send the aggregator: quantile summaries, masked vectors, peak exponents."""
+MIN_LEAF = 50
+MEMBER_TO_AGGREGATOR = {MsgType.H_COLUMNS, MsgType.H_MASKED, MsgType.H_GRADIENT_RANGE,
+                        MsgType.H_ROUND_KEY}
+"""All a member may send the aggregator: column names, masked vectors, peak exponents, root
+round keys."""
 
 
 def _config() -> HorizontalJobConfig:
@@ -40,7 +49,7 @@ def _config() -> HorizontalJobConfig:
     return HorizontalJobConfig.model_validate({
         "job": "secagg-recorded", "protocol": "horizontal", "parties": parties,
         "params": {"n_trees": 2, "max_depth": 3, "learning_rate": 0.3, "max_bin": MAX_BIN,
-                   "objective": "binary"}})
+                   "objective": "binary", "min_samples_leaf": MIN_LEAF}})
 
 
 def _envelope(sealed: bytes) -> Envelope:
@@ -82,14 +91,20 @@ def _plain_root_histograms(config: HorizontalJobConfig, cuts: list[np.ndarray],
     return hists
 
 
-def test_aggregator_sees_only_masked_histograms(tmp_path: Path) -> None:
-    # Prepare: record every message between the parties of a 2-tree job
+Recorded = list[tuple[str, str, Envelope]]
+
+
+@pytest.fixture(scope="module")
+def recorded(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+    """Every message between the parties of a 2-tree job."""
     config = _config()
     hub = MemoryHub([*config.parties, FLOW_ENDPOINT], record=True)
+    train_embedded(config, tmp_path_factory.mktemp("secagg"), hub=hub)
+    return [(s, r, _envelope(d)) for s, r, d in hub.recorded()]
 
-    # Execute
-    train_embedded(config, tmp_path, hub=hub)
-    recorded = [(s, r, _envelope(d)) for s, r, d in hub.recorded()]
+
+def test_aggregator_sees_only_masked_histograms(recorded: Recorded) -> None:
+    config = _config()
 
     # Assert: members send the aggregator summaries, exponents and masked vectors, nothing else
     to_aggregator = [(s, env) for s, r, env in recorded if r == "aggregator" and s in MEMBERS]
@@ -111,7 +126,13 @@ def test_aggregator_sees_only_masked_histograms(tmp_path: Path) -> None:
     total = np.zeros(roots[0].size, dtype=np.uint64)
     for vector in roots:
         total += vector
-    assert np.array_equal(total.view(np.int64), sum(plain[m] for m in MEMBERS))
+    expected = sum(plain[m] for m in MEMBERS)
+    assert not np.array_equal(total.view(np.int64), expected)  # the root is also sealed
+    keys = {env.body.key for _, env in to_aggregator
+            if env.kind == MsgType.H_ROUND_KEY and env.body.tree == 0}
+    assert len(keys) == 1  # every member released the same key of tree 0's root
+    opened = unseal_sum(total, keys.pop(), list(MEMBERS))
+    assert np.array_equal(opened.view(np.int64), expected)
 
     # one member's masked values look uniform; its plain histogram does not, and never crossed
     guest = np.concatenate([v for (s, _, _), v in masked.items() if s == "guest"])
@@ -124,14 +145,84 @@ def test_aggregator_sees_only_masked_histograms(tmp_path: Path) -> None:
 
 def _blobs(body: Any) -> bytes:
     """Every bytes field of a message body, joined (msgpack of the body's wire form)."""
-    from messages.codec import to_wire
-
-    return b"".join(_leaf_bytes(to_wire(body)))
+    return b"".join(v for v in _leaves(to_wire(body)) if isinstance(v, bytes))
 
 
-def _leaf_bytes(value: Any) -> list[bytes]:
+def _numbers(body: Any) -> set[float]:
+    """Every float a message body carries: its float fields, and its bytes fields read as
+    float64 words (cuts, masked vectors, keys alike)."""
+    out: set[float] = set()
+    for value in _leaves(to_wire(body)):
+        if isinstance(value, float):
+            out.add(value)
+        elif isinstance(value, bytes) and len(value) % 8 == 0:
+            out.update(np.frombuffer(value, dtype="<f8").tolist())
+    return out
+
+
+def _leaves(value: Any) -> list[Any]:
     if isinstance(value, (list, tuple)):
-        return [b for v in value for b in _leaf_bytes(v)]
-    if isinstance(value, dict):
-        return [b for v in value.values() for b in _leaf_bytes(v)]
-    return [value] if isinstance(value, bytes) else []
+        return [b for v in value for b in _leaves(v)]
+    return [value]
+
+
+def test_no_members_raw_value_reaches_another_party(recorded: Recorded) -> None:
+    config = _config()
+    raw = {}
+    for m in MEMBERS:
+        x = load_party_data(m, str(config.parties[m].data), "id", "y", require_label=True).x
+        raw[m] = {float(v) for v in x[~np.isnan(x)]}
+    received: dict[str, set[float]] = {}
+    for sender, recipient, env in recorded:
+        if sender != recipient:
+            received.setdefault(recipient, set()).update(_numbers(env.body))
+    assert set(received) == {*MEMBERS, "aggregator", FLOW_ENDPOINT}
+
+    # no party received a raw value of a member that it does not hold itself, but for the
+    # odd value that happens to be a point of the public grid (which says nothing of it)
+    for party, numbers in received.items():
+        for m in MEMBERS:
+            leaked = (raw[m] - raw.get(party, set())) & numbers
+            assert all(_grid_point(v) for v in leaked), f"{party} received {m}'s values"
+
+    # the issue's measure: inner cuts that are raw values found only in another member's rows
+    shared = next(env.body for _, _, env in recorded if env.kind == MsgType.H_CUTS)
+    inner = [c for cuts in shared.cuts for c in np.frombuffer(cuts, dtype="<f8")[:-1]]
+    assert len(inner) > 400 and all(_grid_point(c) for c in inner)
+    for m in MEMBERS:
+        only_others = set().union(*(raw[o] for o in MEMBERS if o != m)) - raw[m]
+        found = [c for c in inner if c in only_others]
+        assert len(found) <= 2 and all(_grid_point(c) for c in found), (m, found)
+
+
+def _grid_point(value: float) -> bool:
+    """A point of the set-up grid: a power of two split ``MAX_ROUNDS - 1`` times into 16
+    (``workers.horizontal.grid``), i.e. at most 21 significant bits."""
+    mantissa = math.frexp(value)[0]
+    return mantissa * 2**21 == round(mantissa * 2**21)
+
+
+def test_every_sum_the_aggregator_opens_is_over_at_least_min_samples_leaf_rows(
+        recorded: Recorded) -> None:
+    """What an honest aggregator sees beyond the model: the union's histogram of every node it
+    builds; a node of few rows would show their bins and gradients. ``min_samples_leaf`` bounds
+    the rows behind each (docs/threat-model.md)."""
+    rounds: dict[tuple[int, int], list[np.ndarray]] = {}
+    for _, recipient, env in recorded:
+        if recipient == "aggregator" and env.kind == MsgType.H_MASKED and \
+                env.body.purpose == "hist":
+            rounds.setdefault((env.body.tree, env.body.depth), []).append(
+                np.frombuffer(env.body.values, dtype="<u8").astype(np.uint64))
+    keys = {env.body.tree: env.body.key for _, _, env in recorded
+            if env.kind == MsgType.H_ROUND_KEY}
+    sizes = []
+    for (tree, depth), vectors in rounds.items():
+        assert len(vectors) == len(MEMBERS)
+        total = np.zeros(vectors[0].size, dtype=np.uint64)
+        for vector in vectors:
+            total += vector
+        if depth == 0:
+            total = unseal_sum(total, keys[tree], list(MEMBERS))
+        nodes = total.view(np.int64).reshape(-1, 23, MAX_BIN + 1, 3)
+        sizes += nodes[:, 0, :, 2].sum(axis=1).tolist()
+    assert len(sizes) >= 8 and min(sizes) >= MIN_LEAF, sorted(sizes)[:5]

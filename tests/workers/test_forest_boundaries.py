@@ -1,29 +1,34 @@
 """What a forest party refuses, attacked by whoever holds the other side's signing key.
 
 A passive party's histograms reveal, per bin of its features, sums over the rows of a node; a
-node of one row would reveal that row's bin of every feature asked. So it accepts only samples
-that draw exactly the job's rows, histograms of nodes of the current level (one request each)
+node of one row would reveal that row's bin of every feature asked. So it accepts only the
+job's own sample (drawn from its public seed), labels in the shape of the job's objective,
+histograms of nodes of the current level (one request each)
 holding room for two leaves, and one split per open node. The active party accepts only answers
 for the splits it asked, splitting a node into two non-empty children.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from boosting.forest import bootstrap_weights, tree_rng
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from crypto.paillier import ciphertexts_from_bytes, ciphertexts_to_bytes, generate_keypair
 from messages.bodies import NodeSplit, PartyInfo
 from messages.envelope import MsgType
-from messages.forest import ForestApplied, ForestSpec, LevelRequest, NodeRequest
+from messages.forest import (EncryptedLabels, ForestApplied, ForestSpec, LevelRequest,
+                             NodeRequest)
 from messages.instance_space import encode_mask
 from workers import ProtocolError
 from workers.forest.active import GrowingTree, _collect_applied
-from workers.forest.passive import PassiveForest, _histograms, _route, _start_tree
+from workers.forest.passive import (PassiveForest, _check_label_shape, _histograms, _route,
+                                    _start_tree)
 from workers.mailbox import Mailbox
 
 ROWS, FEATURES, MAX_BIN = 40, 3, 8
@@ -32,7 +37,7 @@ ROWS, FEATURES, MAX_BIN = 40, 3, 8
 def _spec(**changes: object) -> ForestSpec:
     fields = dict(parties=[PartyInfo("guest", "active"), PartyInfo("host", "passive")],
                   n_trees=4, max_depth=4, max_features="sqrt", min_samples_leaf=3,
-                  max_bin=MAX_BIN, objective="binary", bootstrap=True, seed=0, min_trees=4,
+                  max_bin=MAX_BIN, objective="binary", bootstrap=False, seed=0, min_trees=4,
                   complete_secure=False, key_bits=1024, valid_fraction=0.0, valid_seed=0,
                   label="y")
     fields.update(changes)
@@ -61,28 +66,48 @@ def _request(weights: np.ndarray | None = None, depth: int = 0,
                         requests=requests if requests is not None else [NodeRequest(0, [0, 1])])
 
 
-def test_a_sample_that_isolates_a_row_is_refused(host: tuple[PassiveForest, np.ndarray]) -> None:
+def test_only_the_jobs_own_sample_is_summed(host: tuple[PassiveForest, np.ndarray]) -> None:
     run, _ = host
-    one_row = np.zeros(ROWS, dtype=np.int64)
-    one_row[7] = ROWS  # the weight of the whole sample on one row: its bins would show alone
-    with pytest.raises(ProtocolError, match="do not draw 40 rows"):
-        _start_tree(run, _request(one_row), ROWS)
-    lighter = np.ones(ROWS, dtype=np.int64)
-    lighter[:30] = 0
-    with pytest.raises(ProtocolError, match="do not draw 40 rows"):
-        _start_tree(run, _request(lighter), ROWS)
-    few = np.zeros(200, dtype=np.int64)
-    few[:20] = 10  # 200 draws, but on 20 rows only
-    with pytest.raises(ProtocolError, match="20 distinct rows"):
-        _start_tree(run, _request(few), 200)
-    twice = np.ones(ROWS, dtype=np.int64)
-    twice[0], twice[1] = 2, 0
-    run.spec = _spec(bootstrap=False)
+    run.spec = _spec(bootstrap=True)
     try:
-        with pytest.raises(ProtocolError, match="bootstrap=False"):
-            _start_tree(run, _request(twice), ROWS)
+        job_sample = bootstrap_weights(tree_rng(0, 1), ROWS, True)
+        one_row = np.zeros(ROWS, dtype=np.int64)
+        one_row[7] = ROWS  # the weight of the whole sample on one row: its bins would show alone
+        lighter = np.ones(ROWS, dtype=np.int64)
+        lighter[:30] = 0
+        # every row once: a legal bootstrap draw only with probability n!/n^n, and the one
+        # shape in which sums of chosen plaintexts (2^i for row i) read as bitmasks of rows
+        every_row_once = np.ones(ROWS, dtype=np.int64)
+        another_tree = bootstrap_weights(tree_rng(0, 2), ROWS, True)
+        for weights in (one_row, lighter, every_row_once, another_tree):
+            with pytest.raises(ProtocolError, match="not the job's bootstrap=True sample"):
+                _start_tree(run, _request(weights), ROWS)
+        with pytest.raises(ProtocolError, match="sample weights for 20 rows"):
+            _start_tree(run, _request(job_sample[:20]), ROWS)
+        work = _start_tree(run, _request(job_sample), ROWS)  # the job's own draw
+        assert (work.weights == job_sample).all()
     finally:
         run.spec = _spec()
+    twice = np.ones(ROWS, dtype=np.int64)
+    twice[0], twice[1] = 2, 0
+    with pytest.raises(ProtocolError, match="bootstrap=False"):
+        _start_tree(run, _request(twice), ROWS)
+
+
+def test_labels_only_in_the_objectives_shape() -> None:
+    """The label shape sets how wide each bin sum is packed, so how many bits of each sum a
+    decryption shows; chosen plaintexts in a wider declared shape would show more."""
+    labels = EncryptedLabels(groups=1, value_bits=1, max_rows=ROWS, ciphertexts=b"")
+    _check_label_shape(_spec(), labels, ROWS)
+    _check_label_shape(_spec(objective="regression"), replace(labels, value_bits=40), ROWS)
+    _check_label_shape(_spec(objective="multiclass"), replace(labels, groups=5), ROWS)
+    for spec, shape in ((_spec(), replace(labels, value_bits=64)),
+                        (_spec(), replace(labels, groups=64)),
+                        (_spec(objective="regression"), replace(labels, value_bits=64)),
+                        (_spec(objective="multiclass"), replace(labels, groups=65)),
+                        (_spec(), replace(labels, max_rows=ROWS + 1))):
+        with pytest.raises(ProtocolError, match="labels of"):
+            _check_label_shape(spec, shape, ROWS)
 
 
 def test_histograms_only_of_the_levels_nodes_with_room_for_two_leaves(

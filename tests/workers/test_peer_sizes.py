@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from boosting.fixedpoint import value_bits
 from boosting.params import BoostParams
 from crypto.encoding import GradientPacker
 from crypto.paillier import PaillierPrivateKey, PaillierPublicKey, ciphertexts_to_bytes
@@ -73,7 +74,7 @@ def test_a_passive_party_bounds_the_declared_rows_and_chunks_by_its_own(
     public, _ = keypair_1024
     worker, _, hub = _host(tmp_path, public)
     start = TreeStart(tree=0, in_tree=encode_mask(np.ones(ROWS, dtype=bool)), n_chunks=n_chunks,
-                      value_bits=20, max_rows=max_rows)
+                      value_bits=value_bits(ROWS), max_rows=max_rows)
     worker.handle_bytes(SEALERS["guest"].seal(Envelope("job", "s/t0", "guest", "host",
                                                        MsgType.TREE_START, start)))
     worker.handle_bytes(SEALERS["flow"].seal(Envelope(

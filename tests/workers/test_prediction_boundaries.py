@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,8 @@ HOST_RECORDS = {0: LookupRecord(0, 3, 0.0, False), 1: LookupRecord(1, 5, 0.5, Tr
                 2: LookupRecord(0, 7, -0.3, False)}
 
 
-def _plant_model(models: Path, job: str) -> None:
+def _plant_model(models: Path, job: str,
+                 records: dict[int, LookupRecord] | None = None) -> None:
     """A trained job's parts as 'fedboost train' leaves them: two trees, nodes of both."""
     tree0 = Tree((TreeNode(0, 1, 2, "host", record_id=0), TreeNode(1, 3, 4, "guest", 0, 2, 0.1),
                   TreeNode(2, 5, 6, "host", record_id=1), TreeNode(3, value=-0.4),
@@ -44,7 +46,7 @@ def _plant_model(models: Path, job: str) -> None:
     save_model(model, models / job / "guest" / "model.json")
     (models / job / "host").mkdir(parents=True)
     (models / job / "host" / "lookup.json").write_text(json.dumps(
-        lookup_to_dict("host", job, ("x0", "x1"), HOST_RECORDS)))
+        lookup_to_dict("host", job, ("x0", "x1"), records or HOST_RECORDS)))
 
 
 class Federation:
@@ -206,3 +208,54 @@ def test_a_passive_party_answers_batched_prediction_only_if_its_policy_says_so(
     answered = lenient.call(["host"], MsgType.EVALUATE_NODES, Step(0), "batched",
                             pump=("host",))["host"]
     assert answered.kind == MsgType.ACK and answered.body.count == 100
+
+
+def test_a_passive_party_answers_no_more_decisions_per_row_than_a_path_has(
+        tmp_path: Path) -> None:
+    """Outside the model: an active party that lies about where its rows are asks, at one
+    level, for every (row, record) pair. Records that know their tree and level (lookup files
+    written since they keep them) are answered only at their level, one per tree and row, each
+    level once: a row's decisions can be no more than its path's, though at nodes of the
+    active party's choosing."""
+    shaped = {0: replace(HOST_RECORDS[0], tree=0, depth=0),
+              1: replace(HOST_RECORDS[1], tree=0, depth=1),
+              2: replace(HOST_RECORDS[2], tree=1, depth=0),
+              3: LookupRecord(1, 2, 0.1, False, tree=0, depth=1)}  # a sibling's split
+    _plant_model(tmp_path, "trained", shaped)
+    fed = Federation(tmp_path)
+    fed.open_and_align()
+    every = [(r, rec) for r in range(100) for rec in shaped]
+    refused = _host_answers(fed, _request([r for r, _ in every], [c for _, c in every]), "all")
+    assert isinstance(refused.body, ErrorReply)
+    assert "record 1 splits level 1, not 0" in refused.body.message
+    both = _host_answers(fed, _request([5, 5], [1, 3], depth=1), "siblings")
+    assert isinstance(both.body, ErrorReply)
+    assert "row 5 is asked about two records of one tree at one level" in both.body.message
+    assert fed.workers["guest"].transport.receive(timeout=0.2) is None  # nothing answered
+
+    roots = _host_answers(fed, _request(list(range(100)) * 2, [0] * 100 + [2] * 100), "roots")
+    assert roots.kind == MsgType.ACK and roots.body.count == 200  # one per tree and row
+    assert fed.workers["guest"].transport.receive(timeout=5) is not None
+    again = _host_answers(fed, _request([0], [0]), "again")
+    assert isinstance(again.body, ErrorReply)
+    assert "level 0: that level was answered already, for other pairs" in again.body.message
+    sibling = _host_answers(fed, _request(list(range(100)), [3] * 100, depth=1), "level1")
+    assert sibling.kind == MsgType.ACK  # which node of the level: the active party's choice
+
+
+def test_an_honest_path_walk_is_answered_with_shaped_records(tmp_path: Path) -> None:
+    shaped = {0: replace(HOST_RECORDS[0], tree=0, depth=0),
+              1: replace(HOST_RECORDS[1], tree=0, depth=1),
+              2: replace(HOST_RECORDS[2], tree=1, depth=0)}
+    _plant_model(tmp_path, "trained", shaped)
+    fed = Federation(tmp_path)
+    fed.open_and_align()
+    for batch in range(6):
+        for depth in range(3):
+            replies = fed.call(["guest", "host"], MsgType.TRAVERSE_LEVEL, Step(batch, depth),
+                               f"b{batch}l{depth}")
+            assert all(r.kind == MsgType.ACK for r in replies.values()), replies
+            if replies["guest"].body.count == 0:
+                break
+    written = fed.call(["guest"], MsgType.WRITE_SCORES, Step(), "write")["guest"]
+    assert written.kind == MsgType.ACK and written.body.count == 569

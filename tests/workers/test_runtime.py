@@ -238,3 +238,18 @@ def test_a_flooding_peer_is_capped_per_sender_and_job(tmp_path: Path,
     worker.handle_bytes(positions(1, pad=30_000))
     worker.handle_bytes(positions(2, pad=30_000))  # over the job's bytes
     assert "of the job wait" in caplog.text and mailbox.held["guest"][0] == 1
+
+
+def test_a_worker_stopped_mid_job_names_the_jobs_it_leaves(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Ctrl-C or SIGTERM of a worker with a job open: one line saying which, instead of a
+    silent exit while the flow waits."""
+    worker, hub = _worker(tmp_path, DATA / "breast_hetero_host.csv")
+    worker.handle_bytes(_command(MsgType.OPEN_JOB, OpenJob(_spec(DATA))))
+    assert _reply(hub).kind == MsgType.OPENED
+    worker.stop()
+    with caplog.at_level("WARNING", logger="fedboost.worker"):
+        worker.serve()
+    lines = [r.getMessage() for r in caplog.records if "unfinished" in r.getMessage()]
+    assert lines == ["worker host stops with 1 job(s) unfinished: job; its checkpoints stay, "
+                     "and a worker started again resumes them when their flow asks"]

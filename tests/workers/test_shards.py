@@ -143,7 +143,7 @@ def _decrypt(private: PaillierPrivateKey, widths: list[int], filled: np.ndarray,
         seg = np.flatnonzero(filled[first:first + cells])
         count = packing.n_ciphertexts(seg.size)
         sums = np.zeros(cells, dtype=np.int64)
-        sums[seg] = packing.unpack(plain[start:start + count], seg.size)
+        sums[seg] = packing.unpack(plain[start:start + count], seg.size, masked=True)
         blocks.append(sums.reshape(nodes, features, N_BINS))
         first, start = first + cells, start + count
     return np.concatenate(blocks, axis=1)

@@ -7,6 +7,7 @@ each, which rebuilds its whole binned matrix, and plant a lookup record for each
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,9 @@ from messages.bodies import (ErrorReply, NodePositions, NodeSplit, SplitChoice, 
 from messages.envelope import Envelope, MsgType
 from messages.instance_space import encode_mask
 from messages.transport import MemoryHub
-from tests.workers.test_tree_start import ROWS, SEALERS, _gradients, _host
+from tests.scenarios import TEST_POLICY
+from tests.workers.test_chosen_gradients import Host, _chosen_gradients
+from tests.workers.test_tree_start import ROWS, SEALERS, SPEC, _gradients, _host
 from workers.vertical.passive import PassiveTraining
 from workers.runtime import Worker
 
@@ -107,3 +110,25 @@ def test_positions_must_split_each_open_node_once_into_new_children(
         reply = SEALERS["flow"].open(data)
         assert isinstance(reply.body, ErrorReply) and "positions" in reply.body.message
     assert run.depth == 0 and run.level_nodes == {0}
+
+
+def test_positions_must_leave_the_jobs_min_samples_leaf_in_each_child(
+        tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
+    """A malicious active party's positions could put one chosen row in a node: the node's
+    bin sums (its count slot alone) would show that row's bin of every feature."""
+    host = Host(tmp_path, keypair[0], TEST_POLICY, replace(SPEC, min_samples_leaf=5))
+    _chosen_gradients(host, keypair, tree=0, per_ciphertext=1)
+    assert host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 0)).kind == MsgType.ACK
+    host.histograms()
+    one_row = np.zeros(ROWS, dtype=bool)
+    one_row[7] = True
+    host.from_guest(MsgType.NODE_POSITIONS,
+                    NodePositions(0, 0, [NodeSplit(0, 1, 2, encode_mask(one_row))]))
+    refused = host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 1))
+    assert isinstance(refused.body, ErrorReply)
+    assert "node 0 split into 1 and 39 rows; the job's min_samples_leaf is 5" \
+        in refused.body.message
+    assert host.hub.endpoint("guest").receive(timeout=0.2) is None  # no sums of that node
+    halves = encode_mask(np.arange(ROWS) < ROWS // 2)
+    host.from_guest(MsgType.NODE_POSITIONS, NodePositions(0, 0, [NodeSplit(0, 1, 2, halves)]))
+    assert host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 1)).kind == MsgType.ACK  # goes on

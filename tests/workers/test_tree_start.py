@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from boosting.fixedpoint import value_bits
 from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_to_bytes,
                              generate_keypair)
 from messages.bodies import (EncryptedGradients, ErrorReply, JobSpec, OpenJob, PartyInfo, Step,
@@ -64,7 +65,8 @@ def _gradients(public: PaillierPublicKey, private: PaillierPrivateKey,
     blob = ciphertexts_to_bytes(private.encrypt_batch(list(range(1, rows + 1))), public)
     half = (rows // 2) * public.ciphertext_bytes
     start = TreeStart(tree=0, in_tree=encode_mask(np.ones(ROWS, dtype=bool)), n_chunks=2,
-                      value_bits=20, max_rows=ROWS, per_ciphertext=per_ciphertext)
+                      value_bits=value_bits(ROWS), max_rows=ROWS,
+                      per_ciphertext=per_ciphertext)
     return (_from_guest(MsgType.TREE_START, start),
             [_from_guest(MsgType.ENCRYPTED_GRADIENTS, EncryptedGradients(0, k, part))
              for k, part in enumerate((blob[:half], blob[half:]))])
@@ -141,19 +143,19 @@ def test_bad_gradients_are_answered_by_the_trees_first_step(
     assert f"{ROWS - 1} ciphertexts for {ROWS} rows" in _first_level_error(coordinator, hub)
 
 
-@pytest.mark.parametrize("per_ciphertext", [0, 18])
-def test_a_packing_that_does_not_fit_the_key_is_refused(
+@pytest.mark.parametrize("per_ciphertext", [0, 5, 10])
+def test_a_packing_but_one_sum_or_as_many_as_fit_is_refused(
         tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey],
         per_ciphertext: int) -> None:
-    # 20-bit values over 40 rows: 59-bit bin sums, of which 17 fit a 1024-bit key
+    # 42-bit values over 40 rows: 103-bit bin sums, of which 9 fit a 1024-bit key
     public, private = keypair
     coordinator, _, hub = _host(tmp_path, public)
     start, chunks = _gradients(public, private, per_ciphertext=per_ciphertext)
 
     for message in (start, *chunks):
         coordinator.handle_bytes(message)
-    assert f"asked to pack {per_ciphertext} bin sums per ciphertext; 1 to 17 fit" \
-        in _first_level_error(coordinator, hub)
+    assert f"asked to pack {per_ciphertext} bin sums per ciphertext; 1 (the key holder " \
+        f"folds) or 9" in _first_level_error(coordinator, hub)
 
 
 def _first_level_error(coordinator: Worker, hub: MemoryHub) -> str:

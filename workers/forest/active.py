@@ -1,15 +1,19 @@
 """The active party (label holder) of the vertical random forest (seed 002, Alg. 2-4).
 
 It encrypts its label channels once per job and sends them to every passive party. Per tree it
-draws the bootstrap sample and per node the features; per level it asks each passive party for
-the encrypted per-bin label sums of its drawn features, decrypts them, and picks each node's
-best split by Gini (classification) or variance (regression) over its own and the passive
-parties' features. It learns the instance spaces of every node and the leaf values, never a
+draws the bootstrap sample (from the job's seed) and per node the features (under a key of its
+own: no other party can replay the draws); per level it asks each passive party for the
+encrypted per-bin label sums of its drawn features, decrypts them, and picks each node's best
+split by Gini (classification) or variance (regression) over its own and the passive parties'
+features, or a random allowed one where none lowers the impurity (``workers.forest.splits``).
+It learns the instance spaces of every node and the leaf values, never a
 passive party's feature, threshold, or which child of its split holds the lower values.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -20,16 +24,15 @@ import numpy as np
 
 from boosting._typing import FloatArray, IntArray
 from boosting.binning import goes_left, split_threshold
-from boosting.forest import (ForestSplit, best_bin_split, bootstrap_weights, draw_features,
-                             features_per_node, label_channels, leaf_value, node_rng,
-                             tree_rng)
+from boosting.forest import (bootstrap_weights, draw_features, features_per_node,
+                             label_channels, leaf_value, node_rng, tree_rng)
 from boosting.losses import n_outputs
 from boosting.params import BoostParams
 from boosting.tree import Model, Tree, TreeNode, save_model, write_json_atomic
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
-from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_from_bytes,
-                             ciphertexts_to_bytes, generate_keypair)
+from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_to_bytes,
+                             generate_keypair)
 from messages.bodies import Ack, NodeSplit, SplitChoice, SplitsFound
 from messages.envelope import MsgType
 from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestApplied,
@@ -40,6 +43,8 @@ from workers import ProtocolError, StageError
 from workers import checkpoint
 from workers.data import save_categories
 from workers.forest import trees as kept
+from workers.forest.splits import (Decryption, FeatureOption, choose_split, own_options,
+                                   passive_options)
 from workers.runtime import StepContext
 from workers.state import JobState
 from workers.vertical.opening import bin_active_rows, open_active
@@ -99,6 +104,9 @@ class ActiveForest:
     scale: float = 1.0
     """Fixed-point scale of the encrypted channels (regression; 1 for classes)."""
     feature_counts: dict[str, int] = field(default_factory=dict)
+    node_keys: tuple[int, int] = (0, 0)
+    """Keys of the nodes' feature draws and of their random splits: known to this party
+    alone, so no other party replays them from the job's public seed."""
     labels_sent: bool = False
     trees: dict[int, list[Tree]] = field(default_factory=dict)
     """Finished trees (one per output), leaf values not yet divided by the number of trees."""
@@ -140,10 +148,20 @@ def open_job(ctx: StepContext, body: OpenForest) -> tuple[MsgType, Any]:
     state = open_active(ctx, spec, PROTOCOL)
     public, private = generate_keypair(spec.key_bits, obfuscator=ctx.party.policy.obfuscator)
     state.role_state = ActiveForest(spec=spec, params=params_of(spec), public=public,
-                                    private=private)
+                                    private=private,
+                                    node_keys=(_secret(ctx, state, "draws"),
+                                               _secret(ctx, state, "splits")))
     ctx.state = state
     return MsgType.F_OPENED, ForestOpened(rows=len(state.data.ids),
                                           trees=kept.held_trees(ctx.model_dir, state.digest))
+
+
+def _secret(ctx: StepContext, state: JobState, purpose: str) -> int:
+    """A key only this party can make, the same for every run of exactly this job (so a
+    retried tree is the same tree): an HMAC under its checkpoint key of the job's digest."""
+    mac = hmac.new(checkpoint.key_of(ctx.party), f"{PROTOCOL} {purpose} {state.digest}".encode(),
+                   hashlib.sha256)
+    return int.from_bytes(mac.digest(), "big")
 
 
 def prepare(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
@@ -260,7 +278,8 @@ def grow_level(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     k = features_per_node(run.spec.max_features, len(features))
     grown.own_features, grown.asked = {}, {p: {} for p in state.passives}
     for node in grown.level:
-        rng = node_rng(run.spec.seed, tree, body.depth, int(_rows_of(grown, node)[0]))
+        rng = node_rng(run.spec.seed, tree, body.depth, int(_rows_of(grown, node)[0]),
+                       run.node_keys[0])
         drawn = [features[i] for i in draw_features(rng, len(features), k)]
         grown.own_features[node] = np.array([f for o, f in drawn if o == state.party],
                                             dtype=np.int64)
@@ -285,19 +304,15 @@ def _rows_of(grown: GrowingTree, node: int) -> IntArray:
 
 
 def _splittable(run: ActiveForest, grown: GrowingTree, node: int, depth: int) -> bool:
-    """A node is split if the depth allows, it has room for two leaves, and it is not pure."""
-    if depth >= run.spec.max_depth:
-        return False
-    rows = _rows_of(grown, node)
-    if rows.size < 2 * run.spec.min_samples_leaf:  # distinct rows, as passive parties check
-        return False
-    values = run.y[rows]
-    return bool(values.min() != values.max())
+    """A node may split if the depth allows and it has room for two leaves (distinct rows):
+    what passive parties check themselves. Pure nodes too (``workers.forest.splits``)."""
+    return depth < run.spec.max_depth \
+        and _rows_of(grown, node).size >= 2 * run.spec.min_samples_leaf
 
 
 def find_splits(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
-    """Decrypt the passive parties' histograms and pick every node's best split; apply own
-    splits, send each owner its splits."""
+    """Decrypt the passive parties' histograms and choose every node's split
+    (``workers.forest.splits``); apply own splits, send each owner its splits."""
     state: JobState = ctx.state
     run: ActiveForest = state.role_state
     grown = _growing(run, body.work)
@@ -305,36 +320,29 @@ def find_splits(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
         raise StageError(f"find_splits t{body.work} d{body.depth}: tree is at d{grown.depth}")
     ctx.mailbox.require(*[(MsgType.F_HISTOGRAMS, p, body.work, body.depth)
                           for p in state.passives])
-    candidates: dict[int, list[tuple[str, ForestSplit]]] = {n: [] for n in grown.level}
+    options: dict[int, list[FeatureOption]] = {n: [] for n in grown.level}
+    how = _decryption(run)
     for passive in state.passives:
         msg: LevelHistograms = ctx.mailbox.take(MsgType.F_HISTOGRAMS, passive, body.work,
                                                 body.depth)
-        for node, split in _passive_candidates(run, grown, passive, msg):
-            candidates[node].append((passive, split))
+        for node, option in passive_options(how, passive, grown.asked[passive], msg):
+            options[node].append(option)
     bins = state.require_bins()
-    n_bins = run.params.max_bin + 1
-    for node in grown.level:
-        rows = _rows_of(grown, node)
-        w = grown.weights[rows].astype(np.float64)
-        for f in grown.own_features[node].tolist():
-            codes = bins[rows, f]
-            count = np.bincount(codes, weights=w, minlength=n_bins)
-            sums = np.stack([np.bincount(codes, weights=w * run.channels[rows, c],
-                                         minlength=n_bins)
-                             for c in range(run.channels.shape[1])], axis=1)
-            split = best_bin_split(run.params.objective, count, sums, f,
-                                   run.spec.min_samples_leaf)
-            if split is not None:
-                candidates[node].append((state.party, split))
     owners: dict[str, list[SplitChoice]] = {}
     n_splits = 0
     for node in grown.level:
-        if not candidates[node]:
+        rows = _rows_of(grown, node)
+        w = grown.weights[rows].astype(np.float64)
+        options[node] += [own_options(state.party, run.params.objective, bins[rows, f], w,
+                                      run.channels[rows], f, how.n_bins, how.min_samples_leaf)
+                          for f in grown.own_features[node].tolist()]
+        rng = node_rng(run.spec.seed, grown.tree, body.depth, int(rows[0]), run.node_keys[1])
+        chosen = choose_split(options[node], rng, run.spec.min_samples_leaf)
+        if chosen is None:
             continue
-        owner, split = max(candidates[node], key=lambda c: c[1].drop)
+        owner, split = chosen
         n_splits += 1
         if owner == state.party:
-            rows = _rows_of(grown, node)
             left = goes_left(bins[rows, split.feature], split.bin, split.missing_left,
                              run.params.max_bin)
             grown.nodes[node] = {"owner": owner, "feature": split.feature, "bin": split.bin,
@@ -352,45 +360,11 @@ def find_splits(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
                                              n_leaves=len(grown.level) - n_splits)
 
 
-def _passive_candidates(run: ActiveForest, grown: GrowingTree, passive: str,
-                        msg: LevelHistograms) -> list[tuple[int, ForestSplit]]:
-    """Decrypt one passive party's histograms into the best split per (node, feature)."""
-    asked = grown.asked[passive]
-    n_bins = run.params.max_bin + 1
-    cells = sum(len(f) for f in asked.values()) * n_bins
-    groups = -(-run.channels.shape[1] // 2)
-    assert run.packing is not None and run.packer is not None
-    if len(msg.ciphertexts) != (groups if asked else 0):
-        raise ProtocolError(f"{passive} sent {len(msg.ciphertexts)} label groups, not {groups}")
-    filled = np.unpackbits(np.frombuffer(msg.filled, dtype=np.uint8), count=cells).astype(bool) \
-        if cells else np.zeros(0, dtype=bool)
-    if len(msg.filled) != (cells + 7) // 8:
-        raise ProtocolError(f"{passive}: histogram mask of the wrong size")
-    n_filled = int(filled.sum())
-    count = np.zeros(cells)
-    sums = np.zeros((cells, run.channels.shape[1]))
-    for g, blob in enumerate(msg.ciphertexts):
-        if len(blob) != run.packing.n_ciphertexts(n_filled) * run.public.ciphertext_bytes:
-            raise ProtocolError(f"{passive}: {len(blob)} bytes of histograms for {n_filled} "
-                                f"filled bins")
-        plain = run.private.decrypt_batch(ciphertexts_from_bytes(blob, run.public))
-        unpacked = [run.packer.unpack_sum(v) for v in run.packing.unpack(plain, n_filled)]
-        values = np.array(unpacked, dtype=np.float64).reshape(-1, 3)
-        count[filled] = values[:, 2]
-        sums[filled, 2 * g] = values[:, 0] / run.scale
-        if 2 * g + 1 < run.channels.shape[1]:
-            sums[filled, 2 * g + 1] = values[:, 1] / run.scale
-    out = []
-    cell = 0
-    for node, features in asked.items():
-        for f in features:
-            part = slice(cell, cell + n_bins)
-            split = best_bin_split(run.params.objective, count[part], sums[part], f,
-                                   run.spec.min_samples_leaf)
-            if split is not None:
-                out.append((node, split))
-            cell += n_bins
-    return out
+def _decryption(run: ActiveForest) -> Decryption:
+    if run.packer is None or run.packing is None:
+        raise StageError("prepare has not run")
+    return Decryption(run.private, run.packer, run.packing, run.scale, run.channels.shape[1],
+                      run.params.objective, run.params.max_bin + 1, run.spec.min_samples_leaf)
 
 
 def _split_node(grown: GrowingTree, node: int, left: np.ndarray) -> None:

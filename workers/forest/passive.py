@@ -19,6 +19,7 @@ import numpy as np
 
 from boosting._typing import IntArray
 from boosting.binning import goes_left, split_threshold
+from boosting.forest import bootstrap_weights, tree_rng
 from boosting.tree import write_json_atomic
 from crypto._gmp import mpz
 from crypto.compress import BinSumPacking
@@ -34,17 +35,18 @@ from messages.instance_space import decode_mask
 from workers import ProtocolError, StageError, checkpoint
 from workers.data import save_categories
 from workers.forest import trees as kept
-from workers.forest.active import PROTOCOL
+from workers.forest.active import PROTOCOL, REGRESSION_BITS
 from workers.policy import check_key_bits
 from workers.runtime import StepContext
 from workers.shards import _node_histogram
 from workers.state import JobState
 from workers.vertical.opening import bin_training_rows, open_passive
 from workers.vertical.alignment import receive_alignment
-from workers.vertical.passive import LookupRecord, lookup_to_dict
+from workers.vertical.passive import (LookupRecord, lookup_to_dict, record_from_dict,
+                                      record_to_dict)
 
-MAX_DRAWS = 32
-"""Most times a bootstrap draws one row (n draws of n rows: P(32 or more) is about 1e-36)."""
+MAX_GROUPS = 64
+"""Most label groups (two channels each) a multiclass job may send: 128 classes."""
 RECORDS_PER_TREE = 65_536
 """Record ids of tree t are t * RECORDS_PER_TREE + k: unique in the forest's lookup table."""
 
@@ -107,10 +109,7 @@ def prepare(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     receive_alignment(ctx)
     n_train = state.train_rows.size
     labels: EncryptedLabels = ctx.mailbox.take(MsgType.F_LABELS, state.active)
-    if not 1 <= labels.groups <= 64 or not 1 <= labels.value_bits <= 64 \
-            or labels.max_rows != n_train:
-        raise ProtocolError(f"labels of {labels.groups} groups, {labels.value_bits} bits for "
-                            f"{labels.max_rows} rows; this party has {n_train} rows")
+    _check_label_shape(run.spec, labels, n_train)
     parsed = ciphertexts_from_bytes(labels.ciphertexts, run.public)  # range-checked
     if len(parsed) != labels.groups * n_train:
         raise ProtocolError(f"{len(parsed)} label ciphertexts for {n_train} rows in "
@@ -122,11 +121,24 @@ def prepare(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     for tree in body.keep:
         raw = kept.load_tree(ctx.model_dir, checkpoint.key_of(ctx.party), state.digest, tree)
         for rid, r in raw.items():
-            run.records[int(rid)] = LookupRecord(int(r["feature"]), int(r["bin"]),
-                                                 float(r["threshold"]), bool(r["missing_left"]),
-                                                 bool(r["flip"]))
+            run.records[int(rid)] = record_from_dict(r)
     kept.keep_only(ctx.model_dir, set(body.keep))
     return MsgType.ACK, Ack(count=state.data.x.shape[1])
+
+
+def _check_label_shape(spec: ForestSpec, labels: EncryptedLabels, n_train: int) -> None:
+    """The labels come in the one shape the job's objective has: 0/1 channels (classes) or
+    40-bit fixed point (regression), one group of two channels unless multiclass, for this
+    party's rows. The shape sets how wide each bin sum is packed; an active party that
+    declared a wider one (with chosen plaintexts in place of labels) would read more bits of
+    every sum (docs/threat-model.md)."""
+    bits = REGRESSION_BITS if spec.objective == "regression" else 1
+    most = MAX_GROUPS if spec.objective == "multiclass" else 1
+    if not 1 <= labels.groups <= most or labels.value_bits != bits \
+            or labels.max_rows != n_train:
+        raise ProtocolError(f"labels of {labels.groups} groups, {labels.value_bits} bits for "
+                            f"{labels.max_rows} rows; a {spec.objective} job has 1 to {most} "
+                            f"groups of {bits} bits, and this party has {n_train} rows")
 
 
 def build_histograms(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
@@ -167,16 +179,13 @@ def _start_tree(run: PassiveForest, request: LevelRequest, n_rows: int) -> TreeW
             raise ProtocolError(f"tree {tree}: sample weights for {len(request.weights) // 2} "
                                 f"rows, this party has {n_rows}")
         weights = np.frombuffer(request.weights, dtype="<u2").astype(np.int64)
-        # a bootstrap draws n rows, about 63% of them distinct, none more than a few times;
-        # without bootstrap every row once. Anything else concentrates a sample on few rows.
-        distinct = int((weights > 0).sum())
-        if int(weights.sum()) != n_rows or weights.max() > MAX_DRAWS \
-                or (not run.spec.bootstrap and weights.max() > 1) \
-                or (n_rows >= 100 and distinct < n_rows // 2):
-            raise ProtocolError(f"tree {tree}: the sample weights do not draw {n_rows} rows "
-                                f"as the job's bootstrap={run.spec.bootstrap} does "
-                                f"({distinct} distinct rows, a row drawn up to "
-                                f"{int(weights.max())} times)")
+        # the sample is the job's: drawn from its public seed, so this party checks it whole.
+        # Any other would let the active party choose which rows it sums, and how often.
+        drawn = bootstrap_weights(tree_rng(run.spec.seed, tree), n_rows, run.spec.bootstrap)
+        if not np.array_equal(weights, drawn):
+            raise ProtocolError(f"tree {tree}: the sample weights are not the job's "
+                                f"bootstrap={run.spec.bootstrap} sample of {n_rows} rows "
+                                f"(seed {run.spec.seed})")
     else:  # a tree this party takes no part in (Completely SecureBoost's first one)
         weights = np.zeros(n_rows, dtype=np.int64)
     work = TreeWork(request.tree, weights, np.where(weights > 0, 0, -1).astype(np.int64),
@@ -235,7 +244,7 @@ def _histograms(party: str, run: PassiveForest, work: TreeWork, request: LevelRe
             sums[g] += _node_histogram(codes, drawn, labels, n_bins, public.nsquare)
     filled = np.array([c != 1 for c in sums[0]], dtype=bool) if sums else np.zeros(0, bool)
     blobs = [ciphertexts_to_bytes(packing.pack([c for c, full in zip(group, filled) if full],
-                                               public.nsquare), public)
+                                               public.nsquare, public.n), public)
              for group in sums] if request.requests else []
     return LevelHistograms(tree=request.tree, depth=request.depth,
                            filled=np.packbits(filled).tobytes(),
@@ -268,7 +277,8 @@ def apply_splits(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
         record_id = (body.work % MAX_TREES) * RECORDS_PER_TREE + len(work.records)
         work.records[record_id] = LookupRecord(
             feature=choice.feature, bin=choice.bin, missing_left=choice.missing_left,
-            threshold=split_threshold(state.cuts[choice.feature], choice.bin), flip=flip)
+            threshold=split_threshold(state.cuts[choice.feature], choice.bin), flip=flip,
+            tree=body.work % MAX_TREES, depth=body.depth)
         out_nodes.append(choice.node)
         records.append(record_id)
         first.append(np.packbits(left ^ flip).tobytes())
@@ -285,9 +295,7 @@ def finish_tree(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     work = run.trees.pop(body.work, None) or _missing(body.work)
     kept.save_tree(ctx.model_dir, checkpoint.key_of(ctx.party), state.digest,
                    body.work % MAX_TREES,
-                   {str(k): {"feature": r.feature, "bin": r.bin, "threshold": r.threshold,
-                             "missing_left": r.missing_left, "flip": r.flip}
-                    for k, r in work.records.items()})
+                   {str(k): record_to_dict(r) for k, r in work.records.items()})
     run.records.update(work.records)
     ctx.mailbox.drop_tree(body.work)
     return MsgType.ACK, Ack(count=len(work.records))

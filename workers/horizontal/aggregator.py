@@ -1,10 +1,11 @@
-"""The aggregator of a horizontal job: merges the members' summaries into shared cuts, sums
-their masked histograms, grows the tree (FedTree, horizontal).
+"""The aggregator of a horizontal job: sums the members' masked histograms and grows the tree
+(FedTree, horizontal); its set-up step (cuts from summed grid counts) is in
+``workers.horizontal.setup``.
 
-It holds no rows. It sees the merged summaries, the members' row counts and gradient peak
-exponents, and the sums over all members of a round: the pairwise masks hide each member's own
-vector (``workers.horizontal.masking``), and a sum is formed only once every live member's
-vector of that round is in, so it never holds a sum missing a mask.
+It holds no rows. It sees the members' column names, row counts and gradient peak exponents,
+and the sums over all members of a round: the pairwise masks hide each member's own vector
+(``workers.horizontal.masking``), a sum is formed only once every live member's vector of that
+round is in, and a tree's root sum only with the round key a member releases once all are in.
 """
 
 from __future__ import annotations
@@ -18,26 +19,21 @@ import numpy as np
 
 from boosting._typing import FloatArray
 from boosting.fixedpoint import quantize_at
-from boosting.losses import base_score_of_mean
 from boosting.params import BoostParams
 from boosting.tree import Tree
 from messages.bodies import Ack, Opened, Resumed, ResumeJob, Step
 from messages.envelope import MsgType
 from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, LeafValues,
-                                 LevelSplits, MaskedVector, MemberSummaries, OpenHorizontal,
-                                 Round, SharedCuts)
-from workers import ProtocolError, StageError, checkpoint
-from workers.horizontal.masking import unmask_sum
-from workers.horizontal.member import (PROTOCOL, STATS_SCALE, _take_current, aggregator_of,
+                                 LevelSplits, MaskedVector, OpenHorizontal, Round, RoundKey)
+from workers import NotReady, ProtocolError, StageError, checkpoint
+from workers.horizontal.grid import GridRounds
+from workers.horizontal.masking import unmask_sum, unseal_sum
+from workers.horizontal.member import (PROTOCOL, STATE_FORMAT, _take_current, aggregator_of,
                                        load_checkpoint, members_of, params_of,
-                                       require_current, run_of)
-from workers.horizontal.summary import SummaryBytes, decode_summaries, merge_cuts
+                                       require_current)
 from workers.horizontal.tree import SplitChooser, SummedTree
 from workers.policy import check_protocol
 from workers.runtime import StepContext
-
-MAX_FEATURES = 100_000
-
 
 @dataclass(slots=True)
 class AggregatorJob:
@@ -48,6 +44,10 @@ class AggregatorJob:
     digest: str
     rng: np.random.Generator | None
     """The differential-privacy noise source (None: no differential privacy)."""
+    grid: GridRounds | None = None
+    """The set-up rounds (``workers.horizontal.grid``) until the cuts are sent."""
+    stats: tuple[int, int] = (0, 0)
+    """The members' rows and label sum, summed."""
     columns: list[str] = field(default_factory=list)
     cuts: list[FloatArray] = field(default_factory=list)
     base: float = 0.0
@@ -81,44 +81,7 @@ def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
         ctx.model_dir, digest, checkpoint.key_of(ctx.party)))
 
 
-def merge_bins(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
-    """Merge the members' summaries into every feature's cuts; the securely summed label sums
-    give the base score. Members whose columns differ get no cuts (each names its file)."""
-    job: AggregatorJob = ctx.state
-    members = members_of(job.spec)
-    ctx.mailbox.require(*[(MsgType.H_SUMMARIES, m, -1, -1) for m in members],
-                        *[(MsgType.H_MASKED, m, -1, -1) for m in members])
-    received: list[MemberSummaries] = [ctx.mailbox.take(MsgType.H_SUMMARIES, m) for m in members]
-    stats = [_take_masked(ctx, m, "stats", -1, -1, 0, 2) for m in members]
-    reference = received[0].columns
-    if len(reference) > MAX_FEATURES:
-        raise ProtocolError(f"{ctx.party.name}: the members' summaries have {len(reference)} "
-                            f"columns, at most {MAX_FEATURES}")
-    if any(r.columns != reference for r in received):
-        for m in members:  # each member then names its own file and its difference
-            ctx.send(m, MsgType.H_CUTS, SharedCuts(list(reference), [], float("nan")))
-        return MsgType.ACK, Ack(count=0)
-    summaries = [decode_summaries([SummaryBytes(f.values, f.weights, f.exact)
-                                   for f in r.features], job.spec.summary_size, len(reference))
-                 for r in received]
-    rows, label_sum = (int(v) for v in unmask_sum(stats))
-    if rows <= 0:
-        raise ProtocolError(f"{ctx.party.name}: the members' row counts sum to {rows}")
-    mean = label_sum / rows if job.params.objective == "binary" else \
-        label_sum / STATS_SCALE / rows
-    job.columns = list(reference)
-    job.cuts = merge_cuts(summaries, job.params.max_bin)
-    job.base = float(base_score_of_mean(job.params.objective, mean)[0])
-    job.run = run_of(job.cuts, job.base)
-    shared = SharedCuts(list(reference), [np.asarray(c, dtype="<f8").tobytes() for c in job.cuts],
-                        job.base)
-    for m in members:
-        ctx.send(m, MsgType.H_CUTS, shared)
-    _checkpoint(ctx, job)
-    return MsgType.ACK, Ack(count=len(job.cuts))
-
-
-def _take_masked(ctx: StepContext, sender: str, purpose: str, tree: int, depth: int,
+def take_masked(ctx: StepContext, sender: str, purpose: str, tree: int, depth: int,
                  attempt: int, length: int) -> np.ndarray:
     """One member's masked vector of a round, checked for its purpose and length."""
     while True:
@@ -197,14 +160,42 @@ def secure_sum(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     require_current(ctx, MsgType.H_MASKED, body.members, body.tree, body.depth, body.attempt)
     n_features, n_bins = len(job.cuts), job.params.max_bin + 1
     shape = (len(tree.build), n_features, n_bins, 3)
-    masked = [_take_masked(ctx, m, "hist", body.tree, body.depth, body.attempt,
-                           math.prod(shape)) for m in body.members]
-    tree.add_histograms(unmask_sum(masked).reshape(shape))
+    key = _round_key(ctx, body) if body.depth == 0 else b""  # may wait: nothing taken yet
+    masked = [take_masked(ctx, m, "hist", body.tree, body.depth, body.attempt,
+                          math.prod(shape)) for m in body.members]
+    summed = unmask_sum(masked)
+    if body.depth == 0:
+        summed = unseal_sum(summed.view(np.uint64), key, body.members).view(np.int64)
+        _check_root(ctx, summed.reshape(shape))
+    tree.add_histograms(summed.reshape(shape))
     splits = tree.grow_level(job.chooser)
     level = LevelSplits(body.tree, body.depth, body.attempt, splits, list(tree.build))
     for m in body.members:
         ctx.send(m, MsgType.H_SPLITS, level)
     return MsgType.ACK, Ack(count=len(tree.frontier))
+
+
+def _round_key(ctx: StepContext, body: Round) -> bytes:
+    """The key a member released for the root round (any of them: all derive the same)."""
+    keys = set()
+    for m in body.members:
+        waiting = ctx.mailbox.items.get((MsgType.H_ROUND_KEY, m, body.tree, 0), [])
+        keys |= {k.key for k in waiting if isinstance(k, RoundKey) and k.attempt == body.attempt}
+    if not keys:
+        raise NotReady(f"H_ROUND_KEY of tree {body.tree} attempt {body.attempt}")
+    if len(keys) > 1:
+        raise ProtocolError(f"{ctx.party.name}: members sent different round keys for tree "
+                            f"{body.tree} attempt {body.attempt}")
+    return keys.pop()
+
+
+def _check_root(ctx: StepContext, root: np.ndarray) -> None:
+    """A root sum opened with the wrong key is noise: every feature's counts must be counts
+    of the same rows."""
+    counts = root[0, :, :, 2].sum(axis=1)
+    if (root[0, :, :, 2] < 0).any() or (counts != counts[0]).any():
+        raise ProtocolError(f"{ctx.party.name}: the released round key does not open the "
+                            f"root histograms")
 
 
 def send_tree(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
@@ -228,14 +219,15 @@ def send_tree(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
         ctx.send(m, MsgType.H_LEAVES, message)
     job.trees.append(tree.tree(values))
     job.tree = None
-    _checkpoint(ctx, job)
+    checkpoint_state(ctx, job)
     return MsgType.ACK, Ack(count=len(leaves))
 
 
-def _checkpoint(ctx: StepContext, job: AggregatorJob) -> None:
+def checkpoint_state(ctx: StepContext, job: AggregatorJob) -> None:
+    """Save the aggregator's state after its trees (and after the cuts)."""
     checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.run,
-                    {"columns": job.columns, "cuts": job.cuts, "base": job.base,
-                     "trees": job.trees}, checkpoint.key_of(ctx.party))
+                    {"format": STATE_FORMAT, "columns": job.columns, "cuts": job.cuts,
+                     "base": job.base, "trees": job.trees}, checkpoint.key_of(ctx.party))
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:

@@ -24,10 +24,24 @@ Rules the caller keeps:
 * ``secrets`` holds exactly the round's other live members. If a member drops out after the
   others masked with it, its masks do not cancel and the round must be redone (``attempt + 1``)
   without it; this module has no recovery of a dropped member's masks.
+
+Sealing (Bonawitz et al.'s reason for a second mask, without their secret sharing). A round
+whose vectors are all in opens, whenever they came: a member that sent its vector late, after
+the others had given the round up and redone it without it, would hand the aggregator two sums
+over the same rows whose difference is that member's vector. So a round that may be given up is
+also sealed: each member adds ``PRF(k_r, name)`` (:func:`seal_vector`), where the round key
+``k_r`` (:func:`round_seal_key`) derives from every round member's seal contribution, a random
+32 bytes each member sends each other one encrypted under their pair secret
+(:func:`seal_share`), never to the aggregator. A member sends ``k_r`` to the aggregator only
+once the round is complete (every vector in), and never for a round given up: the vectors of a
+round given up stay sealed whoever sends what later. Any member of the round can release
+``k_r``, so one member's silence cannot hold a complete round shut. Every member knows every
+contribution: a member colluding with the aggregator opens rounds given up.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 
@@ -35,7 +49,9 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from workers import ProtocolError
@@ -46,6 +62,10 @@ I64Array = npt.NDArray[np.int64]
 PUBLIC_KEY_BYTES = 32
 _PAIR_INFO = b"fedboost secagg pair secret v1"
 _ROUND_INFO = b"fedboost secagg round mask v1"
+_SHARE_INFO = b"fedboost secagg seal share v1"
+_SEAL_INFO = b"fedboost secagg round seal v1"
+SEAL_BYTES = 32
+NONCE_BYTES = 12
 # The ChaCha20 key is fresh for every (pair, round), so one fixed nonce never repeats under a key.
 _NONCE = bytes(16)
 
@@ -119,16 +139,90 @@ class MaskRound:
     attempt: int
 
 
+def _stream(key: bytes, length: int) -> U64Array:
+    """``length`` 64-bit ChaCha20 keystream words under ``key`` (fresh per use)."""
+    encryptor = Cipher(algorithms.ChaCha20(key, _NONCE), mode=None).encryptor()
+    words: U64Array = np.frombuffer(encryptor.update(bytes(8 * length)), dtype="<u8")
+    return words.astype(np.uint64)
+
+
+def _derive(secret: bytes, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
+
+
 def pair_stream(secret: bytes, me: str, peer: str, round_: MaskRound, length: int) -> U64Array:
     """The ``length`` 64-bit keystream words a pair shares in one round (ChaCha20 under a key
     derived from the pair secret and the round)."""
     first, second = sorted([me, peer])
     info = _ROUND_INFO + _fields(round_.job, round_.purpose, round_.tree, round_.depth,
                                  round_.attempt, first, second)
-    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
-    encryptor = Cipher(algorithms.ChaCha20(key, _NONCE), mode=None).encryptor()
-    words: U64Array = np.frombuffer(encryptor.update(bytes(8 * length)), dtype="<u8")
-    return words.astype(np.uint64)
+    return _stream(_derive(secret, info), length)
+
+
+def seal_share(secret: bytes, contribution: bytes, job: str, sender: str,
+               recipient: str) -> tuple[bytes, bytes]:
+    """``(nonce, ciphertext)``: the sender's seal contribution for one other member, under a
+    key derived from their pair secret (ChaCha20-Poly1305, bound to the job and the direction).
+    """
+    if len(contribution) != SEAL_BYTES:
+        raise MaskError(f"a seal contribution has {SEAL_BYTES} bytes, got {len(contribution)}")
+    key = _derive(secret, _SHARE_INFO + _fields(job, sender, recipient))
+    nonce = os.urandom(NONCE_BYTES)
+    return nonce, ChaCha20Poly1305(key).encrypt(nonce, contribution, None)
+
+
+def open_seal_share(secret: bytes, nonce: bytes, sealed: bytes, job: str, sender: str,
+                    recipient: str) -> bytes:
+    """The sender's contribution from :func:`seal_share`.
+
+    Raises
+    ------
+    MaskError
+        If the nonce has the wrong length or the ciphertext does not authenticate (another
+        key, another direction, or altered bytes).
+    """
+    if len(nonce) != NONCE_BYTES:
+        raise MaskError(f"a seal share's nonce has {NONCE_BYTES} bytes, got {len(nonce)}")
+    key = _derive(secret, _SHARE_INFO + _fields(job, sender, recipient))
+    try:
+        contribution = ChaCha20Poly1305(key).decrypt(nonce, sealed, None)
+    except InvalidTag:
+        raise MaskError(f"{sender}'s seal share does not open under the pair key") from None
+    if len(contribution) != SEAL_BYTES:
+        raise MaskError(f"{sender}'s seal contribution has {len(contribution)} bytes")
+    return contribution
+
+
+def round_seal_key(contributions: dict[str, bytes], round_: MaskRound) -> bytes:
+    """The key of one round's seals: HKDF over the contributions of exactly the round's
+    members (``contributions`` maps each of them, in any order, to its 32 bytes) and the
+    round."""
+    if any(len(c) != SEAL_BYTES for c in contributions.values()):
+        raise MaskError(f"seal contributions have {SEAL_BYTES} bytes")
+    members = sorted(contributions)
+    info = _SEAL_INFO + _fields(round_.job, round_.purpose, round_.tree, round_.depth,
+                                round_.attempt, *members)
+    return _derive(b"".join(contributions[m] for m in members), info)
+
+
+def seal_stream(round_key: bytes, member: str, length: int) -> U64Array:
+    """The words ``member`` adds to its masked vector of the round of ``round_key``."""
+    if len(round_key) != SEAL_BYTES:
+        raise MaskError(f"a round key has {SEAL_BYTES} bytes, got {len(round_key)}")
+    return _stream(_derive(round_key, _SEAL_INFO + _fields(member)), length)
+
+
+def seal_vector(masked: U64Array, round_key: bytes, member: str) -> U64Array:
+    """``masked + seal_stream(round_key, member) (mod 2^64)``."""
+    return masked + seal_stream(round_key, member, masked.size)
+
+
+def unseal_sum(total: U64Array, round_key: bytes, members: list[str]) -> U64Array:
+    """The sum of the members' sealed vectors without their seals."""
+    opened = total.copy()
+    for member in members:
+        opened -= seal_stream(round_key, member, total.size)
+    return opened
 
 
 def mask_vector(values: I64Array, me: str, secrets: dict[str, bytes],

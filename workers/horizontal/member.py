@@ -1,23 +1,26 @@
 """A member of a horizontal job: rows with every column and the label (FedTree, horizontal).
 
-It sends the aggregator only quantile summaries, the peak exponents of its gradients, its row
-count and masked vectors (its label sum, its histograms): never a row, a gradient or a plain
-histogram. The masks are pairwise (``workers.horizontal.masking``), so they cancel only in the
-sum over all members of a round; each round's vector is masked once.
+It sends the aggregator only its column names, the peak exponents of its gradients, its row
+count, masked vectors (its set-up cell counts and label sum, its histograms) and the key of a
+complete root round: never a row, a value, a gradient or a plain count or histogram. The masks
+are pairwise (``workers.horizontal.masking``), so they cancel only in the sum over all members
+of a round; each round's vector is masked once. A tree's root histograms are also sealed, and
+the member releases their round key for one member set per tree only
+(``workers.horizontal.released``): the aggregator never holds two sums of a tree's root over
+different members.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from boosting import BoostingError
 from boosting._typing import BinMatrix, FloatArray, IntArray
-from boosting.binning import apply_cuts, check_cuts
+from boosting.binning import apply_cuts
 from boosting.fixedpoint import peak_exponent, quantize_at
 from boosting.losses import gradients, transform
 from boosting.metrics import evaluate
@@ -25,13 +28,16 @@ from boosting.params import BoostParams
 from boosting.tree import Model, Tree, node_values
 from messages.bodies import Ack, Metric, Opened, Resumed, ResumeJob, Step, TreeFinished
 from messages.envelope import MsgType
-from messages.horizontal import (FeatureSummaryBytes, GradientRange, GradientScale, HorizontalSpec,
-                                 LeafValues, LevelSplits, MaskedVector, MaskPublicKey,
-                                 MemberSummaries, OpenHorizontal, Round, SharedCuts)
+from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, LeafValues,
+                                 LevelSplits, MaskedVector, MaskPublicKey, OpenHorizontal, Round,
+                                 RoundKey, SealShare)
 from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.data import PartyData
-from workers.horizontal.masking import MaskKey, MaskRound, mask_vector, pair_secret
-from workers.horizontal.summary import encode_summaries, summarize
+from workers.horizontal import released
+from workers.horizontal.grid import Layout
+from workers.horizontal.masking import (SEAL_BYTES, MaskKey, MaskRound, mask_vector,
+                                        open_seal_share, pair_secret, round_seal_key,
+                                        seal_share, seal_vector)
 from workers.horizontal.tree import OWNER, MemberTree, assemble
 from workers.policy import check_protocol
 from workers.runtime import StepContext
@@ -41,6 +47,8 @@ from workers.row_partitioned import (aggregator_of, load_member_data, members_of
 PROTOCOL = "horizontal"
 STATS_SCALE = 2.0 ** 24
 """Fixed point of a regression member's label sum (the secure sum adds integers)."""
+STATE_FORMAT = 2
+"""Checkpoints' layout: 2 since the cuts come from the set-up grid (1: quantile summaries)."""
 
 
 @dataclass(slots=True)
@@ -55,10 +63,21 @@ class MemberJob:
     digest: str
     aggregator: str
     mask_key: MaskKey
+    seal: bytes
+    """This member's seal contribution of this session (``masking.round_seal_key``)."""
+    released: dict[str, list[str]]
+    """Tree prefix -> the members whose root round this member released a key for."""
+    announced: bool = False
+    """Whether the other members were sent this session's mask public key."""
     peers: dict[str, bytes] = field(default_factory=dict)
     """Pair secret with each other member (from their public keys)."""
+    seals: dict[str, bytes] = field(default_factory=dict)
+    """Every other member's seal contribution (from its encrypted share)."""
     masked: set[tuple[str, int, int, int]] = field(default_factory=set)
     """Rounds this member has masked a vector in: never two vectors under one mask."""
+    layouts: list[Layout] = field(default_factory=list)
+    """The set-up grid's cells per feature (``workers.horizontal.grid``)."""
+    grid_round: int = -1
     cuts: list[FloatArray] = field(default_factory=list)
     bins: BinMatrix | None = None
     base: float = 0.0
@@ -70,6 +89,10 @@ class MemberJob:
     round: tuple[int, int] = (-1, -1)
     """(tree, attempt) of the tree being grown."""
     live: list[str] = field(default_factory=list)
+    prefix: str = ""
+    """The tree in progress's name (``released.tree_prefix``)."""
+    opened: tuple[int, int] = (-1, -1)
+    """(tree, attempt) whose root round this member released the key of."""
     grad: FloatArray | None = None
     hess: FloatArray | None = None
     g_ints: IntArray | None = None
@@ -93,7 +116,7 @@ class MemberJob:
 
 
 def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
-    """Load the member's data set, check its labels, send the other members a mask key."""
+    """Load the member's data set, check its labels, make this session's mask key."""
     spec = body.spec
     me = ctx.party.name
     check_protocol(ctx.party.policy, me, PROTOCOL)
@@ -103,11 +126,10 @@ def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
     job = MemberJob(spec=spec, params=params_of(spec), data=data, data_file=own.path,
                     id_column=own.id_column,
                     digest=checkpoint.job_digest(spec, own.path, own.columns),
-                    aggregator=aggregator_of(spec), mask_key=MaskKey.generate())
+                    aggregator=aggregator_of(spec), mask_key=MaskKey.generate(),
+                    seal=secrets.token_bytes(SEAL_BYTES),
+                    released=released.load(ctx.model_dir))
     ctx.state = job
-    for peer in members_of(spec):
-        if peer != me:
-            ctx.send(peer, MsgType.H_MASK_KEY, MaskPublicKey(job.mask_key.public_bytes()))
     return MsgType.OPENED, Opened(rows=len(data.ids), checkpoints=checkpoint.available(
         ctx.model_dir, job.digest, checkpoint.key_of(ctx.party)))
 
@@ -123,89 +145,61 @@ def _check_labels(me: str, path: str, objective: str, y: FloatArray) -> None:
                         f"{bad:g}")
 
 
-def _pair_secrets(ctx: StepContext, job: MemberJob) -> None:
-    """The pair secret with every other member, once their keys are in."""
+def announce_key(ctx: StepContext, job: MemberJob, members: list[str]) -> None:
+    """Send the other members this session's mask public key, once: from the first step after
+    the flow heard every party open the job (a key sent while opening could reach a member
+    that has not opened it yet, which would drop it)."""
+    if job.announced:
+        return
+    for peer in members:
+        if peer != ctx.party.name:
+            ctx.send(peer, MsgType.H_MASK_KEY, MaskPublicKey(job.mask_key.public_bytes()))
+    job.announced = True
+
+
+def pair_secrets(ctx: StepContext, job: MemberJob, members: list[str]) -> None:
+    """The pair secret with every other member of ``members``, once their keys are in; each
+    new peer gets this member's seal contribution under it."""
     me = ctx.party.name
-    others = [m for m in members_of(job.spec) if m != me and m not in job.peers]
+    others = [m for m in members if m != me and m not in job.peers]
     ctx.mailbox.require(*[(MsgType.H_MASK_KEY, m, -1, -1) for m in others])
     for peer in others:
         key: MaskPublicKey = ctx.mailbox.take(MsgType.H_MASK_KEY, peer)
         job.peers[peer] = pair_secret(job.mask_key, key.key, ctx.job, me, peer)
+        nonce, sealed = seal_share(job.peers[peer], job.seal, ctx.job, me, peer)
+        ctx.send(peer, MsgType.H_SEAL_KEY, SealShare(nonce, sealed))
 
 
-def _send_masked(ctx: StepContext, job: MemberJob, values: IntArray, purpose: str, tree: int,
-                 depth: int, attempt: int, live: list[str]) -> None:
-    """Mask ``values`` for the round's live members and send them to the aggregator."""
+def _round_key(ctx: StepContext, job: MemberJob, round_: MaskRound) -> bytes:
+    """The seal key of a round of the live members, once their contributions are in."""
+    me = ctx.party.name
+    others = [m for m in job.live if m != me and m not in job.seals]
+    ctx.mailbox.require(*[(MsgType.H_SEAL_KEY, m, -1, -1) for m in others])
+    for peer in others:
+        share: SealShare = ctx.mailbox.take(MsgType.H_SEAL_KEY, peer)
+        job.seals[peer] = open_seal_share(job.peers[peer], share.nonce, share.sealed, ctx.job,
+                                          peer, me)
+    return round_seal_key({m: job.seal if m == me else job.seals[m] for m in job.live}, round_)
+
+
+def send_masked(ctx: StepContext, job: MemberJob, values: IntArray, purpose: str, tree: int,
+                depth: int, attempt: int, live: list[str], sealed: bool = False) -> None:
+    """Mask ``values`` for the round's live members (and seal them) and send them to the
+    aggregator."""
     me = ctx.party.name
     key = (purpose, tree, depth, attempt)
     if key in job.masked:  # a second vector under the same masks would reveal the difference
         raise ProtocolError(f"{me}: already masked a vector for {purpose} tree {tree} depth "
                             f"{depth} attempt {attempt}: refused")
+    round_ = MaskRound(ctx.job, purpose, tree, depth, attempt)
+    seal_key = _round_key(ctx, job, round_) if sealed else b""  # may wait: nothing sent yet
     job.masked.add(key)
-    secrets = {m: job.peers[m] for m in live if m != me}
-    masked = mask_vector(values.astype(np.int64).ravel(), me, secrets,
-                         MaskRound(ctx.job, purpose, tree, depth, attempt))
+    masked = mask_vector(values.astype(np.int64).ravel(), me,
+                         {m: job.peers[m] for m in live if m != me}, round_)
+    if sealed:
+        masked = seal_vector(masked, seal_key, me)
     ctx.send(job.aggregator, MsgType.H_MASKED,
              MaskedVector(purpose, tree, depth, attempt, masked.astype("<u8").tobytes()))
-
-
-def summarize_columns(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
-    """Send the aggregator one quantile summary per column, and the masked label sum."""
-    job: MemberJob = ctx.state
-    _pair_secrets(ctx, job)
-    summaries = encode_summaries(summarize(job.data.x, job.spec.summary_size))
-    ctx.send(job.aggregator, MsgType.H_SUMMARIES, MemberSummaries(
-        list(job.data.names),
-        [FeatureSummaryBytes(s.values, s.weights, s.exact) for s in summaries]))
-    y = job.y
-    label_sum = int(y.sum()) if job.params.objective == "binary" else \
-        int(np.rint(y * STATS_SCALE).astype(np.int64).sum())
-    members = members_of(job.spec)
-    _send_masked(ctx, job, np.array([y.size, label_sum], dtype=np.int64), "stats", -1, -1, 0,
-                 members)
-    return MsgType.ACK, Ack(count=len(summaries))
-
-
-def apply_bins(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
-    """Bin the rows with the shared cuts; start every margin at the shared base score."""
-    job: MemberJob = ctx.state
-    shared: SharedCuts = ctx.mailbox.take(MsgType.H_CUTS, job.aggregator)
-    me = ctx.party.name
-    if shared.columns != list(job.data.names):
-        raise DataError(f"party {me}: file {job.data_file}: columns differ from the first "
-                        f"member's: {_first_difference(list(job.data.names), shared.columns)}")
-    if not shared.cuts:  # another member's columns differ: its own error names its file
-        return MsgType.ACK, Ack(count=0)
-    if not math.isfinite(shared.base_score) or len(shared.cuts) != len(job.data.names):
-        raise ProtocolError(f"{me}: the aggregator sent {len(shared.cuts)} cut lists for "
-                            f"{len(job.data.names)} columns")
-    cuts = [np.frombuffer(raw, dtype="<f8").astype(np.float64) for raw in shared.cuts]
-    try:
-        check_cuts(cuts, len(cuts), job.params.max_bin)
-    except BoostingError as exc:  # the aggregator's doing, not this member's input
-        raise ProtocolError(f"{me}: the aggregator's cuts: {exc}") from None
-    job.cuts, job.base = cuts, float(shared.base_score)
-    job.bins = apply_cuts(job.data.x, cuts, job.params.max_bin)
-    job.margin = np.full((job.y.size, 1), job.base)
-    job.run = run_of(cuts, job.base)
-    _checkpoint(ctx, job)
-    return MsgType.ACK, Ack(count=job.y.size)
-
-
-def _first_difference(mine: list[str], reference: list[str]) -> str:
-    for k, (a, b) in enumerate(zip(mine, reference)):
-        if a != b:
-            return f"column {k + 1} is {a!r} here, {b!r} there"
-    return f"{len(mine)} columns here, {len(reference)} there"
-
-
-def run_of(cuts: list[FloatArray], base: float) -> str:
-    """A training run's id: a digest of its shared cuts and base score (every party has
-    them)."""
-    h = hashlib.sha256(np.float64(base).tobytes())
-    for c in cuts:
-        h.update(np.asarray(c, dtype="<f8").tobytes())
-    return h.hexdigest()[:16]
 
 
 def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
@@ -230,6 +224,7 @@ def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     else:
         in_tree = np.ones(n, dtype=bool)
     job.round, job.live = (body.tree, body.attempt), list(body.members)
+    job.prefix = released.tree_prefix(job.run, job.trees)
     job.grad, job.hess, job.g_ints, job.h_ints = g, h, None, None
     job.tree = MemberTree.start(n, in_tree, bins.shape[1], job.params.max_bin,
                                 job.params.max_depth)
@@ -278,7 +273,10 @@ def update_histograms(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     tree = _current_tree(job, me, body)
     if body.depth != tree.depth:
         raise StageError(f"{me}: depth {body.depth} asked, the tree is at depth {tree.depth}")
-    _pair_secrets(ctx, job)  # a resumed job skipped the summaries, where they were first made
+    if body.depth > 0 and job.opened != job.round:  # deeper sums of another set would subtract
+        raise ProtocolError(f"{me}: depth {body.depth} of tree {body.tree} attempt "
+                            f"{body.attempt} asked, whose root this member did not open: refused")
+    pair_secrets(ctx, job, job.live)  # a resumed job skipped the set-up, where they were made
     if job.g_ints is None:
         scale: GradientScale = _take_current(ctx, MsgType.H_GRADIENT_SCALE, job.aggregator,
                                              body.tree, -1, body.attempt)
@@ -293,8 +291,34 @@ def update_histograms(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
         job.h_ints = quantize_at(job.hess, scale.rows, scale.h_exponent).ints
     assert job.h_ints is not None
     hist = tree.histograms(job.require_bins(), job.g_ints, job.h_ints)
-    _send_masked(ctx, job, hist, "hist", body.tree, body.depth, body.attempt, job.live)
+    # the root round alone may be given up and redone with fewer members: it is sealed
+    send_masked(ctx, job, hist, "hist", body.tree, body.depth, body.attempt, job.live,
+                sealed=body.depth == 0)
     return MsgType.ACK, Ack(count=len(tree.build))
+
+
+def release_round(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+    """Every live member's root histograms are in: send the aggregator the key of their seals.
+    Refused for a tree this member released for another member set (in this run or before):
+    the aggregator would subtract the two root sums."""
+    job: MemberJob = ctx.state
+    me = ctx.party.name
+    _current_tree(job, me, body)
+    if body.depth != 0 or ("hist", body.tree, 0, body.attempt) not in job.masked:
+        raise StageError(f"{me}: release of tree {body.tree} depth {body.depth} attempt "
+                         f"{body.attempt}: only a root round this member masked is released")
+    before = job.released.get(job.prefix)
+    if before is not None and before != sorted(job.live):
+        raise ProtocolError(f"{me}: tree {body.tree} was opened with members {before}; opening "
+                            f"it with {job.live} would show the aggregator their difference: "
+                            f"refused")
+    if before is None:
+        job.released[job.prefix] = sorted(job.live)
+        released.save(ctx.model_dir, job.released)
+    job.opened = job.round
+    key = _round_key(ctx, job, MaskRound(ctx.job, "hist", body.tree, 0, body.attempt))
+    ctx.send(job.aggregator, MsgType.H_ROUND_KEY, RoundKey(body.tree, 0, body.attempt, key))
+    return MsgType.ACK, Ack(count=len(job.live))
 
 
 def _current_tree(job: MemberJob, me: str, body: Round) -> MemberTree:
@@ -339,21 +363,28 @@ def receive_tree(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     done = TreeFinished(metrics=[*metrics, Metric("rows", float(job.y.size))])
     job.history.append(done)
     job.tree, job.g_ints, job.h_ints, job.grad, job.hess = None, None, None, None, None
-    _checkpoint(ctx, job)
+    checkpoint_state(ctx, job)
     return MsgType.TREE_FINISHED, done
 
 
-def _checkpoint(ctx: StepContext, job: MemberJob) -> None:
+def checkpoint_state(ctx: StepContext, job: MemberJob) -> None:
+    """Save the member's state after its trees (and after binning)."""
     checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.run,
-                    {"cuts": job.cuts, "base": job.base, "margin": job.margin,
-                     "trees": job.trees, "history": job.history},
+                    {"format": STATE_FORMAT, "cuts": job.cuts, "base": job.base,
+                     "margin": job.margin, "trees": job.trees, "history": job.history},
                     checkpoint.key_of(ctx.party))
 
 
 def load_checkpoint(ctx: StepContext, digest: str, body: ResumeJob,
                     keys: set[str]) -> dict[str, Any]:
-    """A horizontal party's checkpoint record (``keys`` and the checkpoint's trees), checked."""
+    """A horizontal party's checkpoint record (``keys`` and the checkpoint's trees), checked;
+    one of an older format is refused by name."""
     saved = checkpoint.load(ctx.model_dir, body.checkpoint, digest, checkpoint.key_of(ctx.party))
+    if isinstance(saved, dict) and saved.get("format") != STATE_FORMAT:
+        raise checkpoint.CheckpointError(
+            f"{ctx.party.name}: the checkpoint after {body.checkpoint.trees_done} trees in "
+            f"{ctx.model_dir} is of an older horizontal protocol (cuts from quantile "
+            f"summaries): refused; remove its checkpoints folder to train the job afresh")
     if not (isinstance(saved, dict) and keys <= set(saved) and isinstance(saved["trees"], list)
             and len(saved["trees"]) == body.checkpoint.trees_done):
         raise checkpoint.CheckpointError(f"{ctx.party.name}: checkpoint after "
@@ -369,6 +400,7 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     job.margin, job.history = np.array(saved["margin"]), list(saved["history"])
     job.bins = apply_cuts(job.data.x, job.cuts, job.params.max_bin)
     job.run = body.checkpoint.run
+    announce_key(ctx, job, members_of(job.spec))
     return MsgType.RESUMED, Resumed(trees_done=len(job.trees), n_aligned=job.y.size,
                                     n_train=job.y.size, n_valid=0, outputs=1,
                                     history=list(job.history))
@@ -384,5 +416,6 @@ def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     """The job is complete and its model saved: its checkpoints go."""
     if isinstance(ctx.state, MemberJob):
         checkpoint.discard(ctx.model_dir)
+        released.discard(ctx.model_dir)
     return MsgType.ACK, Ack()
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from messages.envelope import MsgType
-from workers.horizontal import aggregator, member
+from workers.horizontal import aggregator, member, setup
 from workers.runtime import Protocol, RoleSteps
 
 MEMBER = RoleSteps({
     MsgType.H_OPEN_JOB: member.open_job,
-    MsgType.H_SUMMARIZE: member.summarize_columns,
-    MsgType.H_APPLY_BINS: member.apply_bins,
+    MsgType.H_SUMMARIZE: setup.summarize_columns,
+    MsgType.H_APPLY_BINS: setup.apply_bins,
     MsgType.H_COMPUTE_GRADIENTS: member.compute_gradients,
     MsgType.H_UPDATE_HISTOGRAMS: member.update_histograms,
+    MsgType.H_RELEASE_ROUND: member.release_round,
     MsgType.H_APPLY_SPLITS: member.apply_splits,
     MsgType.H_RECEIVE_TREE: member.receive_tree,
     MsgType.RESUME_JOB: member.resume_job,
@@ -21,7 +22,7 @@ MEMBER = RoleSteps({
 
 AGGREGATOR = RoleSteps({
     MsgType.H_OPEN_JOB: aggregator.open_job,
-    MsgType.H_MERGE_BINS: aggregator.merge_bins,
+    MsgType.H_MERGE_BINS: setup.merge_bins,
     MsgType.H_AGREE_SCALE: aggregator.agree_scale,
     MsgType.H_SECURE_SUM: aggregator.secure_sum,
     MsgType.H_SEND_TREE: aggregator.send_tree,

@@ -333,7 +333,7 @@ def _decrypt_histograms(run: ActiveTraining, msg: EncryptedHistograms, built: li
     for features, seg, count in zip(msg.shard_features, segments, counts, strict=True):
         sums = np.zeros((len(built) * features * msg.n_bins, 3), dtype=np.int64)  # empty: zero
         cells = (plain[start:start + count] if folded
-                 else packing.unpack(plain[start:start + count], seg.size))
+                 else packing.unpack(plain[start:start + count], seg.size, masked=True))
         for k, m in zip(seg.tolist(), cells):
             sums[k] = run.packer.unpack_sum(m)  # type: ignore[union-attr]  # _layout checked it
         blocks.append(sums.reshape(len(built), features, msg.n_bins, 3))

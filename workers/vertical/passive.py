@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from boosting.binning import goes_left, goes_left_raw, split_threshold
+from boosting.fixedpoint import value_bits
 from boosting.grow import smaller_child
 from boosting.params import BoostParams
 from boosting.tree import write_json_atomic
@@ -35,7 +36,7 @@ from workers.vertical.active import PROTOCOL, params_of
 from workers.vertical.opening import bin_training_rows, open_passive
 from workers.vertical.alignment import receive_alignment
 from workers.data import save_categories
-from workers.policy import check_key_bits
+from workers.policy import check_bin_sum_packer, check_key_bits
 from workers.runtime import StepContext
 from workers.shards import (LevelData, LevelWork, hold_tree_chunk, shard_data, shard_result,
                             sum_claimed)
@@ -60,6 +61,10 @@ class LookupRecord:
     flip: bool = False
     """The split's children were shown to the active party in swapped order (the vertical
     forest, seed 002): its "left" child is this record's right one."""
+    tree: int = -1
+    depth: int = -1
+    """The tree and level of the split (-1: a lookup file written before they were kept):
+    path-mode prediction asks a record only at its level, one per tree and row."""
 
 
 def records_go_left(x: np.ndarray, records: list[LookupRecord]) -> np.ndarray:
@@ -106,7 +111,10 @@ class PassiveTraining:
 
 
 def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
-    """Load own features (no labels)."""
+    """Load own features (no labels); refuse a packing of bin sums the policy does not allow."""
+    if body.spec.pack_bin_sums == "key_holder":
+        check_bin_sum_packer(ctx.party.policy, ctx.party.name, "key_holder",
+                             "the job's crypto.pack_bin_sums")
     state = open_passive(ctx, body.spec, PROTOCOL)
     state.role_state = PassiveTraining(params=params_of(body))
     ctx.state = state
@@ -198,12 +206,13 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     start: TreeStart = ctx.mailbox.items[(MsgType.TREE_START, state.active, tree, -1)][0]
     public = _require_key(run)
     n_train = state.require_bins().shape[0]
-    # sizes the active party declares are bounded by this party's rows and the key
-    if not 1 <= start.value_bits < public.n.bit_length() or start.max_rows != n_train \
+    # the shape the active party declares is the one honest gradients of this party's rows
+    # have: it sets how wide each bin sum is, so how much of each a decryption shows
+    if start.max_rows != n_train or start.value_bits != value_bits(n_train) \
             or not 1 <= start.n_chunks <= n_train:
         raise ProtocolError(f"tree {tree}: gradients of {start.value_bits} bits for "
                             f"{start.max_rows} rows in {start.n_chunks} chunks; this party has "
-                            f"{n_train} rows and a {public.n.bit_length()}-bit key")
+                            f"{n_train} rows, whose gradients have {value_bits(n_train)} bits")
     key = (MsgType.ENCRYPTED_GRADIENTS, state.active, tree, -1)
     ctx.mailbox.require(key, counts=[start.n_chunks])
     chunks: list[EncryptedGradients] = ctx.mailbox.items[key]
@@ -211,9 +220,12 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
         raise ProtocolError(f"tree {tree}: gradient chunks {sorted(c.chunk for c in chunks)}")
     most = BinSumPacking.for_key(GradientPacker(start.value_bits, start.max_rows).cell_bits,
                                  public.n.bit_length())
-    if not 1 <= start.per_ciphertext <= most.per_ciphertext:
+    if start.per_ciphertext not in (1, most.per_ciphertext):
         raise ProtocolError(f"tree {tree}: asked to pack {start.per_ciphertext} bin sums per "
-                            f"ciphertext; 1 to {most.per_ciphertext} fit")
+                            f"ciphertext; 1 (the key holder folds) or {most.per_ciphertext}")
+    if start.per_ciphertext == 1:
+        check_bin_sum_packer(ctx.party.policy, ctx.party.name, "key_holder",
+                             f"tree {tree} asks for one bin sum per ciphertext")
     packing = BinSumPacking(most.cell_bits, start.per_ciphertext)
     in_tree = decode_mask(start.in_tree, n_train)
     ordered = tuple(c.ciphertexts for c in sorted(chunks, key=lambda c: c.chunk))
@@ -252,14 +264,23 @@ def _apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
     ctx.mailbox.require((MsgType.NODE_POSITIONS, state.active, tree, depth - 1))
     msg: NodePositions = ctx.mailbox.take(MsgType.NODE_POSITIONS, state.active, tree, depth - 1)
     _check_positions(ctx.party.name, run, msg)
-    built = []
+    routed = []
     for split in msg.splits:
         rows = np.flatnonzero(run.node_of_row == split.node)
         mask = decode_mask(split.left, rows.size)
-        run.node_of_row[rows[mask]] = split.left_id
-        run.node_of_row[rows[~mask]] = split.right_id
         n_left = int(run.in_tree[rows[mask]].sum())
         n_right = int(run.in_tree[rows[~mask]].sum())
+        # the job's min_samples_leaf holds for every split honest training makes: a smaller
+        # child would be a node of chosen few rows, whose sums show the rows' bins
+        if min(n_left, n_right) < run.params.min_samples_leaf:
+            raise ProtocolError(f"{ctx.party.name}: t{tree} d{depth - 1}: node {split.node} "
+                                f"split into {n_left} and {n_right} rows; the job's "
+                                f"min_samples_leaf is {run.params.min_samples_leaf}")
+        routed.append((split, rows, mask, n_left, n_right))
+    built = []
+    for split, rows, mask, n_left, n_right in routed:
+        run.node_of_row[rows[mask]] = split.left_id
+        run.node_of_row[rows[~mask]] = split.right_id
         built.append(smaller_child(n_left, n_right, split.left_id, split.right_id))
     run.depth = depth
     run.level_nodes = {i for split in msg.splits for i in (split.left_id, split.right_id)}
@@ -448,7 +469,8 @@ def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         record_id = len(run.records)
         run.records[record_id] = LookupRecord(
             feature=choice.feature, bin=choice.bin, missing_left=choice.missing_left,
-            threshold=split_threshold(state.cuts[choice.feature], choice.bin))
+            threshold=split_threshold(state.cuts[choice.feature], choice.bin), tree=run.tree,
+            depth=run.depth)
         out.append(AppliedSplit(node=choice.node, record_id=record_id, left=encode_mask(mask)))
     ctx.send(state.active, MsgType.APPLIED_SPLITS, AppliedSplits(body.tree, body.depth, out))
     return MsgType.ACK, Ack(count=len(out))
@@ -497,18 +519,26 @@ def lookup_to_dict(party: str, job: str, names: tuple[str, ...],
     """Versioned JSON form of a lookup table."""
     return {"format": LOOKUP_FORMAT, "version": LOOKUP_VERSION, "party": party, "job": job,
             "features": list(names),
-            "records": {str(k): {"feature": r.feature, "bin": r.bin, "threshold": r.threshold,
-                                 "missing_left": r.missing_left, "flip": r.flip}
-                        for k, r in records.items()}}
+            "records": {str(k): record_to_dict(r) for k, r in records.items()}}
+
+
+def record_to_dict(r: LookupRecord) -> dict[str, Any]:
+    """A lookup record as its file (and a forest's kept tree) holds it."""
+    return {"feature": r.feature, "bin": r.bin, "threshold": r.threshold,
+            "missing_left": r.missing_left, "flip": r.flip, "tree": r.tree, "depth": r.depth}
+
+
+def record_from_dict(v: dict[str, Any]) -> LookupRecord:
+    """A lookup record from its file form (files without tree and depth: -1)."""
+    return LookupRecord(feature=int(v["feature"]), bin=int(v["bin"]),
+                        threshold=float(v["threshold"]), missing_left=bool(v["missing_left"]),
+                        flip=bool(v.get("flip", False)), tree=int(v.get("tree", -1)),
+                        depth=int(v.get("depth", -1)))
 
 
 def lookup_from_dict(raw: dict[str, Any]) -> tuple[tuple[str, ...], dict[int, LookupRecord]]:
     """Feature names and records of a lookup file."""
     if raw.get("format") != LOOKUP_FORMAT or raw.get("version") != LOOKUP_VERSION:
         raise ProtocolError(f"not a {LOOKUP_FORMAT} v{LOOKUP_VERSION} file")
-    records = {int(k): LookupRecord(feature=int(v["feature"]), bin=int(v["bin"]),
-                                    threshold=float(v["threshold"]),
-                                    missing_left=bool(v["missing_left"]),
-                                    flip=bool(v.get("flip", False)))
-               for k, v in raw["records"].items()}
+    records = {int(k): record_from_dict(v) for k, v in raw["records"].items()}
     return tuple(raw["features"]), records

@@ -7,11 +7,16 @@ level down. A passive party thus reveals the decisions on each row's path and no
 batched mode (``workers.vertical.scoring``) it reveals every record's decision for every row.
 
 A passive party answers only pairs inside the job: rows of the batch, records it owns, each
-pair once, levels a tree can have.
+pair once, levels a tree can have; and only as many as paths have: a record only at its own
+level, per row at most one record of each tree per level, each level of a batch once. An
+active party that lies about where its rows are can still pick *which* node of a level it asks
+about (the passive party does not know the tree's shape), not more of them: per row, tree and
+level one decision, as its path would give.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +31,7 @@ from workers import ProtocolError, StageError
 from workers.vertical.alignment import receive_alignment
 from workers.runtime import StepContext
 from workers.vertical.active import ActiveTraining
+from workers.vertical.passive import LookupRecord
 from workers.vertical.explain import keeps_stages
 from workers.vertical.scoring import (lookup_records, model_of, score_x, store_margin,
                                       store_staged)
@@ -204,6 +210,7 @@ def answer_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     request: DecisionRequest = ctx.mailbox.take(MsgType.DECISION_REQUEST, state.active,
                                                 body.tree, body.depth)
     rows, records = _checked_pairs(state, request, x.shape[0])
+    _answer_once(state, request)
     feature, threshold, missing_left, flip = records
     values = x[rows, feature]
     bits = goes_left_raw(values, threshold, missing_left).astype(bool) ^ flip
@@ -211,6 +218,18 @@ def answer_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         batch=body.tree, depth=body.depth, n_pairs=int(rows.size),
         bits=np.packbits(bits).tobytes()))
     return MsgType.ACK, Ack(count=int(rows.size))
+
+
+def _answer_once(state: JobState, request: DecisionRequest) -> None:
+    """Each level of a batch is answered once (the same request again: a retry); asked again
+    with other pairs, a level would give a row's decisions at more nodes than its path has."""
+    answered: dict[str, bytes] = state.paths if isinstance(state.paths, dict) else {}
+    state.paths = answered  # a passive party's record of the levels it answered
+    level = f"{request.batch}/{request.depth}"
+    digest = hashlib.sha256(request.rows + b"|" + request.records).digest()
+    if answered.setdefault(level, digest) != digest:
+        raise ProtocolError(f"decision request for batch {request.batch} level "
+                            f"{request.depth}: that level was answered already, for other pairs")
 
 
 def _checked_pairs(state: JobState, request: DecisionRequest,
@@ -237,8 +256,28 @@ def _checked_pairs(state: JobState, request: DecisionRequest,
     if np.unique(rows * ids.size + index).size != rows.size:
         raise ProtocolError(f"{where}: a (row, record) pair is asked twice")
     table = [own[int(r)] for r in ids]
+    _check_path_shape(where, request.depth, rows, records, table, index)
     feature = np.array([r.feature for r in table], dtype=np.int64)[index]
     threshold = np.array([r.threshold for r in table])[index]
     missing_left = np.array([r.missing_left for r in table], dtype=bool)[index]
     flip = np.array([r.flip for r in table], dtype=bool)[index]
     return rows, (feature, threshold, missing_left, flip)
+
+
+def _check_path_shape(where: str, level: int, rows: IntArray, records: IntArray,
+                      table: list[LookupRecord], index: IntArray) -> None:
+    """A record only at the level of its split, and per row at most one record of each tree:
+    a path's shape (records of lookup files without tree and depth are not checked)."""
+    depth = np.array([r.depth for r in table], dtype=np.int64)[index]
+    off = np.flatnonzero((depth >= 0) & (depth != level))
+    if off.size:
+        raise ProtocolError(f"{where}: record {int(records[off[0]])} splits level "
+                            f"{int(depth[off[0]])}, not {level}")
+    tree = np.array([r.tree for r in table], dtype=np.int64)[index]
+    known = tree >= 0
+    pairs = rows[known] * (int(tree.max(initial=0)) + 1) + tree[known]
+    unique, counts = np.unique(pairs, return_counts=True)
+    if (counts > 1).any():
+        row = int(unique[counts > 1][0]) // (int(tree.max(initial=0)) + 1)
+        raise ProtocolError(f"{where}: row {row} is asked about two records of one tree at "
+                            f"one level; a path has one")

@@ -17,8 +17,9 @@ from boosting.binning import apply_cuts, fit_cuts
 from boosting.fixedpoint import quantize
 from boosting.hist import build_histograms
 from workers import ProtocolError
-from workers.horizontal.masking import (MaskError, MaskKey, MaskRound, mask_vector, pair_secret,
-                                        unmask_sum)
+from workers.horizontal.masking import (SEAL_BYTES, MaskError, MaskKey, MaskRound, mask_vector,
+                                        open_seal_share, pair_secret, round_seal_key,
+                                        seal_share, seal_vector, unmask_sum, unseal_sum)
 
 JOB = "job-7"
 ROUND = MaskRound(JOB, "histograms", tree=3, depth=1, attempt=0)
@@ -208,3 +209,60 @@ def test_masking_throughput(five: dict[str, dict[str, bytes]]) -> None:
 def test_pairs_are_all_distinct(five: dict[str, dict[str, bytes]]) -> None:
     secrets = {frozenset((a, b)): five[a][b] for a, b in combinations(sorted(five), 2)}
     assert len(set(secrets.values())) == 10
+
+
+# -- seals: a round given up stays shut, whatever arrives later -----------------------------
+
+
+def _seal_contributions(five: dict[str, dict[str, bytes]]) -> dict[str, bytes]:
+    """Every member's contribution as the others open it from its encrypted share."""
+    own = {m: bytes([i + 7]) * SEAL_BYTES for i, m in enumerate(sorted(five))}
+    opened = {}
+    for sender in sorted(five):
+        recipient = next(m for m in sorted(five) if m != sender)
+        nonce, sealed = seal_share(five[sender][recipient], own[sender], JOB, sender, recipient)
+        assert own[sender] not in sealed
+        opened[sender] = open_seal_share(five[recipient][sender], nonce, sealed, JOB, sender,
+                                         recipient)
+    assert opened == own
+    return own
+
+
+def test_a_sealed_round_opens_with_its_key_and_stays_noise_without_it(
+        fixed_five: dict[str, dict[str, bytes]]) -> None:
+    five = fixed_five
+    own = _seal_contributions(five)
+    key = round_seal_key(own, ROUND)
+    hist = _histogram_vector()
+    values = {m: hist if m == "carol" else np.zeros_like(hist) for m in five}
+    sealed = [seal_vector(mask_vector(values[m], m, five[m], ROUND), key, m) for m in sorted(five)]
+    total = unmask_sum(sealed)  # every vector of the round is in, the pairwise masks cancel
+    assert _top_byte_p_value(total) > 0.001  # and still the sum is noise without the key
+    opened = unseal_sum(total.view(np.uint64), key, sorted(five)).view(np.int64)
+    assert np.array_equal(opened, hist)
+
+
+def test_the_round_key_needs_every_members_contribution_and_names_the_round(
+        five: dict[str, dict[str, bytes]]) -> None:
+    own = _seal_contributions(five)
+    key = round_seal_key(own, ROUND)
+    assert round_seal_key(dict(reversed(list(own.items()))), ROUND) == key  # any order
+    fewer = {m: c for m, c in own.items() if m != "erin"}
+    assert round_seal_key(fewer, ROUND) != key
+    for other in (MaskRound(JOB, "histograms", 3, 1, 1), MaskRound(JOB, "histograms", 4, 1, 0),
+                  MaskRound("job-8", "histograms", 3, 1, 0)):
+        assert round_seal_key(own, other) != key
+
+
+def test_a_seal_share_opens_only_for_its_recipient_and_unaltered(
+        five: dict[str, dict[str, bytes]]) -> None:
+    nonce, sealed = seal_share(five["alice"]["bob"], bytes(SEAL_BYTES), JOB, "alice", "bob")
+    with pytest.raises(MaskError, match="does not open"):  # the other direction's key
+        open_seal_share(five["alice"]["bob"], nonce, sealed, JOB, "bob", "alice")
+    with pytest.raises(MaskError, match="does not open"):
+        open_seal_share(five["alice"]["bob"], nonce, sealed[:-1] + bytes([sealed[-1] ^ 1]), JOB,
+                        "alice", "bob")
+    with pytest.raises(MaskError, match="does not open"):  # another pair
+        open_seal_share(five["alice"]["carol"], nonce, sealed, JOB, "alice", "bob")
+    with pytest.raises(MaskError, match="nonce"):
+        open_seal_share(five["alice"]["bob"], nonce[:4], sealed, JOB, "alice", "bob")

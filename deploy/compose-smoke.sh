@@ -1,0 +1,343 @@
+#!/usr/bin/env bash
+# The README's "Running a federation" with docker compose, for real, from a checkout beside
+# shared/ (make compose-test): passwords, broker definitions, signing keys and TLS
+# certificates; build; start with the profile 'horizontal'; wait for every health check; run
+# the vertical and the horizontal deployment to completion with 'prefect deployment run' and
+# check each party's model volume; crash a worker mid-run (restarted by its restart policy, the
+# run resumes to the uninterrupted model); stop a worker by hand mid-run ('kill', which no
+# restart policy covers: the run fails naming it, and once the worker is up again a retry
+# resumes to the same model); log in to the Prefect UI in headless Chromium and check the flow
+# run's page and artifacts; tear everything down. One line per step with its seconds; the first
+# failure stops it (exit 1) after printing the end of that step's log.
+#
+# Engine: Docker when 'docker info' answers, else podman through its Docker-compatible socket
+# (started here, stopped at the end). Compose: 'docker compose', else 'docker-compose'.
+# Without a registry for python:3.11-slim and rabbitmq:3.13 it builds stand-ins from Debian's
+# packages (deploy/stand-in-images.sh) and says so. Images stay for the next run (fedboost:latest
+# and the base images); containers, volumes, networks, keys and certificates do not.
+# Needs: fedboost on PATH (pip install .), openssl, chromium; and no deploy/keys or deploy/tls
+# yet (it makes its own and removes them at the end; a deployment's keys are never touched).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-fedboost-smoke}
+work=$(mktemp -d)
+log=$work/step.log
+python=$(head -1 "$(command -v fedboost)" | sed 's/^#!//')  # the fedboost command's Python
+checks() { "$python" deploy/smoke_checks.py "$@"; }
+shots=runs/compose-smoke  # the Prefect UI's screenshot stays here
+mkdir -p "$shots"
+state=$work/state  # what a step keeps for the next ones and the tear-down: 'keep NAME VALUE'
+: > "$state"
+keep() { printf 'export %s=%q\n' "$1" "$2" >> "$state"; }
+podman_pid="" health_pid="" made_keys="" compose=""
+started=$EPOCHREALTIME
+trees=${SMOKE_TREES:-8}  # trees of each vertical run
+
+since() { awk -v now="$EPOCHREALTIME" -v then="$1" 'BEGIN { printf "%.1f", now - then }'; }
+say() { printf '%7s s  %s\n' "$(since "$started")" "$*"; }
+
+# step TITLE COMMAND...: run COMMAND (a function or program) in a subshell that stops at its
+# first failing command, its output in the step's log; print one line with the step's seconds,
+# or stop at its failure
+step() {
+  local title=$1 begin=$EPOCHREALTIME status
+  shift
+  : > "$log"
+  set +e
+  (set -e; "$@") >> "$log" 2>&1
+  status=$?
+  set -e
+  . "$state"
+  if [ $status = 0 ]; then
+    printf 'ok   %6s s  %s%s\n' "$(since "$begin")" "$title" \
+      "$(tail -n 1 "$log" | sed -n 's/^=> / : /p')"
+  else
+    printf 'FAIL %6s s  %s\n' "$(since "$begin")" "$title"
+    tail -n 30 "$log" | sed 's/^/     | /'
+    exit 1
+  fi
+}
+note() { echo "=> $*"; }  # a step's last line of this form ends its printed line
+
+teardown() {
+  local code=$? begin=$EPOCHREALTIME
+  set +e
+  if [ -n "$health_pid" ]; then kill "$health_pid" 2> /dev/null; wait "$health_pid" 2>/dev/null; fi
+  if [ -n "$compose" ]; then
+    $compose --profile horizontal down --volumes --remove-orphans --timeout 30 \
+      > "$work/down.log" 2>&1 || tail -n 5 "$work/down.log" | sed 's/^/     | /'
+    left=$(for kind in container volume network; do
+      $engine $kind ls -q --filter "label=$project"
+    done | xargs)
+  fi
+  if [ -n "$made_keys" ]; then
+    rm -rf deploy/keys deploy/tls
+    cp "$work/definitions.json" deploy/definitions.json
+  fi
+  if [ -n "$podman_pid" ]; then kill "$podman_pid" 2> /dev/null; wait "$podman_pid" 2>/dev/null; fi
+  printf '%s   %6s s  %s\n' "$([ -z "${left:-}" ] && echo ok || echo FAIL)" \
+    "$(since "$begin")" \
+    "tear down: containers, volumes, networks, keys and certificates removed"
+  if [ -n "${left:-}" ]; then echo "     | left behind: $left"; code=1; fi
+  rm -rf "$work"
+  say "done (exit $code)"
+  exit "$code"
+}
+trap teardown EXIT
+trap 'exit 130' INT TERM
+
+engine_and_compose() {
+  if docker info > /dev/null 2>&1; then
+    engine=docker
+  elif command -v podman > /dev/null; then
+    engine=podman
+    if [ -z "${DOCKER_HOST:-}" ]; then
+      podman system service --time=0 "unix://$work/podman.sock" > "$work/podman.log" 2>&1 &
+      keep podman_pid $!
+      export DOCKER_HOST="unix://$work/podman.sock"
+      keep DOCKER_HOST "$DOCKER_HOST"
+      for _ in $(seq 60); do [ -S "$work/podman.sock" ] && break; sleep 0.5; done
+    fi
+  else
+    echo "neither Docker nor podman is installed"; return 1
+  fi
+  if docker compose version > /dev/null 2>&1; then
+    compose="docker compose"
+  elif command -v docker-compose > /dev/null; then
+    compose=docker-compose
+  else
+    echo "no docker compose (the Docker plugin or docker-compose)"; return 1
+  fi
+  keep engine "$engine"
+  keep compose "$compose"
+  if [ "$engine" = podman ]; then
+    # compose's classic build API: BuildKit would pull its own image (moby/buildkit) offline
+    keep DOCKER_BUILDKIT 0
+    keep COMPOSE_DOCKER_CLI_BUILD 0
+    if [ ! -d /run/systemd/system ]; then
+      # podman runs health checks from systemd timers; without systemd, this script runs them
+      health_checks > /dev/null 2>&1 &
+      keep health_pid $!
+    fi
+  fi
+  note "$engine ($($engine --version | head -1)), $compose${DOCKER_HOST:+ at $DOCKER_HOST}" \
+    "$(grep -q health_pid "$state" && echo "(no systemd: this script runs the health checks)")"
+}
+
+project=com.docker.compose.project=$COMPOSE_PROJECT_NAME  # the label of what compose made
+
+health_checks() {
+  while :; do
+    for container in $(podman ps -q --filter "label=$project"); do
+      podman healthcheck run "$container" > /dev/null 2>&1 || true
+    done
+    sleep 10
+  done
+}
+
+base_images() {
+  local missing=""
+  for image in docker.io/library/python:3.11-slim docker.io/library/rabbitmq:3.13; do
+    $engine image inspect "$image" > /dev/null 2>&1 || timeout 120 $engine pull "$image" ||
+      missing+=" $image"
+  done
+  if [ -z "$missing" ]; then
+    note "python:3.11-slim and rabbitmq:3.13 present"
+    return
+  fi
+  echo "no registry gave$missing: building stand-ins from Debian's packages"
+  deploy/stand-in-images.sh "$engine"
+  note "no registry: stand-ins for$missing built from Debian's packages (deploy/stand-in-images.sh)"
+}
+
+secrets_and_keys() {  # README "Running a federation", step by step
+  if [ -e deploy/keys ] || [ -e deploy/tls ]; then
+    echo "deploy/keys or deploy/tls exists: a deployment's keys; run from a fresh clone"
+    return 1
+  fi
+  cp deploy/definitions.json "$work/definitions.json"
+  keep made_keys yes
+  for party in GUEST HOST HOST_1 HOST_2 AGGREGATOR FLOW; do
+    export "FEDBOOST_${party}_PASSWORD=$(openssl rand -hex 24)"
+    keep "FEDBOOST_${party}_PASSWORD" "$(printenv "FEDBOOST_${party}_PASSWORD")"
+  done
+  export FEDBOOST_PREFECT_AUTH_STRING="admin:$(openssl rand -hex 24)"
+  keep FEDBOOST_PREFECT_AUTH_STRING "$FEDBOOST_PREFECT_AUTH_STRING"
+  fedboost definitions --party guest --party host --party host_1 --party host_2 \
+    --party aggregator --out deploy/definitions.json
+  fedboost keys --out deploy/keys --local-trial --name guest --name host --name host_1 \
+    --name host_2 --name aggregator --name flow
+  deploy/make-certs.sh -o deploy/tls guest host host_1 host_2 aggregator flow
+  note "$(ls deploy/keys/*.key deploy/tls/*.key | wc -l) private keys, mode 0600," \
+    "owned by $(id -un): no chown"
+}
+
+build() {
+  $compose --profile horizontal build
+  # .dockerignore: the keys and certificates made above never reach the image
+  local found
+  found=$($engine run --rm --user root --entrypoint find fedboost:latest / -xdev \
+    \( -name '*.key' -o -name '*.pub' -o -name '*.pem' -o -name 'definitions.json' \) \
+    -not -path '/usr/*' -not -path '/etc/ssl/*' -not -path '/proc/*')
+  if [ -n "$found" ]; then echo "the image holds $found"; return 1; fi
+  note "fedboost:latest holds no key, certificate or definitions"
+}
+
+service_ids() { $compose --profile horizontal ps -q "$@"; }
+
+health='{{.Name}} {{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}'
+wait_healthy() {
+  local deadline=$((SECONDS + ${1:-600})) states
+  while :; do
+    states=$($engine inspect -f "$health" $(service_ids))
+    if ! grep -qv ' healthy$' <<< "$states"; then
+      note "$(wc -l <<< "$states") containers healthy"
+      return
+    fi
+    if [ $SECONDS -gt "$deadline" ]; then echo "$states"; return 1; fi
+    sleep 3
+  done
+}
+
+# deployment_run NAME [--params JSON]: start a run of the runner's deployment; its id in run_id
+deployment_run() {
+  local out
+  out=$($compose exec -T --user fedboost runner prefect deployment run "$@")
+  echo "$out"
+  run_id=$(sed -n 's/.*UUID: *\([0-9a-f-]\{36\}\).*/\1/p' <<< "$out" | head -1)
+  [ -n "$run_id" ]
+}
+
+# model_digests SERVICE PARTY JOB: each file of the party's model folder with its SHA-256, but
+# for the time it was saved ('saved_at', the one field two runs of a job differ in)
+model_digests() {
+  $compose exec -T "$1" python -c "
+import hashlib, json, pathlib, sys
+folder = pathlib.Path('/models/$3/$2')
+files = sorted(p for p in folder.glob('*.json'))
+if not any(p.name in ('model.json', 'lookup.json') for p in files):
+    sys.exit(f'no model in {folder} of $1: {[p.name for p in folder.iterdir()]}')
+for p in files:
+    content = json.loads(p.read_bytes())
+    content.pop('saved_at', None)
+    print(p.name, hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16])"
+}
+
+train() {  # train LABEL DEPLOYMENT JOB SERVICE:PARTY... [--params JSON]
+  local label=$1 deployment=$2 job=$3 parties=()
+  shift 3
+  while [ $# -gt 0 ] && [ "$1" != --params ]; do parties+=("$1"); shift; done
+  deployment_run "$deployment" "$@"
+  checks wait-run "$run_id" 1800
+  models "$label" "$job" "${parties[@]}"
+  cat "$work/$label.models"
+  keep "${label}_run" "$run_id"
+  note "run $run_id completed; model parts of" \
+    "$(cut -d' ' -f1 "$work/$label.models" | sort -u | xargs | tr ' ' ',')"
+}
+
+# vertical_job [KEY=VALUE...]: the vertical deployment's default job (deploy/job.yaml) with
+# $trees trees, a run's --params: its 30 trees take half an hour on a busy 2-core machine
+vertical_job() { checks params deploy/job.yaml "params.n_trees=$trees" "$@"; }
+
+trees_checkpointed() {  # the host's newest checkpoint of job default-credit (0: none)
+  $compose exec -T worker-host sh -c 'ls /models/default-credit/host/checkpoints 2>/dev/null' |
+    sed -n 's/^trees-0*\([0-9][0-9]*\)\.ckpt$/\1/p' | sort -n | tail -1 | grep . || echo 0
+}
+
+wait_trees() {
+  local deadline=$((SECONDS + 900))
+  until [ "$(trees_checkpointed)" -ge "$1" ]; do
+    [ $SECONDS -lt "$deadline" ] || { echo "no tree $1 checkpointed"; return 1; }
+    sleep 2
+  done
+}
+
+# models LABEL JOB SERVICE:PARTY...: the digests of each party's model files in $work/LABEL.models
+models() {
+  local label=$1 job=$2 pair
+  shift 2
+  : > "$work/$label.models"
+  for pair in "$@"; do
+    model_digests "${pair%%:*}" "${pair#*:}" "$job" | sed "s/^/${pair#*:} /" \
+      >> "$work/$label.models"
+  done
+}
+
+same_model() {  # same_model LABEL: the vertical job's model files equal the first run's
+  models "$1" default-credit worker-guest:guest worker-host:host
+  diff "$work/vertical.models" "$work/$1.models"
+}
+
+crash_worker() {
+  deployment_run vertical_secureboost/default-credit --params "$(vertical_job)"
+  wait_trees 3
+  local container restarts now
+  container=$(service_ids worker-host)
+  restarts=$($engine inspect -f '{{.RestartCount}}' "$container")
+  # the worker's process dies as in a crash (kill -9 by the kernel's OOM killer, a segfault)
+  $compose exec -T --user fedboost worker-host python -c \
+    "import os, signal; os.kill(-1, signal.SIGKILL)" || true
+  for _ in $(seq 60); do
+    now=$($engine inspect -f '{{.RestartCount}}' "$container")
+    [ "$now" -gt "$restarts" ] && break
+    sleep 1
+  done
+  echo "worker-host: RestartCount $restarts -> $now"
+  [ "$now" -gt "$restarts" ]
+  checks wait-run "$run_id" 1800
+  same_model crash
+  note "killed after tree 3, restarted by its policy ($restarts -> $now restarts); the run" \
+    "resumed and completed with the first run's model"
+}
+
+stop_worker() {
+  # a shorter step timeout for this run only (the shipped jobs wait 300 s for a silent party)
+  deployment_run vertical_secureboost/default-credit \
+    --params "$(vertical_job transport.step_timeout=60)"
+  wait_trees 2
+  local container begin
+  container=$(service_ids worker-host)
+  $engine kill "$container"
+  begin=$SECONDS
+  if checks wait-run "$run_id" 600 > "$work/stopped.txt"; then
+    cat "$work/stopped.txt"; echo "the run completed without worker-host"; return 1
+  fi
+  cat "$work/stopped.txt"
+  grep -q "party host" "$work/stopped.txt"
+  [ "$($engine inspect -f '{{.State.Running}}' "$container")" = false ]
+  local failed_after=$((SECONDS - begin))
+  echo "failed $failed_after s after the kill, naming host; worker-host still down"
+  $compose --profile horizontal up -d worker-host
+  wait_healthy 300
+  checks retry "$run_id"
+  checks wait-run "$run_id" 1800
+  same_model stopped
+  note "stopped by hand: the run failed $failed_after s later naming party host; restarted" \
+    "and retried, it resumed to the same model"
+}
+
+main() {
+  say "compose smoke test of $(git rev-parse --short HEAD 2>/dev/null || echo this tree) in $PWD"
+  step "engine and compose" engine_and_compose
+  step "base images" base_images
+  step "passwords, definitions, signing keys, TLS certificates" secrets_and_keys
+  step "docker compose build" build
+  step "docker compose up -d (profile horizontal)" $compose --profile horizontal up -d
+  step "every container healthy" wait_healthy 600
+  step "vertical deployment run ($trees trees) to completion, model volumes" \
+    train vertical vertical_secureboost/default-credit default-credit \
+    worker-guest:guest worker-host:host --params "$(vertical_job)"
+  # the aggregator keeps no model: each member holds the whole of it
+  step "horizontal deployment run (its default job) to completion, model volumes" \
+    train horizontal horizontal/default-credit credit-homo \
+    worker-guest:guest worker-host-1:host_1 worker-host-2:host_2
+  step "worker-host's process killed mid-run" crash_worker
+  step "worker-host stopped by hand mid-run" stop_worker
+  step "Prefect UI (login, flow run page, artifacts) in headless Chromium" \
+    checks ui "$vertical_run" "$shots/prefect-ui.png"
+}
+
+# the whole script is read before it runs: editing it meanwhile changes nothing
+main "$@"

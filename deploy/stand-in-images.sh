@@ -1,0 +1,91 @@
+#!/bin/sh
+# Stand-ins for the two base images docker-compose.yml starts from, python:3.11-slim and
+# rabbitmq:3.13, built from Debian bookworm's packages: for a machine that runs containers but
+# reaches no image registry (only Debian's archive). They are not the official images; they
+# behave like them where fedboost relies on it:
+#   python:3.11-slim  Python 3.11 with pip and python in /usr/local/bin (a venv at /usr/local,
+#                     since Debian's own pip refuses installs, PEP 668)
+#   rabbitmq:3.13     Debian's rabbitmq-server (3.10), started by docker-entrypoint.sh as root
+#                     that then runs the broker as the user 'rabbitmq' (uid 999), logs to the
+#                     console, reads /etc/rabbitmq/rabbitmq.conf and conf.d/ like the official one
+#
+# usage: deploy/stand-in-images.sh [ENGINE]     ENGINE: podman (default) or docker
+# Needs mmdebstrap (apt-get install mmdebstrap). Each image takes a minute or two; an image
+# already present is kept (remove it to build it again).
+set -eu
+
+engine=${1:-podman}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+have() { "$engine" image inspect "$1" >/dev/null 2>&1; }
+
+# rootfs NAME PACKAGES [HOOK]: a minimal bookworm imported as the image NAME
+rootfs() {
+  mmdebstrap --quiet --variant=minbase --include="$2" ${3:+--essential-hook="$3"} \
+    --customize-hook='chroot "$1" apt-get clean' \
+    --customize-hook='rm -rf "$1"/var/lib/apt/lists/*' \
+    bookworm "$work/rootfs.tar"
+  "$engine" import "$work/rootfs.tar" "$1" >/dev/null
+  rm -f "$work/rootfs.tar"
+}
+
+python=docker.io/library/python:3.11-slim
+if have "$python"; then
+  echo "stand-in $python: present"
+else
+  rootfs localhost/fedboost-stand-in-python-rootfs python3,python3-venv,ca-certificates
+  # pip in the image trusts what this machine's pip trusts (a proxy's CA, where one intercepts)
+  cp "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" "$work/host-ca.crt"
+  cat > "$work/python.Containerfile" <<'EOF'
+FROM localhost/fedboost-stand-in-python-rootfs
+COPY host-ca.crt /etc/ssl/certs/host-ca.crt
+RUN python3 -m venv /usr/local && /usr/local/bin/pip --version \
+    && printf '[global]\ncert = /etc/ssl/certs/host-ca.crt\n' > /etc/pip.conf
+ENV PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8
+CMD ["python3"]
+EOF
+  "$engine" build -q -t "$python" -f "$work/python.Containerfile" "$work" >/dev/null
+  "$engine" rmi localhost/fedboost-stand-in-python-rootfs >/dev/null
+  echo "stand-in $python: built from Debian's python3" \
+       "($("$engine" run --rm "$python" python --version))"
+fi
+
+rabbitmq=docker.io/library/rabbitmq:3.13
+if have "$rabbitmq"; then
+  echo "stand-in $rabbitmq: present"
+else
+  # the official image's user: uid and gid 999, made before the package would pick others
+  rootfs localhost/fedboost-stand-in-rabbitmq-rootfs rabbitmq-server,ca-certificates \
+    'echo rabbitmq:x:999: >> "$1/etc/group"; echo rabbitmq:!:: >> "$1/etc/gshadow";
+     echo rabbitmq:x:999:999::/var/lib/rabbitmq:/usr/sbin/nologin >> "$1/etc/passwd";
+     echo rabbitmq:!:19000:::::: >> "$1/etc/shadow"'
+  cat > "$work/docker-entrypoint.sh" <<'EOF'
+#!/bin/sh
+# as the official image's: started as root, it hands the data folder to 'rabbitmq' and
+# runs the broker as that user
+set -e
+if [ "$(id -u)" = 0 ]; then
+  mkdir -p /var/lib/rabbitmq && chown -R rabbitmq:rabbitmq /var/lib/rabbitmq
+  exec setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups "$0" "$@"
+fi
+exec "$@"
+EOF
+  # the official image's conf.d/10-defaults.conf
+  printf '%s\n' 'loopback_users.guest = false' 'log.console = true' > "$work/10-defaults.conf"
+  cat > "$work/rabbitmq.Containerfile" <<'EOF'
+FROM localhost/fedboost-stand-in-rabbitmq-rootfs
+COPY docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
+COPY 10-defaults.conf /etc/rabbitmq/conf.d/10-defaults.conf
+RUN chmod 755 /usr/local/bin/docker-entrypoint.sh && rm -f /etc/rabbitmq/rabbitmq-env.conf \
+    && chown -R rabbitmq:rabbitmq /var/lib/rabbitmq /etc/rabbitmq
+ENV HOME=/var/lib/rabbitmq LANG=C.UTF-8 RABBITMQ_LOGS=-
+ENTRYPOINT ["docker-entrypoint.sh"]
+CMD ["rabbitmq-server"]
+EOF
+  "$engine" build -q -t "$rabbitmq" -f "$work/rabbitmq.Containerfile" "$work" >/dev/null
+  "$engine" rmi localhost/fedboost-stand-in-rabbitmq-rootfs >/dev/null
+  echo "stand-in $rabbitmq: built from Debian's rabbitmq-server" \
+       "($("$engine" run --rm --entrypoint dpkg-query "$rabbitmq" \
+            -W -f '${Version}' rabbitmq-server))"
+fi
