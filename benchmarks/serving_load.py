@@ -1,10 +1,12 @@
 """The scoring service's load test: concurrent clients over HTTP(S), with API keys.
 
-Used by ``benchmarks.serving``, which starts the workers and the service. ``Clients`` says how
-to reach the service (base URL, the CA to trust, one API key per client); ``single_rows``
+Used by ``benchmarks.serving``, which starts the workers and the services. ``Clients`` says how
+to reach a service (base URL, the CA to trust, one API key per client); ``single_rows``
 measures one client's one-row requests one at a time, ``batches`` N concurrent clients' requests
-of 100 ids each for a while. Each reports latencies (p50/p99, ms, end to end in the client)
-and the responses that were not 200 or never came (``errors``).
+of 100 ids each for a while. Each gives a ``Sample``: latencies (end to end in the client),
+rows, the responses that were not 200 or never came (``errors``), and the CPU time the service
+process spent; ``summary`` turns samples (several short ones, interleaved with another
+service's so both see the same load from the machine's other users) into rows/s, p50/p99.
 """
 
 from __future__ import annotations
@@ -68,44 +70,60 @@ def make_keys(path: Path, clients: int) -> list[str]:
     return [add_key(path, f"bench-{k}") for k in range(clients)]
 
 
-def _summary(times: list[float], rows: int, seconds: float, errors: int,
-             cpu: float) -> dict[str, Any]:
+@dataclass
+class Sample:
+    """One measurement: request latencies (s), rows scored, wall and service CPU seconds."""
+
+    times: list[float] = field(default_factory=list)
+    rows: int = 0
+    seconds: float = 0.0
+    errors: int = 0
+    cpu: float = 0.0
+
+
+def summary(samples: list[Sample]) -> dict[str, Any]:
+    """Rows/s over the samples' wall time, latency percentiles (ms), errors, service CPU."""
+    times = [t for s in samples for t in s.times]
     ms = np.array(times) * 1e3 if times else np.array([np.nan])
-    return {"rows_per_s": round(rows / seconds, 1) if seconds else None,
+    seconds = sum(s.seconds for s in samples)
+    return {"rows_per_s": round(sum(s.rows for s in samples) / seconds, 1) if seconds else None,
             "p50_ms": round(float(np.percentile(ms, 50)), 2),
             "p99_ms": round(float(np.percentile(ms, 99)), 2),
-            "requests": len(times), "errors": errors,
-            "service_cpu_ms_per_request": round(cpu * 1e3 / len(times), 3) if times else None}
+            "requests": len(times), "errors": sum(s.errors for s in samples),
+            "service_cpu_ms_per_request": round(sum(s.cpu for s in samples) * 1e3 / len(times), 3)
+            if times else None}
 
 
-def single_rows(clients: Clients, ids: list[str], warm_up: int = 50) -> dict[str, Any]:
+def single_rows(clients: Clients, ids: list[str]) -> Sample:
     """One client, one id per request, one request at a time, every id once."""
-    times, errors, cpu = [], 0, 0.0
+    sample = Sample()
     with httpx.Client(base_url=clients.base, verify=clients.verify(), headers=clients.headers(0),
                       timeout=30) as client:
-        for k, ident in enumerate(ids):
-            if k == warm_up:
-                cpu = clients.cpu_seconds()
+        client.get("/healthz")  # the connection (and its TLS handshake) before the clock
+        cpu = clients.cpu_seconds()
+        for ident in ids:
             started = time.perf_counter()
             try:
                 ok = client.post("/v1/score", json={"ids": [ident]}).status_code == 200
             except httpx.HTTPError:
                 ok = False
             elapsed = time.perf_counter() - started
-            errors += not ok
-            if k >= warm_up and ok:
-                times.append(elapsed)
-    return _summary(times, len(times), sum(times), errors, clients.cpu_seconds() - cpu)
+            sample.errors += not ok
+            if ok:
+                sample.times.append(elapsed)
+                sample.rows += 1
+                sample.seconds += elapsed
+        sample.cpu = clients.cpu_seconds() - cpu
+    return sample
 
 
-def batches(clients: Clients, ids: list[str], concurrent: int, seconds: float) -> dict[str, Any]:
+def batches(clients: Clients, ids: list[str], concurrent: int, seconds: float,
+            seed: int = 0) -> Sample:
     """``concurrent`` clients (one connection and one key each) sending 100 random ids per
-    request, as fast as answers come, for ``seconds`` after a second of warm-up."""
+    request, as fast as answers come, for ``seconds`` after half a second of warm-up."""
 
-    async def client(number: int, start: float, deadline: float,
-                     times: list[float]) -> tuple[int, int]:
-        rng = random.Random(number)
-        rows = errors = 0
+    async def client(number: int, start: float, deadline: float, sample: Sample) -> None:
+        rng = random.Random(seed * 1000 + number)
         async with httpx.AsyncClient(base_url=clients.base, verify=clients.verify(),
                                      headers=clients.headers(number), timeout=60) as http:
             while (now := time.perf_counter()) < deadline:
@@ -115,25 +133,23 @@ def batches(clients: Clients, ids: list[str], concurrent: int, seconds: float) -
                 except httpx.HTTPError:
                     ok = False
                 if now >= start:
-                    times.append(time.perf_counter() - now)
-                    rows += BATCH if ok else 0
-                    errors += not ok
-        return rows, errors
+                    sample.times.append(time.perf_counter() - now)
+                    sample.rows += BATCH if ok else 0
+                    sample.errors += not ok
 
-    async def run() -> dict[str, Any]:
-        times: list[float] = []
-        start = time.perf_counter() + 1.0
+    async def run() -> Sample:
+        sample = Sample()
+        start = time.perf_counter() + 0.5
         cpu = [0.0]
 
         async def after_warm_up() -> None:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(0.5)
             cpu[0] = clients.cpu_seconds()
 
-        done, _ = await asyncio.gather(
-            asyncio.gather(*(client(k, start, start + seconds, times) for k in range(concurrent))),
-            after_warm_up())
-        elapsed = time.perf_counter() - start
-        return _summary(times, sum(r for r, _ in done), elapsed, sum(e for _, e in done),
-                        clients.cpu_seconds() - cpu[0])
+        await asyncio.gather(after_warm_up(), *(client(k, start, start + seconds, sample)
+                                                for k in range(concurrent)))
+        sample.seconds = time.perf_counter() - start
+        sample.cpu = clients.cpu_seconds() - cpu[0]
+        return sample
 
     return asyncio.run(run())
