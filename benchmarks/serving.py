@@ -1,28 +1,35 @@
-"""The scoring service's speed: rows/s for batches of 100 ids and single-row latency.
+"""The scoring service's speed under load: rows/s, p50/p99 and errors at 1, 8 and 64 clients.
 
     python -m benchmarks.serving [--json FILE] [--work DIR] [--url amqp://...] [--stand-in]
+                                 [--clients 1,8,64] [--seconds 10] [--repeats 4] [--singles 1000]
 
 Each case trains a model over RabbitMQ on loopback with three parties (the lender and two data
 providers of configs/default_credit_three_party.yaml, each a 'fedboost worker' process) with
-'fedboost train', then serves it with 'fedboost serve-model' and asks it over HTTP:
+'fedboost train', then serves it with two 'fedboost serve-model' processes at once: one over
+HTTPS with one API key per client (as deployed), one over plain HTTP without authentication
+('--insecure-no-auth', the baseline the ratios compare with). The two take turns in short
+slices (100 single rows, or --seconds / --repeats of batches), so the load the machine's other
+users add falls on both alike. Cases:
 
   secureboost  configs/default_credit_three_party.yaml as 30 trees of depth 3, 2048-bit keys
   forest       configs/default_credit_forest.yaml's protocol and parameters (50 trees of depth
                10, the seed 002 serving setting) with the same three parties; skipped, saying
                so, where that config or its protocol is missing
-  stand-in     (--stand-in) a SecureBoost model of 50 trees of depth 10: serving cost depends
-               only on the trees' shape, so it checks the forest goal before the forest exists
+  stand-in     (--stand-in) a SecureBoost model of 50 trees of depth 10
 
-Single rows: one client, one request at a time (p50/p99 ms). Batches: --clients concurrent
-clients sending 100 random ids each (rows/s). ``--work DIR`` keeps keys and trained models, so
-a second run only serves. ``--json FILE`` writes {"secureboost": {"rows_per_s", "p50_ms",
-"p99_ms", ...}, "forest": {...}} (and "stand_in" with --stand-in).
+Single rows: one client, one request at a time, --singles ids never asked before in the session
+(each pays the membership round, as a new applicant does), then the same ids again (found
+already: scored at once). Batches: 1, 8 and 64 concurrent clients (--clients), each with its
+own connection and key, sending 100 random ids per request for --seconds (load test in
+``benchmarks.serving_load``). ``--work DIR`` keeps keys and trained models, so a second run only
+serves. ``--json FILE`` writes {"secureboost": {"rows_per_s", "p50_ms", "p99_ms", ...},
+"forest": {...}}: the HTTPS-with-keys numbers (rows/s: the best of the client counts; p50/p99:
+single rows never asked before), with every measurement under "https_keys" and "plain".
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import csv
 import json
 import os
@@ -33,21 +40,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
-import numpy as np
 import yaml
 
+from benchmarks.serving_load import (BATCH, Clients, Sample, batches, make_keys, make_tls,
+                                     single_rows, summary)
 from messages.rabbitmq import delete_party_queues
 from messages.signing import write_key_pair
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
-BATCH = 100
+MODES = ("https_keys", "plain")
+SLICE_ROWS = 100
+"""Single-row requests per slice: the two services take turns this often."""
 
 
 def _parties() -> dict[str, Any]:
@@ -140,79 +150,118 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _service(work: Path, run: Path, url: str, case: str, in_flight: int = 2) -> Iterator[str]:
+def _service(work: Path, run: Path, url: str, case: str, mode: str, args: argparse.Namespace
+             ) -> Iterator[Clients]:
+    """'fedboost serve-model' of a trained case: over HTTPS with a key per client, plain, or
+    (``before``) plain from the checkout in ``--compare-with``."""
     port = _free_port()
-    log = work / f"serve-{case}.log"
-    proc = subprocess.Popen([*FEDBOOST, "serve-model", str(run), "--port", str(port),
-                             "--max-ids", str(BATCH), "--round-rows", "4096",
-                             "--in-flight", str(in_flight)],
+    log = work / f"serve-{case}-{mode}.log"
+    code = args.compare_with if mode == "before" else REPO
+    if mode == "https_keys":
+        tls = make_tls(work / "tls")
+        keys = make_keys(work / "api-keys.json", max(args.clients))
+        flags = ["--tls-cert", str(tls / "server.pem"), "--tls-key", str(tls / "server.key"),
+                 "--api-keys", str(work / "api-keys.json"), "--access-log", "off"]
+        clients = Clients(f"https://127.0.0.1:{port}", tls / "ca.pem", keys)
+    else:
+        flags, clients = [], Clients(f"http://127.0.0.1:{port}")
+        if "--insecure-no-auth" in (code / "fedboost" / "serving.py").read_text():
+            flags = ["--insecure-no-auth", "--access-log", "off"]  # else: a version before
+    proc = subprocess.Popen([sys.executable, "-m", "fedboost.cli", "serve-model", str(run),
+                             "--port", str(port), "--max-ids", str(BATCH), "--round-rows",
+                             "4096", "--in-flight", str(args.in_flight), *flags],
                             stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(REPO), "FEDBOOST_AMQP_URL": url},
-                            cwd=work)
-    base = f"http://127.0.0.1:{port}"
+                            env={**os.environ, "PYTHONPATH": str(code), "FEDBOOST_AMQP_URL": url},
+                            cwd=code)
+    clients.pid = proc.pid
     try:
         deadline = time.monotonic() + 300
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"serve-model exited: {log.read_text()}")
             try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                if _health(clients)["status"] == "ok":
                     break
-            except httpx.TransportError:
+            except (httpx.TransportError, ValueError, KeyError):
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"serve-model not ready: {log.read_text()}")
             time.sleep(0.3)
-        yield base
+        yield clients
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        proc.wait(timeout=120)
 
 
-def _single_latency(base: str, ids: list[str], n: int) -> tuple[float, float]:
-    rng = random.Random(1)
-    times = []
-    with httpx.Client(base_url=base, timeout=30) as client:
-        for k in range(n + 50):
-            started = time.perf_counter()
-            reply = client.post("/v1/score", json={"ids": [rng.choice(ids)]})
-            elapsed = time.perf_counter() - started
-            reply.raise_for_status()
-            if k >= 50:  # after a warm-up
-                times.append(elapsed)
-    return float(np.percentile(times, 50) * 1e3), float(np.percentile(times, 99) * 1e3)
+def _health(clients: Clients) -> dict[str, Any]:
+    reply = httpx.get(f"{clients.base}/healthz", headers=clients.headers(0),
+                      verify=clients.verify(), timeout=5)
+    body: dict[str, Any] = reply.json()
+    return body
 
 
-def _batched_throughput(base: str, ids: list[str], clients: int, seconds: float) -> float:
-    async def client(number: int, deadline: float, http: httpx.AsyncClient) -> int:
-        rng = random.Random(number)
-        rows = 0
-        while time.perf_counter() < deadline:
-            reply = await http.post("/v1/score", json={"ids": rng.sample(ids, BATCH)})
-            reply.raise_for_status()
-            rows += BATCH
-        return rows
+def _measure(services: dict[str, Clients], ids: list[str],
+             args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Every measurement on both services in turn, in short slices, so the load the machine's
+    other users put on it falls on both alike: single rows never asked before, the same again,
+    then batches at each client count."""
+    fresh = random.Random(1).sample(ids, args.singles + 50)
+    for clients in services.values():  # warm-up: connections, code paths, not in the figures
+        single_rows(clients, fresh[args.singles:])
+    result: dict[str, dict[str, Any]] = {mode: {"clients": {}} for mode in services}
+    for label in ("single_new", "single_found"):
+        samples: dict[str, list[Sample]] = {mode: [] for mode in services}
+        for k in range(0, args.singles, SLICE_ROWS):
+            for mode, clients in services.items():
+                samples[mode].append(single_rows(clients, fresh[k:k + SLICE_ROWS]))
+        for mode in services:
+            result[mode][label] = summary(samples[mode])
+    for n in args.clients:
+        samples = {mode: [] for mode in services}
+        for repeat in range(args.repeats):
+            for mode, clients in services.items():
+                samples[mode].append(batches(clients, ids, n, args.seconds / args.repeats,
+                                             seed=repeat))
+        for mode in services:
+            result[mode]["clients"][str(n)] = summary(samples[mode])
+            print(f"  {mode}, {n:>3} clients: {result[mode]['clients'][str(n)]}", flush=True)
+    for mode, clients in services.items():
+        health = _health(clients)
+        result[mode].update({k: health.get(k) for k in ("rounds", "membership_rounds",
+                                                        "requests")})
+    return result
 
-    async def run() -> float:
-        limits = httpx.Limits(max_connections=clients)
-        async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as http:
-            await client(-1, time.perf_counter() + 1.0, http)  # warm-up
-            started = time.perf_counter()
-            done = await asyncio.gather(*(client(k, started + seconds, http)
-                                          for k in range(clients)))
-            return sum(done) / (time.perf_counter() - started)
 
-    return asyncio.run(run())
+def _ratio(secure: dict[str, Any], plain: dict[str, Any], what: str, key: str) -> float | None:
+    def value(mode: dict[str, Any]) -> Any:
+        part = mode["clients"][what[8:]] if what.startswith("clients_") else mode[what]
+        return part.get(key)
+
+    a, b = value(secure), value(plain)
+    return round(a / b, 3) if a and b else None
 
 
-def _measure(base: str, ids: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    p50, p99 = _single_latency(base, ids, args.singles)
-    rows_per_s = _batched_throughput(base, ids, args.clients, args.seconds)
-    health = httpx.get(f"{base}/healthz").json()
-    return {"rows_per_s": round(rows_per_s, 1), "p50_ms": round(p50, 2),
-            "p99_ms": round(p99, 2), "single_requests": args.singles,
-            "batch_clients": args.clients, "rounds": health["rounds"],
-            "requests": health["requests"]}
+def _headline(modes: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The case's --json keys: HTTPS-with-keys numbers, and their ratios to plain HTTP."""
+    secure, plain = modes["https_keys"], modes["plain"]
+    best = max(secure["clients"], key=lambda n: secure["clients"][n]["rows_per_s"] or 0)
+    plain_best = max(c["rows_per_s"] or 0 for c in plain["clients"].values())
+    rows = secure["clients"][best]["rows_per_s"]
+    return {"rows_per_s": rows, "p50_ms": secure["single_new"]["p50_ms"],
+            "p99_ms": secure["single_new"]["p99_ms"], "rows_per_s_clients": int(best),
+            "found_p50_ms": secure["single_found"]["p50_ms"],
+            "found_p99_ms": secure["single_found"]["p99_ms"],
+            "single_requests": args.singles, "batch_clients": args.clients,
+            "rounds": secure["rounds"], "requests": secure["requests"],
+            "https_keys_vs_plain": {
+                "rows_per_s": round(rows / plain_best, 3) if rows and plain_best else None,
+                "p50_ms": round(secure["single_new"]["p50_ms"]
+                                / plain["single_new"]["p50_ms"], 3),
+                "service_cpu_per_request": {
+                    what: _ratio(secure, plain, what, "service_cpu_ms_per_request")
+                    for what in ("single_new", "single_found", *(
+                        f"clients_{n}" for n in secure["clients"]))}},
+            **modes}
 
 
 def _ids() -> list[str]:
@@ -234,31 +283,55 @@ def main() -> None:
                         help="also serve a SecureBoost model of 50 trees of depth 10")
     parser.add_argument("--stand-in-bits", type=int, default=1024,
                         help="key size the stand-in trains with (serving never uses keys)")
+    parser.add_argument("--cases", default="secureboost,forest",
+                        help="which cases (default secureboost,forest)")
     parser.add_argument("--singles", type=int, default=1000)
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=lambda v: [int(c) for c in v.split(",")],
+                        default=[1, 8, 64], help="concurrent client counts (default 1,8,64)")
+    parser.add_argument("--seconds", type=float, default=10.0,
+                        help="seconds of batches per client count and service (default 10)")
+    parser.add_argument("--repeats", type=int, default=4,
+                        help="slices those seconds are cut into, the services taking turns")
+    parser.add_argument("--compare-with", type=Path, metavar="DIR",
+                        help="also serve plain from this checkout (e.g. 'git archive main'), in "
+                             "turns with the others: the code before a change")
     parser.add_argument("--in-flight", type=int, default=2,
                         help="serve-model --in-flight: scoring rounds out at once")
     args = parser.parse_args()
+    if args.compare_with is not None:
+        args.compare_with = args.compare_with.resolve()
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         work = (args.work or Path(tmp)).resolve()
         work.mkdir(parents=True, exist_ok=True)
         results = run_cases(work, args)
-    empty = {"rows_per_s": None, "p50_ms": None, "p99_ms": None}
-    print(f"\n{'case':<12} {'rows/s (batches of 100)':>24} {'p50 ms':>8} {'p99 ms':>8}")
+    loads = [round(load, 1), round(os.getloadavg()[0], 1)]
+    print(f"\n1-minute load average before and after: {loads[0]} / {loads[1]}")
+    print(f"{'case':<12} {'mode':<11} {'rows/s (best)':>14} {'new row p50/p99':>16} "
+          f"{'found p50/p99':>14}  per clients: rows/s p50/p99 ms errors")
     for case, r in results.items():
         if r.get("skipped"):
             print(f"{case:<12} skipped: {r['skipped']}")
-        else:
-            print(f"{case:<12} {r['rows_per_s']:>24,.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f}")
+            continue
+        r["load"] = loads
+        for mode in [m for m in (*MODES, "before") if m in r]:
+            m = r[mode]
+            best = max(c["rows_per_s"] or 0 for c in m["clients"].values())
+            levels = "; ".join(f"{n}: {c['rows_per_s']:,.0f} {c['p50_ms']:.1f}/"
+                               f"{c['p99_ms']:.1f} {c['errors']}" for n, c in m["clients"].items())
+            print(f"{case:<12} {mode:<11} {best:>14,.0f} {m['single_new']['p50_ms']:>7.2f}/"
+                  f"{m['single_new']['p99_ms']:<8.2f} {m['single_found']['p50_ms']:>6.2f}/"
+                  f"{m['single_found']['p99_ms']:<7.2f}  {levels}")
+        print(f"{case:<12} https+keys / plain: {r['https_keys_vs_plain']}")
     if args.json:
+        empty = {"rows_per_s": None, "p50_ms": None, "p99_ms": None}
         results.setdefault("forest", {**empty, "skipped": "not run"})
         args.json.write_text(json.dumps(results, indent=1) + "\n")
 
 
 def run_cases(work: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Train (or reuse) and serve each case; its measurements or why it was skipped."""
-    cases = [("secureboost", args.bits), ("forest", args.bits)]
+    cases = [(c, args.bits) for c in args.cases.split(",")]
     if args.stand_in:
         cases.append(("stand_in", args.stand_in_bits))
     ids = _ids()
@@ -272,9 +345,15 @@ def run_cases(work: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]
         files = _worker_files(work, args.url, bits, [job["protocol"]])
         with _workers(work, files, args.url):
             run = _train(work, case, job, args.url)
-            with _service(work, run, args.url, case, args.in_flight) as base:
-                results[case] = _measure(base, ids, args)
-        print(f"{case}: {results[case]}", flush=True)
+            print(f"{case}: serving over HTTPS with keys and over plain HTTP, in turns",
+                  flush=True)
+            with ExitStack() as services:
+                modes = _measure({mode: services.enter_context(
+                    _service(work, run, args.url, case, mode, args)) for mode in (
+                        *MODES, *(["before"] if args.compare_with else []))}, ids, args)
+            results[case] = _headline(modes, args)
+        print(f"{case}: {json.dumps({k: v for k, v in results[case].items() if k not in MODES})}",
+              flush=True)
     return results
 
 

@@ -1,27 +1,41 @@
 """The scoring service's HTTP API (``fedboost serve-model``, ``fedboost.serving``).
 
 ``POST /v1/score {"ids": [...]}`` answers ``{"ids", "scores", "model", "objective", "ensemble",
-"round", "rows_in_round"}``; ``GET /healthz`` says whether the session is open. Bad requests
-get a 4xx with one line in ``detail``: 422 for a malformed body, 413 for too many ids, 404 for
-ids a party has no row for (the ``unknown`` list); a party that does not answer within the
-round timeout, or answers with an error, gets a 503 naming it.
+"round", "rows_in_round"}``; ``GET /healthz`` says whether the session is open, ``GET /readyz``
+whether every party answers, ``GET /metrics`` gives Prometheus metrics. Bad requests get a 4xx
+with one line in ``detail``: 422 for a malformed body, 413 for too many ids or bytes, 404 for
+ids that cannot be scored (the ``unknown`` list; which party lacks them is only logged); a
+party that does not answer within the round timeout, or answers with an error, gets a 503
+naming it.
+
+``make_app`` wraps the API in its guards, outermost first: the access log and metrics
+(``fedboost.scoring_metrics``), the ``Host`` allowlist (Starlette's ``TrustedHostMiddleware``:
+a page in a browser on this machine that rebinds its DNS name to 127.0.0.1 sends its own name),
+then authentication, rate and body size (``fedboost.scoring_guard``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from fedboost.scoring_link import Scored, ScoringFailure, ScoringLink, SessionPlan
+from fedboost.scoring_guard import Gate, GatePolicy
+from fedboost.scoring_link import Scored, ScoringFailure, ScoringLink
+from fedboost.scoring_metrics import CONTENT_TYPE, AccessLog, ScoringMetrics
 
 MAX_ID_CHARS = 256
 """Longer ids are refused before they reach the parties (envelopes carry short strings)."""
+READY_SECONDS = 2.0
+"""``/readyz`` answers at once when every party answered a round this recently; else it asks
+them (a membership round of no ids)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +81,26 @@ def _failure(failure: ScoringFailure) -> JSONResponse:
     return JSONResponse(status_code=failure.status, content=content)
 
 
-def make_app(link: ScoringLink, info: ModelInfo, max_ids: int) -> FastAPI:
-    """The HTTP API in front of a scoring link."""
+def make_app(link: ScoringLink, info: ModelInfo, max_ids: int, *, policy: GatePolicy,
+             allowed_hosts: list[str], metrics: ScoringMetrics) -> Any:
+    """The HTTP API in front of a scoring link, behind its guards (an ASGI app)."""
     app = FastAPI(title="fedboost scoring", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse(status_code=422, content={"detail": _one_line(exc)})
+
+    async def settled(submit: Any) -> Scored | ScoringFailure:
+        """The outcome ``submit(done)`` hands to ``done`` from the link's thread."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Scored | ScoringFailure] = loop.create_future()
+
+        def settle(outcome: Scored | ScoringFailure) -> None:
+            if not future.done():
+                future.set_result(outcome)
+
+        submit(lambda outcome: loop.call_soon_threadsafe(settle, outcome))
+        return await future
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
@@ -84,25 +111,35 @@ def make_app(link: ScoringLink, info: ModelInfo, max_ids: int) -> FastAPI:
             "model": info.job, "session": link.plan.job,
             "parties": link.plan.parties, "max_ids": max_ids,
             "requests": stats.requests, "rounds": stats.rounds, "rows": stats.rows,
-            "failed": stats.failed})
+            "failed": stats.failed, "membership_rounds": stats.membership_rounds})
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        problem = link.problem or ("" if link.alive() else "the scoring link has stopped")
+        if not problem and time.monotonic() - link.stats.all_answered_at > READY_SECONDS:
+            outcome = await settled(link.ping)
+            problem = outcome.message if isinstance(outcome, ScoringFailure) else ""
+        return JSONResponse(status_code=503 if problem else 200, content={
+            "status": "unavailable" if problem else "ready", "detail": problem,
+            "parties": link.plan.parties})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        metrics.keys.set(policy.keys.in_use if policy.keys is not None else 0)
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
     @app.post("/v1/score")
-    async def score(body: ScoreRequest) -> JSONResponse:
+    async def score(body: ScoreRequest, request: Request) -> JSONResponse:
+        request.scope["fedboost.ids"] = len(body.ids)
         try:
             ids = _checked_ids(body.ids, max_ids)
         except ScoringFailure as failure:
             return _failure(failure)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Scored | ScoringFailure] = loop.create_future()
-
-        def settle(outcome: Scored | ScoringFailure) -> None:
-            if not future.done():
-                future.set_result(outcome)
-
-        link.submit(ids, lambda outcome: loop.call_soon_threadsafe(settle, outcome))
-        outcome = await future
+        client = request.scope.get("fedboost.client") or ""
+        outcome = await settled(lambda done: link.submit(ids, done, client))
         if isinstance(outcome, ScoringFailure):
             return _failure(outcome)
+        metrics.rows.inc(len(ids))
         values = outcome.values
         scores: list[Any] = (values[:, 0].tolist() if values.shape[1] == 1
                              else values.tolist())
@@ -110,4 +147,5 @@ def make_app(link: ScoringLink, info: ModelInfo, max_ids: int) -> FastAPI:
                              "objective": info.objective, "ensemble": info.ensemble,
                              "round": outcome.round, "rows_in_round": outcome.rows_in_round})
 
-    return app
+    guarded = TrustedHostMiddleware(Gate(app, policy), allowed_hosts=allowed_hosts)
+    return AccessLog(guarded, metrics)

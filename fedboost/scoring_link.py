@@ -9,6 +9,13 @@ this process; the active party's worker, not this process, holds its model part 
 costs one hop more than doing the active party's part here (about 0.7 ms on loopback, measured
 with a persistent ping-pong), and keeps this process free of data and keys but its own.
 
+A request whose ids have not all been found at every party in this session first goes through a
+membership round (``FIND_ROWS``): every party answers which ids it lacks and sends nothing else.
+A request with an id some party lacks fails (404, the same for whichever party lacks it; which
+party is only logged here); the others are scored next. So a request that cannot be scored sends
+no decisions to the active party. Ids every party has been found to hold are remembered for the
+session (each party indexed its rows once, at open): asked again, they are scored at once.
+
 One thread owns the broker connection (pika's is not thread-safe). Requests queue here from any
 thread; whenever fewer than ``max_in_flight`` rounds are out, the queued requests, up to
 ``max_rows`` rows, become one round: concurrent small requests are micro-batched.
@@ -28,7 +35,8 @@ import numpy as np
 
 from flows._tasks import Coordinator, PartyError, step_id
 from messages import MessageError, TransportError
-from messages.bodies import ErrorReply, OpenScoring, PartyInfo, RowsFound, Scores, ScoreRows, Step
+from messages.bodies import (ErrorReply, FindRows, OpenScoring, PartyInfo, RowsFound, Scores,
+                             ScoreRows, Step)
 from messages.envelope import Envelope, MsgType
 from messages.rabbitmq import RabbitTransport
 
@@ -77,17 +85,24 @@ class ScoringFailure(Exception):
 
 Done = Callable[[Scored | ScoringFailure], None]
 """Called once per request, from the link's thread."""
+Observer = Callable[[str, str, float], None]
+"""Told (party, round kind: "find" or "score", seconds) for every party's answer to a round."""
 
 
 @dataclass(slots=True)
 class _Request:
     ids: list[str]
     done: Done
+    client: str = ""
+    found: bool = False
+    """Every party holds every id (a membership round said so in this session)."""
 
 
 @dataclass(slots=True)
 class _Round:
     number: int
+    kind: MsgType
+    """``FIND_ROWS`` (membership; no ids: a ping) or ``SCORE_ROWS``."""
     requests: list[_Request]
     ids: list[str]
     started: float
@@ -100,29 +115,41 @@ class LinkStats:
 
     requests: int = 0
     rounds: int = 0
+    """Scoring rounds (membership rounds are counted in ``membership_rounds``)."""
     rows: int = 0
     failed: int = 0
     opened_at: float = 0.0
+    membership_rounds: int = 0
+    all_answered_at: float = 0.0
+    """When every party last answered a round (monotonic; 0: never)."""
 
 
 class ScoringLink:
     """A scoring session at the parties' workers, fed by requests from any thread."""
 
     def __init__(self, plan: SessionPlan, coordinator: Coordinator, *,
-                 max_in_flight: int = 2) -> None:
+                 max_in_flight: int = 2, observe: Observer | None = None) -> None:
         self.plan = plan
         self.coordinator = coordinator
         self.transport: RabbitTransport = coordinator.transport  # type: ignore[assignment]
         self.max_in_flight = max_in_flight
+        self.observe = observe
         self.stats = LinkStats()
         self.problem = "the scoring session is not open yet"
         """Why the service cannot score now ("" when it can)."""
+        self._submitted: deque[_Request] = deque()
+        """Requests from any thread (a deque's append and popleft are thread-safe)."""
         self._queue: deque[_Request] = deque()
+        """Requests waiting for a round: the link's thread only."""
+        self._pings: deque[_Request] = deque()
         self._in_flight: dict[str, _Round] = {}
         self._number = 0
         self._reopen = False
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._found: set[str] = set()
+        """Ids every party holds (this session); at most the fewest rows a party indexed."""
+        self._most_found = 0
 
     # ---- the session ------------------------------------------------------------------------
 
@@ -132,11 +159,16 @@ class ScoringLink:
         parties = ([PartyInfo(plan.active, "active", plan.datasets.get(plan.active, ""))]
                    + [PartyInfo(p, "passive", plan.datasets.get(p, "")) for p in plan.passives])
         self.coordinator.begin_session()
-        self.coordinator.call(plan.parties, MsgType.OPEN_SCORING,
-                              OpenScoring(parties=parties, model_job=plan.model_job,
-                                          max_rows=plan.max_rows, protocol=plan.protocol),
-                              step_id(MsgType.OPEN_SCORING))
+        acks = self.coordinator.call(plan.parties, MsgType.OPEN_SCORING,
+                                     OpenScoring(parties=parties, model_job=plan.model_job,
+                                                 max_rows=plan.max_rows,
+                                                 protocol=plan.protocol),
+                                     step_id(MsgType.OPEN_SCORING))
         self.problem, self._reopen = "", False
+        self._found.clear()  # a reopened session may index other rows
+        self._most_found = min(int(getattr(a, "count", 0)) for a in acks.values())
+        for request in self._queue:
+            request.found = False
         self.stats.opened_at = time.time()
 
     def close_session(self) -> None:
@@ -163,9 +195,16 @@ class ScoringLink:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def submit(self, ids: list[str], done: Done) -> None:
-        """Queue a request (any thread); ``done`` gets its scores or its failure."""
-        self._queue.append(_Request(ids, done))
+    def submit(self, ids: list[str], done: Done, client: str = "") -> None:
+        """Queue a request (any thread); ``done`` gets its scores or its failure. ``client``
+        names the caller in the log."""
+        self._submitted.append(_Request(ids, done, client))
+        self.transport.wake()
+
+    def ping(self, done: Done) -> None:
+        """Ask every party to answer (any thread): ``done`` gets an empty ``Scored`` when all
+        did, or a 503 naming the silent ones after the round timeout."""
+        self._pings.append(_Request([], done))
         self.transport.wake()
 
     # ---- the link's thread ------------------------------------------------------------------
@@ -178,7 +217,9 @@ class ScoringLink:
                 self.transport.acknowledge()
                 self._file(data)
             self._expire()
-        for request in [*self._queue, *(r for x in self._in_flight.values() for r in x.requests)]:
+        self._take_submitted()
+        for request in [*self._queue, *_drained(self._pings),
+                        *(r for x in self._in_flight.values() for r in x.requests)]:
             self._finish(request, ScoringFailure(503, "the scoring service is shutting down"))
         self._queue.clear()
         self.close_session()
@@ -190,18 +231,46 @@ class ScoringLink:
         return max(0.0, min(0.5, oldest + self.plan.timeout - time.monotonic()))
 
     def _launch(self) -> None:
-        """Turn queued requests into rounds while fewer than ``max_in_flight`` are out."""
-        if self._reopen and self._queue and not self._in_flight:
+        """Turn queued requests into rounds: scoring rounds of requests whose ids every party
+        holds, membership rounds of the others, up to ``max_in_flight`` of each kind at once
+        (a membership round costs the parties a lookup: it does not hold up scoring)."""
+        self._take_submitted()
+        if self._reopen and (self._queue or self._pings) and not self._in_flight:
             self._try_reopen()
-        while (self._queue and len(self._in_flight) < self.max_in_flight
-               and not self._reopen):
-            requests, ids = [self._queue.popleft()], []
-            ids.extend(requests[0].ids)
-            while self._queue and len(ids) + len(self._queue[0].ids) <= self.plan.max_rows:
-                request = self._queue.popleft()
-                requests.append(request)
+        if self._reopen:
+            return
+        if self._pings and not any(not r.ids for x in self._in_flight.values()
+                                   for r in x.requests):
+            # one ping round answers every waiting probe
+            self._send_round(_drained(self._pings), [], MsgType.FIND_ROWS)
+        for kind in (MsgType.SCORE_ROWS, MsgType.FIND_ROWS):
+            while self._queue and self._out(kind) < self.max_in_flight:
+                requests, ids = self._take(kind == MsgType.SCORE_ROWS)
+                if not requests:
+                    break
+                self._send_round(requests, ids, kind)
+
+    def _take_submitted(self) -> None:
+        self._queue.extend(_drained(self._submitted))
+
+    def _out(self, kind: MsgType) -> int:
+        return sum(1 for r in self._in_flight.values() if r.kind == kind and r.ids)
+
+    def _take(self, found: bool) -> tuple[list[_Request], list[str]]:
+        """Queued requests, in order, whose ids are (``found``) or are not all known to be at
+        every party, up to ``max_rows`` rows; the others stay queued."""
+        taken: list[_Request] = []
+        ids: list[str] = []
+        kept: deque[_Request] = deque()
+        for request in self._queue:
+            fits = len(ids) + len(request.ids) <= self.plan.max_rows
+            if fits and (request.found or self._found.issuperset(request.ids)) == found:
+                taken.append(request)
                 ids.extend(request.ids)
-            self._send_round(requests, ids)
+            else:
+                kept.append(request)
+        self._queue = kept
+        return taken, ids
 
     def _try_reopen(self) -> None:
         try:
@@ -209,25 +278,30 @@ class ScoringLink:
             log.warning("reopened scoring session %s (a worker had restarted)", self.plan.job)
         except (PartyError, TransportError) as exc:
             self.problem = str(exc)
-            while self._queue:
-                self._finish(self._queue.popleft(), ScoringFailure(503, str(exc)))
+            for request in [*_drained(self._queue), *_drained(self._pings)]:
+                self._finish(request, ScoringFailure(503, str(exc)))
 
-    def _send_round(self, requests: list[_Request], ids: list[str]) -> None:
+    def _send_round(self, requests: list[_Request], ids: list[str], kind: MsgType) -> None:
         self._number += 1
-        task = f"{self.coordinator.session}/score_rows/r{self._number}"
-        body = ScoreRows(round=self._number, ids=ids, wait_seconds=float(self.plan.timeout))
+        task = f"{self.coordinator.session}/{kind.name.lower()}/r{self._number}"
+        body: FindRows | ScoreRows = (
+            FindRows(round=self._number, ids=ids) if kind == MsgType.FIND_ROWS
+            else ScoreRows(round=self._number, ids=ids, wait_seconds=float(self.plan.timeout)))
         sealer = self.coordinator.sealer
         try:  # the active party last: it waits for the others' decisions anyway
             for party in [*self.plan.passives, self.plan.active]:
                 env = Envelope(job=self.plan.job, task=task, sender=self.transport.name,
-                               recipient=party, kind=MsgType.SCORE_ROWS, body=body)
+                               recipient=party, kind=kind, body=body)
                 self.transport.send(party, sealer.seal(env), persistent=False)
         except MessageError as exc:
             for request in requests:
                 self._finish(request, ScoringFailure(503, f"cannot reach the parties: {exc}"))
             return
-        self._in_flight[task] = _Round(self._number, requests, ids, time.monotonic())
-        self.stats.rounds += 1
+        self._in_flight[task] = _Round(self._number, kind, requests, ids, time.monotonic())
+        if kind == MsgType.SCORE_ROWS:
+            self.stats.rounds += 1
+        else:
+            self.stats.membership_rounds += 1
 
     def _file(self, data: bytes) -> None:
         try:
@@ -239,7 +313,8 @@ class ScoringLink:
         if (round_ is None or env.job != self.plan.job or env.sender not in self.plan.parties
                 or env.sender in round_.replies):
             return  # a round already given up, or not ours
-        expected = Scores if env.sender == self.plan.active else RowsFound
+        expected = (Scores if env.sender == self.plan.active
+                    and round_.kind == MsgType.SCORE_ROWS else RowsFound)
         if isinstance(env.body, ErrorReply):
             self._fail_round(env.task, ScoringFailure(503, f"party {env.sender}: "
                                                            f"{env.body.message}"))
@@ -252,19 +327,31 @@ class ScoringLink:
                      f"{env.kind.name}"))
             return
         round_.replies[env.sender] = env.body
+        if self.observe is not None:
+            self.observe(env.sender, "find" if round_.kind == MsgType.FIND_ROWS else "score",
+                         time.monotonic() - round_.started)
         if len(round_.replies) == len(self.plan.parties):
             del self._in_flight[env.task]
+            self.stats.all_answered_at = time.monotonic()
             self._complete(round_)
 
     def _complete(self, round_: _Round) -> None:
-        scores: Scores = round_.replies[self.plan.active]
         unknown: dict[int, list[str]] = {}
         for party, reply in round_.replies.items():
             for position in reply.unknown:
+                if not 0 <= int(position) < len(round_.ids):
+                    self._fail_requests(round_, ScoringFailure(
+                        502, f"party {party} answered round {round_.number} with a position "
+                             f"outside it"))
+                    return
                 unknown.setdefault(int(position), []).append(party)
         if unknown:
             self._sort_out_unknown(round_, unknown)
             return
+        if round_.kind == MsgType.FIND_ROWS:
+            self._found_everywhere(round_)
+            return
+        scores: Scores = round_.replies[self.plan.active]
         n = len(round_.ids)
         if scores.incomplete or len(scores.values) != 8 * n * scores.n_outputs:
             message = f"party {self.plan.active} answered round {round_.number} incompletely"
@@ -279,26 +366,48 @@ class ScoringLink:
             start = end
         self.stats.rows += n
 
+    def _found_everywhere(self, round_: _Round) -> None:
+        """A membership round found every id at every party: score its requests next."""
+        if len(self._found) + len(round_.ids) <= self._most_found:
+            self._found.update(round_.ids)
+        for request in round_.requests:
+            request.found = True
+            if not request.ids:  # a ping
+                self._finish(request, Scored(np.zeros((0, 1)), round_.number, 0))
+        self._queue.extendleft(reversed([r for r in round_.requests if r.ids]))
+
     def _sort_out_unknown(self, round_: _Round, unknown: dict[int, list[str]]) -> None:
-        """Fail the requests with unknown ids (404, naming them); score the others again."""
+        """Fail the requests with ids some party lacks (one 404, whichever party it is: which
+        one goes to this log only); score the others next."""
         start, again = 0, []
         for request in round_.requests:
             mine = {k - start: unknown[k] for k in range(start, start + len(request.ids))
                     if k in unknown}
             start += len(request.ids)
             if not mine:
+                request.found = True
                 again.append(request)
                 continue
             names = [request.ids[k] for k in sorted(mine)]
-            where = sorted({p for parties in mine.values() for p in parties})
-            shown = ", ".join(repr(i) for i in names[:20]) + (", ..." if len(names) > 20 else "")
+            self._found.difference_update(names)
+            lacking: dict[str, list[str]] = {}
+            for k in sorted(mine):
+                for party in mine[k]:
+                    lacking.setdefault(party, []).append(request.ids[k])
+            log.warning("scoring session %s round %d: %d of %d ids of a request%s cannot be "
+                        "scored: %s", self.plan.job, round_.number, len(names),
+                        len(request.ids), f" of client {request.client}" if request.client
+                        else "", "; ".join(f"{party} has no row for {_shown(ids)}"
+                                           for party, ids in sorted(lacking.items())))
             self._finish(request, ScoringFailure(
-                404, f"{len(names)} of {len(request.ids)} ids unknown (no row at "
-                     f"{', '.join(where)}): {shown}", names))
+                404, f"{len(names)} of {len(request.ids)} ids cannot be scored: "
+                     f"{_shown(names)}", names))
         self._queue.extendleft(reversed(again))
 
     def _fail_round(self, task: str, failure: ScoringFailure) -> None:
-        round_ = self._in_flight.pop(task)
+        self._fail_requests(self._in_flight.pop(task), failure)
+
+    def _fail_requests(self, round_: _Round, failure: ScoringFailure) -> None:
         for request in round_.requests:
             self._finish(request, failure)
 
@@ -309,15 +418,28 @@ class ScoringLink:
                 continue
             silent = [p for p in self.plan.passives if p not in round_.replies]
             silent = silent or [self.plan.active]
+            what = "scoring" if round_.kind == MsgType.SCORE_ROWS else "membership"
             self._fail_round(task, ScoringFailure(
-                503, f"party {', '.join(silent)}: no answer to scoring round {round_.number} "
+                503, f"party {', '.join(silent)}: no answer to {what} round {round_.number} "
                      f"within {self.plan.timeout:g} s (is its worker running?)"))
 
     def _finish(self, request: _Request, outcome: Scored | ScoringFailure) -> None:
-        self.stats.requests += 1
-        if isinstance(outcome, ScoringFailure):
-            self.stats.failed += 1
+        if request.ids:  # pings are not requests
+            self.stats.requests += 1
+            self.stats.failed += isinstance(outcome, ScoringFailure)
         try:
             request.done(outcome)
         except Exception:  # a caller's callback must not end the link
             log.exception("scoring request callback failed")
+
+
+def _shown(ids: list[str]) -> str:
+    return ", ".join(repr(i) for i in ids[:20]) + (", ..." if len(ids) > 20 else "")
+
+
+def _drained(waiting: deque[_Request]) -> list[_Request]:
+    """Everything in a deque another thread may append to, none lost."""
+    taken = []
+    while waiting:
+        taken.append(waiting.popleft())
+    return taken

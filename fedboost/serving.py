@@ -1,24 +1,38 @@
 """``fedboost serve-model``: a real-time scoring API over the parties' running workers.
 
 The command opens a scoring session at every party's worker (``fedboost.scoring_link``) and
-serves ``POST /v1/score`` and ``GET /healthz`` (``fedboost.scoring_api``) with uvicorn until
-interrupted; then it closes the session.
+serves ``POST /v1/score``, ``GET /healthz``, ``/readyz`` and ``/metrics``
+(``fedboost.scoring_api``) with uvicorn (``fedboost.scoring_http``) until SIGTERM or Ctrl-C:
+then it stops accepting connections, finishes the requests in flight, closes the session at
+every party and deletes its reply queue.
+
+Clients authenticate with API keys (``--api-keys``, ``fedboost.api_keys``) and/or client
+certificates (``--tls-client-ca``); serving without either needs ``--insecure-no-auth``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import signal
 import sys
 import uuid
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 DEFAULT_MAX_IDS = 1000
+DEFAULT_MAX_CONNECTIONS = 512
+DEFAULT_RATE = 500.0
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+WILDCARDS = ("0.0.0.0", "::", "")
 
 
 def add_command(sub: Any) -> None:
-    """``fedboost serve-model`` on the CLI's subcommands."""
+    """``fedboost serve-model`` (and ``serve-model-keys``) on the CLI's subcommands."""
+    from fedboost.api_keys import add_command as add_keys_command
+
     cmd = sub.add_parser("serve-model", help="serve a trained vertical model over HTTP "
                          "(POST /v1/score), scoring rows by id at the parties' running workers")
     cmd.add_argument("model_dir", type=Path, help="run folder written by 'fedboost train' "
@@ -37,17 +51,60 @@ def add_command(sub: Any) -> None:
     cmd.add_argument("--timeout", type=float, default=10.0,
                      help="seconds a round may take before the silent parties are named in a "
                           "503 (default 10)")
+    auth = cmd.add_argument_group("authentication and TLS")
+    auth.add_argument("--api-keys", type=Path, metavar="FILE", help="clients authenticate "
+                      "with a key of this file (made with 'fedboost serve-model-keys'; reread "
+                      "when it changes): 'Authorization: Bearer <key>'")
+    auth.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this "
+                      "certificate (chain)")
+    auth.add_argument("--tls-key", type=Path, metavar="PEM", help="its private key")
+    auth.add_argument("--tls-client-ca", type=Path, metavar="PEM", help="clients present a "
+                      "certificate signed by this CA (mutual TLS; its CN names the client)")
+    auth.add_argument("--insecure-no-auth", action="store_true", help="serve scores to anyone "
+                      "who can reach the port (no key, no client certificate)")
+    auth.add_argument("--allowed-host", action="append", default=[], metavar="HOST",
+                      help="a Host header value to accept (repeat; default: --host and "
+                           "localhost)")
+    limits = cmd.add_argument_group("limits")
+    limits.add_argument("--max-body-bytes", type=int, help="request body size at most "
+                        "(default: what --max-ids ids of 256 characters need)")
+    limits.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                        help=f"open connections at most (default {DEFAULT_MAX_CONNECTIONS}): "
+                             f"beyond it the one sending its request the longest is closed")
+    limits.add_argument("--rate", type=float, default=DEFAULT_RATE, help="requests per second "
+                        f"per client (default {DEFAULT_RATE:g}; bursts of two seconds' worth; "
+                        f"a key may set its own): beyond it 429 with Retry-After")
+    limits.add_argument("--header-timeout", type=float, default=10.0, help="seconds a client "
+                        "has to send a request's headers (default 10)")
+    limits.add_argument("--body-timeout", type=float, default=10.0, help="seconds a client has "
+                        "to send a request's body (default 10)")
+    cmd.add_argument("--access-log", default="-", metavar="FILE", help="JSON access log lines "
+                     "to FILE ('-': stderr, the default; 'off': none)")
     cmd.set_defaults(run=serve_model)
+    add_keys_command(sub)
+
+
+class _Stop:
+    """SIGTERM or SIGINT outside uvicorn's own handling (while the session opens, or when
+    uvicorn, having drained, raises the signal again): stop after the step under way, never in
+    the middle of a broker call, so the session is always closed."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.server: Any = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+        if self.server is not None:
+            self.server.should_exit = True  # uvicorn has not taken the signals over yet
 
 
 def serve_model(args: argparse.Namespace) -> int:
-    """Open the scoring session, serve HTTP until interrupted, close the session."""
-    import uvicorn
-
+    """Open the scoring session, serve HTTP until SIGTERM or Ctrl-C, close the session."""
     from workers.runtime import SWITCH_INTERVAL
 
-    from fedboost.scoring_api import ModelInfo, make_app
     from fedboost.scoring_link import ScoringLink, SessionPlan
+    from fedboost.scoring_metrics import ScoringMetrics
     from flows._tasks import PartyError, StepTimeout, broker_coordinator
     from messages import TransportError
     from flows.config import ConfigError
@@ -55,14 +112,20 @@ def serve_model(args: argparse.Namespace) -> int:
     if not 1 <= args.max_ids <= args.round_rows or args.in_flight < 1 or args.timeout <= 0:
         raise ConfigError("--max-ids must be 1 to --round-rows, --in-flight at least 1 and "
                           "--timeout positive")
+    policy, hosts, limits = _guards(args)
     config = _job_of(args.model_dir)
     plan = SessionPlan(job=f"{config.job[:40]}-serve-{uuid.uuid4().hex[:8]}",
                        model_job=config.job, protocol=config.protocol, active=config.active,
                        passives=list(config.passives),
                        datasets=_datasets(config, args.dataset),
                        max_rows=args.round_rows, timeout=args.timeout)
+    _access_log(args.access_log)
+    metrics = ScoringMetrics(plan.job)
+    stop = _Stop()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     coordinator = broker_coordinator(config, plan.job, plan.timeout)
-    link = ScoringLink(plan, coordinator, max_in_flight=args.in_flight)
+    link = ScoringLink(plan, coordinator, max_in_flight=args.in_flight,
+                       observe=metrics.observe_round)
     # the HTTP thread and the link's thread hand requests and scores to each other: at
     # Python's default a thread waits up to 5 ms for the other to give up the GIL
     sys.setswitchinterval(SWITCH_INTERVAL)
@@ -74,19 +137,133 @@ def serve_model(args: argparse.Namespace) -> int:
             if isinstance(exc, StepTimeout):
                 raise ConfigError(f"cannot open the scoring session: {exc}") from None
             raise
-        link.start()
-        info = ModelInfo(config.job, config.params.objective,
-                         "forest" if "forest" in config.protocol else "boosting")
-        print(f"serving {config.job} at http://{args.host}:{args.port}/v1/score (session "
-              f"{plan.job}; parties {', '.join(plan.parties)})", flush=True)
-        uvicorn.run(make_app(link, info, args.max_ids), host=args.host, port=args.port,
-                    log_level="warning", access_log=False)
+        if not stop.requested:
+            link.start()
+            _serve(args, config, link, metrics, policy, hosts, limits, stop)
     finally:
         if link.alive():
-            link.stop()
+            link.stop()  # fails what is queued, closes the session at every party
+        elif stop.requested:
+            link.close_session()
         coordinator.transport.delete_inbox()  # type: ignore[attr-defined]
         coordinator.transport.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
+
+
+def _serve(args: argparse.Namespace, config: Any, link: Any, metrics: Any, policy: Any,
+           hosts: list[str], limits: Any, stop: _Stop) -> None:
+    """uvicorn until SIGTERM or Ctrl-C; it finishes the requests in flight before returning."""
+    import asyncio.constants
+    import ssl
+
+    import uvicorn
+
+    from fedboost.scoring_api import ModelInfo, make_app
+    from fedboost.scoring_http import guarded_protocol
+
+    info = ModelInfo(config.job, config.params.objective,
+                     "forest" if "forest" in config.protocol else "boosting")
+    app = make_app(link, info, args.max_ids, policy=policy, allowed_hosts=hosts,
+                   metrics=metrics)
+    protocol = guarded_protocol(limits, lambda reason: metrics.dropped.labels(reason).inc())
+    metrics.connections.set_function(lambda: len(server.server_state.connections))
+    tls = {} if args.tls_cert is None else {
+        "ssl_certfile": str(args.tls_cert), "ssl_keyfile": str(args.tls_key)}
+    if tls:
+        # a connection counts against --max-connections from the end of its TLS handshake;
+        # before that only asyncio's handshake deadline bounds it (60 s, read from this
+        # constant when a connection is accepted: uvicorn passes no deadline of its own)
+        asyncio.constants.SSL_HANDSHAKE_TIMEOUT = min(args.header_timeout, 60.0)
+    if args.tls_client_ca is not None:
+        tls.update(ssl_ca_certs=str(args.tls_client_ca), ssl_cert_reqs=ssl.CERT_REQUIRED)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=args.host, port=args.port, http=protocol, log_level="warning",
+        access_log=False, lifespan="off", timeout_keep_alive=5,
+        timeout_graceful_shutdown=int(args.timeout) + 5, **tls))
+    stop.server = server
+    if stop.requested:
+        return
+    scheme = "https" if args.tls_cert else "http"
+    print(f"serving {config.job} at {scheme}://{args.host}:{args.port}/v1/score (session "
+          f"{link.plan.job}; parties {', '.join(link.plan.parties)})", flush=True)
+    # uvicorn handles SIGTERM and SIGINT itself while it runs (stop accepting, finish the
+    # requests in flight), then raises the signal again, which ``stop`` notes
+    server.run()
+
+
+def _guards(args: argparse.Namespace) -> tuple[Any, list[str], Any]:
+    """The gate's policy, the Host allowlist and the connection limits, from the flags."""
+    from fedboost.api_keys import KeyRing, KeysFileError
+    from fedboost.scoring_api import MAX_ID_CHARS
+    from fedboost.scoring_guard import GatePolicy
+    from fedboost.scoring_http import ConnectionLimits, descriptors_for
+    from flows.config import ConfigError
+
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        raise ConfigError("--tls-client-ca needs HTTPS: give --tls-cert and --tls-key")
+    for path in (args.tls_cert, args.tls_key, args.tls_client_ca):
+        if path is not None and not path.is_file():
+            raise ConfigError(f"{path}: no such file")
+    authenticated = args.api_keys is not None or args.tls_client_ca is not None
+    if not authenticated and not args.insecure_no_auth:
+        raise ConfigError("serve-model needs authentication: --api-keys FILE (keys made with "
+                          "'fedboost serve-model-keys') and/or --tls-client-ca PEM (with "
+                          "--tls-cert/--tls-key); or --insecure-no-auth to serve scores to "
+                          "anyone who can reach the port")
+    if authenticated and args.insecure_no_auth:
+        raise ConfigError("--insecure-no-auth contradicts --api-keys/--tls-client-ca")
+    if args.insecure_no_auth:
+        print(f"fedboost: warning: serving without authentication (--insecure-no-auth): "
+              f"anyone who can reach {args.host}:{args.port}, any local user included, gets "
+              f"scores", file=sys.stderr, flush=True)
+    keys = None
+    if args.api_keys is not None:
+        try:
+            keys = KeyRing(args.api_keys)
+        except (OSError, KeysFileError) as exc:
+            raise ConfigError(f"--api-keys: {exc}") from None
+        if keys.in_use == 0:
+            print(f"fedboost: warning: {args.api_keys} has no key in use: every request is "
+                  f"refused until one is added", file=sys.stderr, flush=True)
+        if args.tls_cert is None and args.host not in LOOPBACK:
+            print("fedboost: warning: API keys over plain HTTP beyond loopback: anyone on the "
+                  "path reads them (give --tls-cert/--tls-key)", file=sys.stderr, flush=True)
+    hosts = args.allowed_host or ([] if args.host in WILDCARDS else [args.host, "localhost"])
+    if not hosts:
+        raise ConfigError(f"--host {args.host or '(any)'} listens on every address: name the "
+                          f"Host values clients use with --allowed-host")
+    max_body = args.max_body_bytes or 1024 + args.max_ids * (MAX_ID_CHARS + 8)
+    if (min(args.max_connections, max_body, args.rate, args.header_timeout,
+            args.body_timeout) <= 0):
+        raise ConfigError("--max-connections, --max-body-bytes, --rate and the timeouts must "
+                          "be positive")
+    connections = descriptors_for(args.max_connections)
+    if connections < args.max_connections:
+        print(f"fedboost: warning: --max-connections {args.max_connections} lowered to "
+              f"{connections}: this process may open no more files (ulimit -n)",
+              file=sys.stderr, flush=True)
+    policy = GatePolicy(keys=keys, certificates=args.tls_client_ca is not None,
+                        rate=args.rate, max_body_bytes=max_body)
+    limits = ConnectionLimits(connections, args.header_timeout, args.body_timeout,
+                              max_header_bytes=16 * 1024)
+    return policy, hosts, limits
+
+
+def _access_log(where: str) -> None:
+    log = logging.getLogger("fedboost.serving.access")
+    log.propagate = False
+    if where == "off":
+        log.setLevel(logging.WARNING)
+        return
+    handler = (logging.StreamHandler(sys.stderr) if where == "-"
+               else logging.FileHandler(where, encoding="utf-8"))
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
 
 
 def _job_of(model_dir: Path) -> Any:

@@ -484,6 +484,17 @@ class ScoreRows:
 
 
 @dataclass(frozen=True, slots=True)
+class FindRows:
+    """Command, a membership round: which of these ids has no row here. Every party answers
+    ``RowsFound`` and sends nothing else: a scoring round (``ScoreRows``) follows only for ids
+    every party holds, so a request that cannot be scored sends no decisions to the active
+    party. No ids: a ping (every party answering is what ``GET /readyz`` reports)."""
+
+    round: int
+    ids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
 class RoundDecisions:
     """A passive party's decisions for one scoring round, to the active party: ``records``
     are its lookup record ids (uint32 little-endian, ascending: bytes, not a list, so a forest's
@@ -498,8 +509,9 @@ class RoundDecisions:
 
 @dataclass(frozen=True, slots=True)
 class RowsFound:
-    """A passive party's reply to ``ScoreRows``: the positions (in the round's ids) of ids it
-    has no row for; empty when its decisions went to the active party."""
+    """A party's reply to ``FindRows``, and a passive party's to ``ScoreRows``: the positions
+    (in the round's ids) of ids it has no row for; empty when every id has one (and, answering
+    ``ScoreRows``, its decisions went to the active party)."""
 
     round: int
     unknown: list[int]

@@ -145,6 +145,9 @@ class MsgType(IntEnum):
     SCORES = 403
     ROUND_DECISIONS = 404
     """A passive party's decisions for one scoring round, to the active party."""
+    FIND_ROWS = 405
+    """A membership round: each party answers which ids it has no row for, sending nothing
+    else."""
 
 
 BODY_TYPES: dict[MsgType, type] = {
@@ -192,6 +195,7 @@ BODY_TYPES: dict[MsgType, type] = {
     MsgType.ROWS_FOUND: b.RowsFound,
     MsgType.SCORES: b.Scores,
     MsgType.ROUND_DECISIONS: b.RoundDecisions,
+    MsgType.FIND_ROWS: b.FindRows,
 }
 BODY_TYPES.update({
     MsgType.S_OPEN_JOB: s.OpenSimfl, MsgType.S_HASH_ROWS: s.Prepare,
@@ -231,13 +235,13 @@ for _kind in STEP_COMMANDS:
 OPENERS = frozenset({MsgType.OPEN_JOB, MsgType.OPEN_PREDICTION, MsgType.H_OPEN_JOB,
                      MsgType.S_OPEN_JOB, MsgType.F_OPEN_JOB, MsgType.OPEN_SCORING})
 """Commands that open a job at a party: their bodies name the protocol and every party's role."""
-UNRECORDED = frozenset({MsgType.SCORE_ROWS})
+UNRECORDED = frozenset({MsgType.SCORE_ROWS, MsgType.FIND_ROWS})
 """Commands a worker answers without putting them on its durable record of answered commands
 (an fsync each): a scoring service sends thousands a second. Answering one again sends the
 same decisions to the same active party, which already has them; recent replays are still
 refused by their nonce, and after a worker restart the session they name is no longer open."""
 TRANSIENT = frozenset({MsgType.SCORE_ROWS, MsgType.ROUND_DECISIONS, MsgType.ROWS_FOUND,
-                       MsgType.SCORES})
+                       MsgType.SCORES, MsgType.FIND_ROWS})
 """Kinds the broker need not write to disk: a scoring round is worth nothing after its timeout,
 and one lost with the broker is answered 503 and asked again (a persistent message waits for
 the broker's fsync: about 0.5 ms more per hop on loopback, and a long tail)."""

@@ -95,6 +95,7 @@ SAMPLES = {
     MsgType.OPEN_SCORING: b.OpenScoring([b.PartyInfo("g", "active", "applicants")], "trained",
                                         4096, "vertical_secureboost"),
     MsgType.SCORE_ROWS: b.ScoreRows(7, ["25115", "2346"], 10.0),
+    MsgType.FIND_ROWS: b.FindRows(7, ["25115", "2346"]),
     MsgType.ROUND_DECISIONS: b.RoundDecisions(7, b"\x01\0\0\0", 2, b"\x80"),
     MsgType.ROWS_FOUND: b.RowsFound(7, [1]),
     MsgType.SCORES: b.Scores(7, 1, b"\0" * 16, [], []),

@@ -13,8 +13,8 @@ import pytest
 
 from boosting.binning import goes_left_raw
 from boosting.tree import TreeNode, load_model, raw_decider
-from messages.bodies import (ErrorReply, OpenScoring, PartyInfo, RowsFound, Scores, ScoreRows,
-                             Step)
+from messages.bodies import (ErrorReply, FindRows, OpenScoring, PartyInfo, RowsFound, Scores,
+                             ScoreRows, Step)
 from messages.envelope import MsgType
 from tests.scenarios import DATA
 from tests.workers.test_prediction_boundaries import (HOST_RECORDS, PARTIES, Federation,
@@ -83,6 +83,27 @@ def test_a_session_scores_rows_by_id_as_the_model_does(tmp_path: Path) -> None:
     closed = fed.call(["guest", "host"], MsgType.CLOSE_JOB, Step(), "close")
     assert all(r.kind == MsgType.ACK for r in closed.values())
     assert "job" not in fed.workers["host"].jobs
+
+
+def test_a_membership_round_answers_positions_and_sends_the_active_party_nothing(
+        tmp_path: Path) -> None:
+    _plant_model(tmp_path, "trained")
+    fed = Federation(tmp_path, BATCHED)
+    _open(fed)
+    ids = load_party_data("host", DATA / "breast_hetero_host.csv", "id", None,
+                          require_label=False).ids
+    found = fed.call(["host"], MsgType.FIND_ROWS, FindRows(1, [ids[4], "no-such", ids[9]]),
+                     "find/r1", pump=("host",))["host"]
+    assert found.kind == MsgType.ROWS_FOUND and found.body == RowsFound(1, [1])
+    assert fed.workers["guest"].transport.receive(timeout=0.05) is None  # no decisions
+    found = fed.call(["guest"], MsgType.FIND_ROWS, FindRows(2, ["no-such", ids[0]]),
+                     "find/r2", pump=("guest",))["guest"]
+    assert found.body == RowsFound(2, [0])
+    pings = fed.call(["guest", "host"], MsgType.FIND_ROWS, FindRows(3, []), "ping")
+    assert [p.body for p in pings.values()] == [RowsFound(3, [])] * 2
+    too_many = fed.call(["host"], MsgType.FIND_ROWS, FindRows(4, ["x"] * 65), "find/r4",
+                        pump=("host",))["host"].body
+    assert isinstance(too_many, ErrorReply) and "at most 64 rows, not 65" in too_many.message
 
 
 def test_a_passive_party_without_batched_in_its_policy_refuses_in_one_line(

@@ -9,7 +9,10 @@ predictions. So the active party learns every decision of every requested row: a
 takes part only if its policy allows ``batched`` prediction.
 
 A passive party sends its decisions only to the active party its saved model part names, and
-answers an unknown id with its position in the round, never with anything of its data.
+answers an unknown id with its position in the round, never with anything of its data. The
+service asks every party which ids it lacks first (``FindRows``, a membership round that sends
+nothing to anyone else) and sends a scoring round only for ids every party holds: a request
+that cannot be scored sends no decisions to the active party.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import numpy as np
 
 from boosting.flat_trees import FlatTrees, OwnSplits, flatten, margins, route
 from boosting.tree import Model, load_model
-from messages.bodies import (MAX_SCORING_ROWS, Ack, OpenScoring, RoundDecisions, RowsFound,
-                             Scores, ScoreRows)
+from messages.bodies import (MAX_SCORING_ROWS, Ack, FindRows, OpenScoring, RoundDecisions,
+                             RowsFound, Scores, ScoreRows)
 from messages.envelope import MsgType
 from workers import DataError, ProtocolError, StageError
 from workers.data import PartyData
@@ -150,11 +153,21 @@ def _active_session(me: str, model: Model, index: RowIndex, passives: list[str],
                          own=OwnSplits.of(flat, me), passive_nodes=passive_nodes)
 
 
-def _session(ctx: StepContext, kind: type) -> tuple[JobState, Any]:
+def _session(ctx: StepContext, kind: type | tuple[type, ...]) -> tuple[JobState, Any]:
     state = ctx.state
     if not isinstance(state, JobState) or not isinstance(state.role_state, kind):
         raise StageError(f"{ctx.party.name}: job {ctx.job} is not a scoring session")
     return state, state.role_state
+
+
+def find_rows(ctx: StepContext, body: FindRows) -> tuple[MsgType, Any]:
+    """The membership round (either role): positions of the ids without a row here; nothing
+    goes to any other party. No ids: a ping."""
+    _, run = _session(ctx, (PassiveSession, ActiveSession))
+    if len(body.ids) > run.max_rows:
+        raise ProtocolError(f"a membership round asks for at most {run.max_rows} rows, not "
+                            f"{len(body.ids)}")
+    return MsgType.ROWS_FOUND, RowsFound(round=body.round, unknown=run.index.find(body.ids)[1])
 
 
 def _check_round(body: ScoreRows, max_rows: int) -> None:
@@ -241,8 +254,10 @@ def _drop_stale(ctx: StepContext, current: int) -> None:
             ctx.mailbox.take(*key)
 
 
-ACTIVE_STEPS = {MsgType.OPEN_SCORING: open_scoring, MsgType.SCORE_ROWS: score_rows_active}
+ACTIVE_STEPS = {MsgType.OPEN_SCORING: open_scoring, MsgType.FIND_ROWS: find_rows,
+                MsgType.SCORE_ROWS: score_rows_active}
 """The scoring service's steps of the active party (any vertical protocol whose model parts
 are ``model.json`` and ``lookup.json`` includes them)."""
-PASSIVE_STEPS = {MsgType.OPEN_SCORING: open_scoring, MsgType.SCORE_ROWS: score_rows_passive}
+PASSIVE_STEPS = {MsgType.OPEN_SCORING: open_scoring, MsgType.FIND_ROWS: find_rows,
+                 MsgType.SCORE_ROWS: score_rows_passive}
 """The scoring service's steps of a passive party."""

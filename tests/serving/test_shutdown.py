@@ -1,0 +1,62 @@
+"""Starting and stopping the scoring service: no authentication only when asked for, with a
+warning; SIGTERM finishes the requests in flight, closes the session at every party and
+leaves no queue on the broker."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from fedboost.cli import main
+from messages.envelope import MsgType
+from tests.conftest import _free_port
+from tests.serving.federation import Federation, Firehose, breast_ids, queues_of
+
+
+def test_serve_model_without_authentication_needs_insecure_no_auth(
+        federation: Federation, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["serve-model", str(federation.runs), "--port", str(_free_port())])
+    assert code == 1
+    assert capsys.readouterr().err.strip().startswith(
+        "fedboost: error: serve-model needs authentication: --api-keys FILE")
+
+
+def test_sigterm_drains_requests_closes_the_session_and_deletes_its_queue(
+        federation: Federation, firehose: Firehose) -> None:
+    service = federation.serve("--insecure-no-auth", "--timeout", "30", log_name="insecure")
+    assert any(line.startswith("fedboost: warning: serving without authentication")
+               for line in service.lines())
+    (session,) = re.findall(r"\(session ([^;]+);", service.log.read_text())
+    reply_queue = f"fedboost.flow.{session}."
+    assert any(q.startswith(reply_queue) for q in queues_of(federation.url))
+    bureau = federation.workers["bureau"]
+    replies: list[httpx.Response] = []
+    firehose.drain()
+    bureau.send_signal(signal.SIGSTOP)  # the round waits for the bureau's answer
+    try:
+        asking = threading.Thread(target=lambda: replies.append(httpx.post(
+            f"{service.base}/v1/score", json={"ids": breast_ids()[30:40]}, timeout=60)))
+        asking.start()
+        deadline = time.monotonic() + 30
+        while not any(c.queue == f"fedboost.{federation.name('bureau')}"
+                      for c in firehose.drain()):
+            assert time.monotonic() < deadline, "the round never went out"
+            time.sleep(0.05)
+        service.proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        with pytest.raises(httpx.TransportError):  # no new connection is taken meanwhile
+            httpx.get(f"{service.base}/healthz", timeout=5)
+    finally:
+        bureau.send_signal(signal.SIGCONT)
+    asking.join(timeout=60)
+    assert replies and replies[0].status_code == 200, replies  # drained, not dropped
+    assert service.proc.wait(timeout=60) == 0
+    closed = {c.queue.removeprefix("fedboost.") for c in firehose.drain()
+              if c.envelope is not None and c.envelope.kind == MsgType.CLOSE_JOB}
+    assert closed == {federation.name(p) for p in ("guest", "bureau", "telco")}
+    assert [q for q in queues_of(federation.url) if q.startswith(reply_queue)] == []
