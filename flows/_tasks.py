@@ -195,6 +195,13 @@ class _Silence:
         everyone = sorted(set(coord.parties) | set(silent))
         if coord.gone is not None:
             gone = coord.gone(everyone)
+            # a gone party the step waits for ends it at once; another one only once the step
+            # has waited first_notice seconds: the silent ones may be waiting for its peer
+            # messages, or may answer from what it sent before it left (a horizontal member
+            # that dies after its vector is in: the aggregator's sum still comes)
+            early = time.monotonic() - self.started < coord.first_notice
+            if early and not set(gone) & set(silent):
+                gone = {}
             if gone:
                 raise PartyGone("; ".join(f"party {p}: {why} while the flow waited for "
                                           f"{', '.join(silent)} to answer "

@@ -12,8 +12,8 @@ import pytest
 
 from flows._tasks import Coordinator, PartyError, PartyGone, StepTimeout
 from flows.progress import PartiesSilent, listening
-from messages.bodies import ErrorReply, Step
-from messages.envelope import MsgType
+from messages.bodies import Ack, ErrorReply, Step
+from messages.envelope import Envelope, MsgType
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
 
@@ -58,7 +58,9 @@ def test_a_step_says_whom_it_waits_for_and_fails_at_once_when_a_party_is_gone() 
     """A silent party is named after ``first_notice`` seconds and again every
     ``notice_every`` (on the progress listener, the command line's bar or lines), with what is
     known of every party of the job (the silent one may wait for another's peer messages); a
-    party whose worker is known to have stopped ends the step at once, naming it."""
+    party whose worker is known to have stopped ends the step, naming it: at once when the step
+    waits for it, after ``first_notice`` seconds when it waits for others (they may answer
+    from what it sent before it stopped)."""
     hub = MemoryHub(["flow", "guest", "host"])
     sealers = federation_sealers(["guest", "host"])
     gone: dict[str, str] = {}
@@ -94,6 +96,34 @@ def test_a_step_says_whom_it_waits_for_and_fails_at_once_when_a_party_is_gone() 
     assert str(outcome[0]) == ("party host: its worker process was killed by signal SIGKILL "
                                "while the flow waited for guest to answer broadcast_nodes "
                                "(tree 2, depth 1)")
+
+
+def test_a_party_gone_after_its_part_does_not_fail_a_step_that_waits_for_others() -> None:
+    """A horizontal member that dies right after its histograms are in: the aggregator's sum
+    still comes, so the step waiting for the aggregator ends normally within ``first_notice``
+    (under load the flow saw the member gone first and failed the whole job)."""
+    hub = MemoryHub(["flow", "aggregator", "host_2"])
+    sealers = federation_sealers(["aggregator", "host_2"])
+    coord = Coordinator("job", hub.endpoint("flow"), sealers["flow"], timeout=600,
+                        parties=("aggregator", "host_2"),
+                        gone=lambda parties: {"host_2": "its worker process exited with code 1"},
+                        first_notice=5.0, notice_every=5.0)
+    aggregator = hub.endpoint("aggregator")
+
+    def answer() -> None:  # the aggregator sums what it already holds, after a while
+        raw = aggregator.receive(timeout=5)
+        assert raw is not None
+        command = sealers["aggregator"].open(raw)
+        time.sleep(1.0)
+        aggregator.send("flow", sealers["aggregator"].seal(Envelope(
+            job="job", task=command.task, sender="aggregator", recipient="flow",
+            kind=MsgType.ACK, body=Ack(3))))
+
+    threading.Thread(target=answer).start()
+    replies = coord.call(["aggregator"], MsgType.BUILD_HISTOGRAMS, Step(2, 1), "secure_sum/t2/d1")
+    assert replies == {"aggregator": Ack(3)}
+    with pytest.raises(PartyGone):  # waiting for it: at once
+        coord.call(["host_2"], MsgType.BUILD_HISTOGRAMS, Step(2, 1), "grow/t2/d1")
 
 
 def test_over_rabbitmq_a_silent_party_without_a_worker_is_named_so(rabbit_url: str) -> None:
