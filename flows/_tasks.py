@@ -92,6 +92,11 @@ class Coordinator:
         self.session = _new_session()
         self.lost = None
 
+    def leave(self, parties: list[str]) -> None:
+        """The job goes on without ``parties`` (horizontal members dropped): no step waits for
+        them any more, so their being gone ends none."""
+        self.parties = tuple(p for p in self.parties if p not in parties)
+
     def abandon(self, lost: ErrorReply) -> None:
         """A party lost this session's state: the calls still waiting (the forest's other
         trees) fail with its error within a second, instead of waiting out the step timeout

@@ -358,6 +358,7 @@ def _drop(config: HorizontalJobConfig, members: Membership, silent: list[str], t
         return
     members.live = [m for m in members.live if m not in silent]
     members.dropped.extend(silent)
+    link(config.job).leave(silent)
     if len(members.live) < config.min_members:
         raise MembersLost(f"job {config.job}: member(s) {', '.join(silent)} did not answer "
                           f"within {config.transport.step_timeout:.0f} s at tree {tree}; "

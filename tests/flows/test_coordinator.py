@@ -106,7 +106,8 @@ def test_a_party_gone_after_its_part_does_not_fail_a_step_that_waits_for_others(
     sealers = federation_sealers(["aggregator", "host_2"])
     coord = Coordinator("job", hub.endpoint("flow"), sealers["flow"], timeout=600,
                         parties=("aggregator", "host_2"),
-                        gone=lambda parties: {"host_2": "its worker process exited with code 1"},
+                        gone=lambda parties: {p: "its worker process exited with code 1"
+                                              for p in parties if p == "host_2"},
                         first_notice=5.0, notice_every=5.0)
     aggregator = hub.endpoint("aggregator")
 
@@ -124,6 +125,12 @@ def test_a_party_gone_after_its_part_does_not_fail_a_step_that_waits_for_others(
     assert replies == {"aggregator": Ack(3)}
     with pytest.raises(PartyGone):  # waiting for it: at once
         coord.call(["host_2"], MsgType.BUILD_HISTOGRAMS, Step(2, 1), "grow/t2/d1")
+    # once the flow drops it, it ends no step however long one waits for the others
+    coord.leave(["host_2"])
+    coord.first_notice = 0.0
+    threading.Thread(target=answer).start()
+    replies = coord.call(["aggregator"], MsgType.BUILD_HISTOGRAMS, Step(3, 0), "secure_sum/t3/d0")
+    assert replies == {"aggregator": Ack(3)}
 
 
 def test_over_rabbitmq_a_silent_party_without_a_worker_is_named_so(rabbit_url: str) -> None:
