@@ -5,7 +5,8 @@ the command. In the terminal's process group it received Ctrl-C with the command
 first; the command's Prefect client then spent two to three minutes failing to record the
 crash ("Error logging to API") before ``fedboost train`` could print its resume line. In a
 session of its own the server stays up until the command stops it at exit, as Prefect does.
-(A SIGKILLed command's server is stopped by ``workers.lifeline``'s guardian either way.)
+A command killed with SIGKILL cannot stop it: the command's guardian does
+(``workers.lifeline.guard_descendants``), as it stops every process the command started.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from fedboost import _prefect_env, api  # api imports flows late: Prefect's settings come first
 from fedboost.serving import add_command as add_serve_model
+from fedboost.serving import serve_model
 
 EXIT_USER_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -32,6 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     warnings.simplefilter("always", api.FedboostWarning)
     args = _parser().parse_args(argv)
+    if argv is None and args.run in _STARTS_PROCESSES:
+        # the command owns this process (console script, python -m): whatever it starts, and
+        # whatever Prefect starts for it, is stopped when it ends, SIGKILL included; a caller
+        # passing argv (a test, a host program) keeps its process's environment to itself
+        from workers.lifeline import guard_descendants
+
+        guard_descendants()
     # errors printed as one line; none of these imports Prefect (a bad job file answers fast)
     from boosting import BoostingError
     from flows.config import ConfigError
@@ -414,6 +422,11 @@ def _centralized(args: argparse.Namespace) -> int:
     result = api.centralized(args.config, args.out, on_tree=report)
     print(f"centralized: {_metrics_summary(result.final_metrics)}; model in {result.run_dir}/")
     return 0
+
+
+_STARTS_PROCESSES = (_train, _resume, _predict, _worker, _serve, serve_model)
+"""Commands that start processes (the embedded default's workers, a worker's processes and
+crypto pools, Prefect's ephemeral server and flow runs), or serve until they are stopped."""
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from messages import bodies as b
 from messages import forest as f
 from messages import horizontal as h
 from messages import simfl as s
-from messages.codec import from_wire, to_wire
+from messages.codec import WireReader, decoding, read_typed, to_wire
 from messages.names import JOB_NAME_RULE, is_job_name
 
 WIRE_VERSION = 4
@@ -289,29 +289,49 @@ def encode_envelope(env: Envelope) -> bytes:
     )
 
 
-def decode_envelope(data: bytes) -> Envelope:
-    """Parse and validate an envelope; any malformed input raises ``DecodeError``."""
+def decode_envelope(data: bytes | memoryview) -> Envelope:
+    """Parse and validate an envelope; any malformed input raises ``DecodeError``.
+
+    The body is read in place as its kind's class (``messages.codec``): decoding holds nothing
+    but the message and what it decodes to, at most twice its size plus
+    ``codec.DECODE_FLOOR_BYTES``. The body comes last, after the kind that names its class (as
+    ``encode_envelope`` writes it).
+    """
     if len(data) > MAX_MESSAGE_BYTES:
         raise DecodeError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    reader = WireReader(data)
+    head: dict[str, Any] = {}
+    key = ""
+    with decoding("envelope"):
+        for _ in range(reader.read_map_header()):
+            key = reader.read_str(_NAME_BYTES)
+            if key in head or key not in _HEAD:
+                raise DecodeError(f"envelope field {key!r} unknown or repeated")
+            if key == "body":
+                break
+            head[key] = (reader.read_int() if key in ("version", "kind")
+                         else reader.read_str(4 * _NAME_BYTES))
+    if len(head) != len(_HEAD) - 1 or key != "body":
+        raise DecodeError(f"envelope must be a map of {', '.join(_HEAD)}, the body last")
+    if head["version"] != WIRE_VERSION:
+        raise DecodeError(f"wire version {head['version']!r}, expected {WIRE_VERSION}")
+    job, task, sender, recipient = (head[k] for k in ("job", "task", "sender", "recipient"))
+    if max(len(job), len(task), len(sender), len(recipient)) > _NAME_BYTES:
+        raise DecodeError("envelope job, task, sender and recipient must be short strings")
+    if not is_job_name(job):  # it becomes a folder name at every party
+        raise DecodeError(f"envelope job {job!r} is not a job name ({JOB_NAME_RULE})")
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_MESSAGE_BYTES)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise DecodeError(f"not a msgpack envelope: {exc}") from exc
-    if not isinstance(raw, dict) or set(raw) != {"version", "job", "task", "sender",
-                                                 "recipient", "kind", "body"}:
-        raise DecodeError("envelope must be a map of version, job, task, sender, recipient, kind, body")
-    if raw["version"] != WIRE_VERSION:
-        raise DecodeError(f"wire version {raw['version']!r}, expected {WIRE_VERSION}")
-    for key in ("job", "task", "sender", "recipient"):
-        if not isinstance(raw[key], str) or len(raw[key]) > 256:
-            raise DecodeError(f"envelope {key} must be a short string")
-    if not is_job_name(raw["job"]):  # it becomes a folder name at every party
-        raise DecodeError(f"envelope job {raw['job']!r} is not a job name ({JOB_NAME_RULE})")
-    try:
-        kind = MsgType(raw["kind"])
-    except (ValueError, TypeError) as exc:
-        raise UnknownMessageType(f"unknown message kind {raw['kind']!r}") from exc
-    body = from_wire(BODY_TYPES[kind], raw["body"], kind.name)
-    return Envelope(job=raw["job"], task=raw["task"], sender=raw["sender"],
-                    recipient=raw["recipient"], kind=kind, body=body)
+        kind = MsgType(head["kind"])
+    except ValueError as exc:
+        raise UnknownMessageType(f"unknown message kind {head['kind']!r}") from exc
+    with decoding(kind.name):
+        body = read_typed(BODY_TYPES[kind], reader)
+    if not reader.at_end():
+        raise DecodeError(f"{kind.name}: {len(data) - reader.pos} bytes after the body")
+    return Envelope(job=job, task=task, sender=sender, recipient=recipient, kind=kind,
+                    body=body)
 
+
+_HEAD = ("version", "job", "task", "sender", "recipient", "kind", "body")
+_NAME_BYTES = 256
+"""Characters of a job, task, sender or recipient name at most (4 UTF-8 bytes each)."""

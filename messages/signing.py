@@ -18,8 +18,10 @@ import os
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgpack
 from cryptography.exceptions import InvalidSignature
@@ -27,6 +29,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from messages import DecodeError, MessageError
+from messages.codec import WireReader, decoding
 from messages.e2e import decrypt_body, encrypt_body, own_key, pair_key
 from messages.envelope import MAX_MESSAGE_BYTES, Envelope, decode_envelope, encode_envelope
 
@@ -186,27 +189,17 @@ class Sealer:
         """Parse, authenticate and de-duplicate a sealed message, or raise ``DecodeError``."""
         if len(data) > MAX_MESSAGE_BYTES + 256:
             raise DecodeError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
-        try:
-            raw = msgpack.unpackb(data, raw=False, strict_map_key=True,
-                                  max_bin_len=MAX_MESSAGE_BYTES, max_str_len=64,
-                                  max_array_len=0, max_map_len=len(_FIELDS_E2E))
-        except Exception as exc:  # msgpack raises several unrelated types on garbage
-            raise DecodeError(f"not a sealed message: {exc}") from exc
-        if not isinstance(raw, dict) or set(raw) not in (_FIELDS, _FIELDS_E2E):
-            raise DecodeError(f"sealed message must be a map of {', '.join(sorted(_FIELDS))}")
+        raw = _read_seal(data)
         version, signer, nonce, sent_at = raw["v"], raw["signer"], raw["nonce"], raw["sent_at"]
         body, signature = raw["envelope"], raw["signature"]
         expected = SEAL_VERSION_E2E if "to" in raw else SEAL_VERSION
-        if type(version) is not int or version != expected:
+        if version != expected:
             raise DecodeError(f"seal version {version!r}, expected {expected}")
         if self.end_to_end and version != SEAL_VERSION_E2E:
             raise ForgedMessage(f"message signed by {signer!r} is not end-to-end encrypted "
                                 f"(this party requires it: signing.end_to_end)")
-        if not (isinstance(signer, str) and isinstance(nonce, bytes) and len(nonce) == NONCE_BYTES
-                and type(sent_at) is float and isinstance(body, bytes)
-                and isinstance(signature, bytes) and len(signature) == SIGNATURE_BYTES
-                and isinstance(raw.get("to", ""), str)):
-            raise DecodeError("sealed message: bad signer, nonce, time, envelope or signature")
+        if len(nonce) != NONCE_BYTES or len(signature) != SIGNATURE_BYTES:
+            raise DecodeError("sealed message: bad nonce or signature")
         public = self.trusted.get(signer)
         if public is None:
             raise ForgedMessage(f"message signed by {signer!r}: no public key for it")
@@ -239,6 +232,29 @@ class Sealer:
 
 _FIELDS = frozenset({"v", "signer", "nonce", "sent_at", "envelope", "signature"})
 _FIELDS_E2E = _FIELDS | {"to"}
+_NAME_BYTES = 64
+_SEAL_READS: dict[str, Callable[[WireReader], Any]] = {
+    "v": WireReader.read_int, "signer": lambda reader: reader.read_str(_NAME_BYTES),
+    "nonce": WireReader.read_bytes, "sent_at": WireReader.read_float,
+    "envelope": WireReader.read_bytes_view, "signature": WireReader.read_bytes,
+    "to": lambda reader: reader.read_str(_NAME_BYTES)}
+
+
+def _read_seal(data: bytes) -> dict[str, Any]:
+    """A sealed message's fields, each of its type; the envelope as a view of ``data``, not a
+    copy (decoding holds nothing but the message and what it decodes to: ``messages.codec``)."""
+    reader = WireReader(data)
+    raw: dict[str, Any] = {}
+    with decoding("sealed message"):
+        for _ in range(min(reader.read_map_header(), len(_FIELDS_E2E) + 1)):
+            key = reader.read_str(_NAME_BYTES)
+            read = _SEAL_READS.get(key)
+            if read is None or key in raw:
+                raise DecodeError(f"sealed message: field {key!r} unknown or repeated")
+            raw[key] = read(reader)
+    if set(raw) not in (_FIELDS, _FIELDS_E2E) or not reader.at_end():
+        raise DecodeError(f"sealed message must be a map of {', '.join(sorted(_FIELDS))}")
+    return raw
 
 
 def _header(signer: str, nonce: bytes, sent_at: float, to: str | None = None) -> bytes:

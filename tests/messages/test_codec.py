@@ -221,3 +221,56 @@ def test_hostile_instance_spaces_decode_to_the_receivers_size_or_are_refused(
 def test_run_length_gaps_beyond_the_space_are_refused(data: bytes) -> None:
     with pytest.raises(DecodeError, match="outside"):
         decode_mask(InstanceSpace(50, GAPS, data), 50)
+
+
+_INTS = st.integers(-2**63, 2**64 - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.one_of(
+    st.builds(b.Decisions, _INTS, st.lists(_INTS, max_size=40), _INTS, st.binary(max_size=300)),
+    st.builds(h.LeafValues, _INTS, _INTS, st.lists(_INTS, max_size=20),
+              st.lists(st.floats(allow_nan=True), max_size=20)),
+    st.builds(b.TreeFinished, st.lists(st.builds(b.Metric, st.text(max_size=300), st.floats())),
+              st.lists(st.lists(st.builds(b.Metric, st.text(max_size=40), st.floats()),
+                                max_size=3), max_size=3)),
+    st.builds(b.ErrorReply, st.text(), st.text(), st.text(max_size=70_000), st.booleans(),
+              st.booleans())))
+def test_every_msgpack_width_of_every_field_type_round_trips(body: object) -> None:
+    """Ints of every msgpack width (fixint to 64 bits, both signs), floats (NaN included),
+    strings of every length class, nested lists: read in place as msgpack wrote them."""
+    kind = {b.Decisions: MsgType.DECISIONS, h.LeafValues: MsgType.H_LEAVES,
+            b.TreeFinished: MsgType.TREE_FINISHED, b.ErrorReply: MsgType.ERROR}[type(body)]
+    data = encode_envelope(Envelope("job", "task", "guest", "host", kind, body))
+    assert encode_envelope(decode_envelope(data)) == data  # bytes: NaN compares equal here
+
+
+def _envelope_map(*pairs: tuple[str, object], raw_body: bytes = b"") -> bytes:
+    """An envelope's map of ``pairs``, then a body of ``raw_body`` msgpack bytes if given."""
+    packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack_map_header(len(pairs) + bool(raw_body)) + b"".join(
+        packer.pack(k) + packer.pack(v) for k, v in pairs) + (
+        packer.pack("body") + raw_body if raw_body else b"")
+
+
+_HEAD = (("version", WIRE_VERSION), ("job", "j"), ("task", "t"), ("sender", "s"),
+         ("recipient", "r"), ("kind", int(MsgType.ACK)))
+
+
+@pytest.mark.parametrize("data, refusal", [
+    (_envelope_map(("body", [1]), *_HEAD), "the body last"),
+    (_envelope_map(*_HEAD, ("body", [1])) + b"\x00", "1 bytes after the body"),
+    (_envelope_map(*_HEAD, ("kind", 100), ("body", [1])), "'kind' unknown or repeated"),
+    (_envelope_map(*_HEAD, ("body", [1, 2])), "ACK: expected 1 fields of Ack"),
+    (_envelope_map(*_HEAD[:5], ("kind", int(MsgType.ERROR)),
+                   ("body", ["p", b"\xff", "m", True, False])), "ERROR.step: expected str"),
+    (_envelope_map(*_HEAD[:5], ("kind", int(MsgType.ROWS_FOUND)), ("body", [1, [1, 2.5]])),
+     r"ROWS_FOUND.unknown\[1\]: expected int"),
+    (_envelope_map(*_HEAD[:5], ("kind", int(MsgType.ROWS_FOUND)),
+                   raw_body=b"\x92\x01\xdd\x7f\xff\xff\xff"), "declares 2147483647 items"),
+    (_envelope_map(*_HEAD[:5], ("kind", int(MsgType.ERROR)),
+                   raw_body=b"\x95\xa1p\xa2\xc3\x28"), "ERROR.step: a str that is not UTF-8"),
+])
+def test_envelopes_out_of_shape_are_refused_naming_the_field(data: bytes, refusal: str) -> None:
+    with pytest.raises(DecodeError, match=refusal):
+        decode_envelope(data)

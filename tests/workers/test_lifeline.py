@@ -22,7 +22,8 @@ FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
 
 
 def _children(pid: int) -> list[int]:
-    """Live processes whose parent is ``pid`` (from /proc)."""
+    """Live processes whose parent is ``pid`` (from /proc), but multiprocessing's resource
+    tracker and the command's guardian (``tests/test_command_lifelines.py`` has those)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -33,7 +34,8 @@ def _children(pid: int) -> list[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
-        if int(fields[1]) == pid and fields[0] != "Z" and b"resource_tracker" not in cmdline:
+        if (int(fields[1]) == pid and fields[0] != "Z" and b"resource_tracker" not in cmdline
+                and b"workers.lifeline" not in cmdline):
             found.append(int(entry.name))
     return found
 
