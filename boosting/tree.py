@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
-from collections.abc import Callable
+import secrets
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, Literal
 
 import numpy as np
 
@@ -241,19 +244,49 @@ def load_model(path: Path) -> Model:
     return model_from_dict(raw)
 
 
-def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write JSON through a temporary file and rename, so readers never see half a file; the
-    file is the party's alone (0600, see ``open_private``)."""
+def write_json_atomic(path: Path, payload: Any, permissions: int = 0o600) -> None:
+    """Write JSON so that readers never see half a file; the party's alone unless
+    ``permissions`` say otherwise (see ``open_private``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open_private(tmp) as handle:
+    with open_private(path, permissions=permissions) as handle:
         handle.write(json.dumps(payload, indent=1, sort_keys=True))
-    tmp.replace(path)
 
 
-def open_private(path: Path) -> TextIO:
-    """Open ``path`` for writing text, readable and writable by its owner only (0600), whatever
-    the umask: model parts, lookup tables and scores are the party's own results."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # a file left from before keeps its mode otherwise
-    return os.fdopen(fd, "w", newline="")
+@contextmanager
+def open_private(path: Path, mode: Literal["w", "wb"] = "w", *, permissions: int = 0o600,
+                 replace: bool = True) -> Iterator[IO[Any]]:
+    """Write ``path`` whole or not at all, readable and writable by its owner only (0600)
+    whatever the umask, and never through a symbolic link: model parts, lookup tables,
+    checkpoints, keys and scores are the party's own.
+
+    The content goes to a new file under a random name beside ``path``, created with
+    ``O_EXCL | O_NOFOLLOW``: a link planted under that name (issue 28: the old names were
+    ``path`` + ``.tmp``) is refused, never followed or truncated. The file is synced and then
+    renamed over ``path``; a rename replaces a link at ``path`` itself, never the file it points
+    to. With ``replace=False`` an existing ``path`` is kept (FileExistsError).
+
+    Raises
+    ------
+    FileExistsError
+        The temporary name is taken (someone put a file or link there), or ``path`` exists and
+        ``replace`` is false.
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except FileExistsError:
+        raise FileExistsError(errno.EEXIST, "refusing to write a private file through a name "
+                              "that exists already (a planted link?)", str(tmp)) from None
+    try:
+        os.fchmod(fd, permissions)  # the umask narrows the mode given to open, not this
+        with os.fdopen(fd, mode, **({"newline": ""} if mode == "w" else {})) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path, follow_symlinks=False)
+    finally:
+        tmp.unlink(missing_ok=True)  # written elsewhere, or failed half-way

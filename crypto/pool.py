@@ -12,6 +12,13 @@ neighbour's. Their obfuscators come back over a local pipe to the worker process
 each one, once, to the process encrypting the row it hides; an encryption then costs a few
 products instead of ~44. Like the key, they never leave the party's machine, and they are
 dropped with the pool.
+
+A process at idle priority may not run for minutes on a busy machine, so the worker process
+never waits for one (issue 28: ``multiprocessing.Pool.terminate`` waited 900 s for its result
+queue's lock, held by a preparer that never got the CPU back). Each preparer has a pipe of its
+own, with one writer at each end: nothing is locked between processes. The worker process
+reads the pipes on a thread of its own, and closing kills the preparers (their obfuscators are
+disposable) and waits for none of them longer than ``STOP_SECONDS``.
 """
 
 from __future__ import annotations
@@ -20,10 +27,13 @@ import logging
 import multiprocessing as mp
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import Connection, wait
 from multiprocessing.pool import Pool
+from multiprocessing.process import BaseProcess
 
 from crypto._gmp import mpz
 from crypto.compress import decrypt_bin_sums
@@ -38,6 +48,11 @@ SPARE_BYTES = 256 << 20
 """Memory the worker process may fill with obfuscators made ahead (~500,000 at 2048 bits)."""
 PREPARE_BATCH = 256
 """Obfuscators per preparing task."""
+STOP_SECONDS = 1.0
+"""How long closing waits, in all, for killed preparers to be gone; one still there later (not
+given the CPU yet to die) is reaped by multiprocessing when it is."""
+READ_SECONDS = 0.5
+"""How often the thread reading the preparers' pipes looks whether the pool was closed."""
 
 
 def _init(n: int, p: int, q: int, obfuscator: str,
@@ -56,6 +71,21 @@ def _init_preparer(n: int, p: int, q: int, obfuscator: str,
     except (AttributeError, OSError):
         os.nice(19)
     _init(n, p, q, obfuscator, on_start)
+
+
+def _serve_obfuscators(pipe: Connection, n: int, p: int, q: int, obfuscator: str,
+                       on_start: Callable[[], None] | None) -> None:
+    """A preparer: at idle priority, answer each request on its own pipe (a count) with that
+    many obfuscators, until asked for none or the pipe closes."""
+    _init_preparer(n, p, q, obfuscator, on_start)
+    while True:
+        try:
+            count = int.from_bytes(pipe.recv_bytes(), "big")
+            if not count:
+                return
+            pipe.send_bytes(_make_obfuscators(count))
+        except (EOFError, OSError):  # the worker process closed the pool
+            return
 
 
 def _halves(key: PaillierPrivateKey) -> tuple[int, int]:
@@ -98,11 +128,106 @@ def default_processes() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def _terminate(pools: list[Pool]) -> None:
-    """Stop a key holder's processes (``KeyHolderPool.close``, or its finalizer). terminate()
-    joins the processes itself, and unlike join() it may run on one of the pool's own threads
-    (the finalizer does when a result callback drops the last reference)."""
-    for pool in reversed(pools):  # the preparers first: they feed the others
+class _Preparers:
+    """The preparer processes, each with a pipe of its own (module docstring): requests go out
+    from whichever thread asks, the obfuscators come in on one reading thread, which hands
+    them to the pool (held weakly: an unclosed pool is still collected and stopped)."""
+
+    def __init__(self, owner: KeyHolderPool, processes: int, initargs: tuple[object, ...]) -> None:
+        self._owner = weakref.ref(owner)
+        self._lock = threading.Lock()  # this process's threads only: no preparer can hold it
+        self._pipes: dict[Connection, BaseProcess] = {}
+        self._idle: list[Connection] = []  # pipes with no request in flight
+        self._stopping = False
+        context = mp.get_context("spawn")
+        for _ in range(processes):
+            ours, theirs = context.Pipe()
+            process = context.Process(target=_serve_obfuscators, args=(theirs, *initargs),
+                                      name="obfuscator-preparer", daemon=True)
+            process.start()
+            theirs.close()
+            self._pipes[ours] = process
+            self._idle.append(ours)
+        self._reader = threading.Thread(target=self._read, name="obfuscators-made-ahead",
+                                        daemon=True)
+        self._reader.start()
+
+    def request(self, count: int) -> bool:
+        """Ask an idle preparer for ``count`` obfuscators; False if none is idle."""
+        with self._lock:
+            if self._stopping or not self._idle:
+                return False
+            pipe = self._idle.pop()
+            try:  # a few bytes into a pipe holding no other request: never waits
+                pipe.send_bytes(count.to_bytes(8, "big"))
+            except OSError:  # that preparer is gone; the reading thread says so
+                self._idle.append(pipe)
+                return False
+        return True
+
+    def _read(self) -> None:
+        """Take in each preparer's obfuscators as they come; only this thread ever waits on a
+        preparer, and only until the pool is closed or that preparer is gone."""
+        while True:
+            with self._lock:
+                if self._stopping or not self._pipes:
+                    break
+                pipes = list(self._pipes)
+            for pipe in wait(pipes, READ_SECONDS):
+                try:
+                    blob = pipe.recv_bytes()
+                except (EOFError, OSError):
+                    self._lose(pipe)
+                    continue
+                with self._lock:
+                    self._idle.append(pipe)
+                owner = self._owner()
+                if owner is not None:
+                    owner._prepared(blob)
+                del owner  # the last reference may go here: terminate() allows for it
+        with self._lock:
+            for pipe in self._pipes:
+                pipe.close()
+            self._pipes.clear()
+            self._idle.clear()
+
+    def _lose(self, pipe: Connection) -> None:
+        """A preparer died before the pool was closed (its traceback went to stderr)."""
+        with self._lock:
+            process = self._pipes.pop(pipe, None)
+            busy = pipe not in self._idle
+            if not busy:
+                self._idle.remove(pipe)
+            pipe.close()
+            if self._stopping or process is None:
+                return
+        process.join(STOP_SECONDS)
+        owner = self._owner()
+        if owner is not None:
+            owner._preparer_lost(busy, process.exitcode)
+
+    def terminate(self) -> None:
+        """Kill the preparers and wait at most ``STOP_SECONDS`` for them to be gone. SIGKILL:
+        what they were making is disposable, and a graceful stop would wait for a process
+        that may get no CPU."""
+        with self._lock:
+            self._stopping = True
+            processes = list(self._pipes.values())
+        for process in processes:
+            process.kill()
+        deadline = time.monotonic() + STOP_SECONDS
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        if threading.current_thread() is not self._reader:
+            self._reader.join(max(0.0, deadline - time.monotonic()))
+
+
+def _terminate(running: list[Pool | _Preparers]) -> None:
+    """Stop a key holder's processes (``KeyHolderPool.close``, or its finalizer). Both kinds
+    of terminate() may run on a thread of their own (the finalizer does when a result
+    callback drops the last reference). Pool.terminate() waits on the pool's locks, which only
+    processes at the worker's own priority hold."""
+    for pool in reversed(running):  # the preparers first: they feed the others
         pool.terminate()
 
 
@@ -120,12 +245,12 @@ class KeyHolderPool:
                     private.obfuscator, on_start)
         context = mp.get_context("spawn")
         self._pool = context.Pool(self.processes, initializer=_init, initargs=initargs)
-        self._running: list[Pool] = [self._pool]
+        self._running: list[Pool | _Preparers] = [self._pool]
         # a pool nobody closed is stopped when it is collected or at interpreter exit; left
         # to multiprocessing's own __del__ there, it prints a traceback
         self._stop = weakref.finalize(self, _terminate, self._running)
         self._initargs = initargs
-        self._preparers: Pool | None = None  # started with the first prepare()
+        self._preparers: _Preparers | None = None  # started with the first prepare()
         wp, wq = _halves(private)
         self._spare_width = wp + wq
         self._spare: deque[bytes] = deque()  # blobs of obfuscators, each handed out once
@@ -144,8 +269,7 @@ class KeyHolderPool:
                 return
             self._to_prepare = max(0, count - self._spare_count)
             if self._preparers is None and self._to_prepare:
-                self._preparers = mp.get_context("spawn").Pool(
-                    self.processes, initializer=_init_preparer, initargs=self._initargs)
+                self._preparers = _Preparers(self, self.processes, self._initargs)
                 self._running.append(self._preparers)
         self._prepare_more()
 
@@ -156,18 +280,13 @@ class KeyHolderPool:
         while True:
             with self._lock:
                 if (self._closed or self._preparers is None or self._to_prepare <= 0
-                        or self._preparing >= self.processes
                         or self._spare_count + (self._preparing + 1) * PREPARE_BATCH > cap):
                     return
                 batch = min(PREPARE_BATCH, self._to_prepare)
+                if not self._preparers.request(batch):  # each preparer has one in flight
+                    return
                 self._to_prepare -= batch
                 self._preparing += 1
-                preparers = self._preparers
-            try:
-                preparers.apply_async(_make_obfuscators, (batch,), callback=self._prepared,
-                                      error_callback=self._prepare_failed)
-            except ValueError:  # the pool was closed meanwhile
-                return
 
     def _prepared(self, blob: bytes) -> None:
         with self._lock:
@@ -180,11 +299,12 @@ class KeyHolderPool:
             self.made_ahead += made
         self._prepare_more()
 
-    def _prepare_failed(self, exc: BaseException) -> None:
+    def _preparer_lost(self, busy: bool, exitcode: int | None) -> None:
         with self._lock:
-            self._preparing -= 1
-            self._to_prepare = 0
-        log.warning("making obfuscators ahead failed (encryption makes them as it goes): %s", exc)
+            if busy:
+                self._preparing -= 1
+        log.warning("a process making obfuscators ahead stopped (exit code %s); encryption makes "
+                    "the ones it lacks as it goes", exitcode)
 
     def _take_spare(self, count: int) -> bytes:
         """Up to ``count`` obfuscators made ahead, taken out (never handed out twice)."""

@@ -384,8 +384,7 @@ def _model_parts(run_dir: Path, parties: list[str]) -> dict[str, Path]:
 def _write_json(path: Path, payload: Any, mode: int = 0o644) -> None:
     from boosting.tree import write_json_atomic
 
-    write_json_atomic(path, payload)
-    path.chmod(mode)
+    write_json_atomic(path, payload, permissions=mode)
 
 
 def _data_files(data: DataSource) -> tuple[dict[str, Path], Path | None]:

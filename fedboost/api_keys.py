@@ -20,7 +20,6 @@ import hashlib
 import hmac
 import json
 import logging
-import os
 import re
 import secrets
 import sys
@@ -29,6 +28,8 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from boosting.tree import open_private
 
 log = logging.getLogger("fedboost.serving")
 
@@ -87,15 +88,10 @@ def read_keys(path: Path) -> list[KeyRecord]:
 
 def write_keys(path: Path, records: list[KeyRecord]) -> None:
     """Replace the keys file atomically, readable by its owner only."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     body = {"format": KEYS_FORMAT, "version": KEYS_VERSION,
             "keys": [asdict(r) for r in records]}
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
+    with open_private(path) as handle:
         handle.write(json.dumps(body, indent=1) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
 
 
 def add_key(path: Path, name: str, rate: float | None = None) -> str:

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from boosting.tree import open_private
+
 log = logging.getLogger("fedboost.worker")
 
 FILE = "answered.jsonl"
@@ -71,7 +73,7 @@ class AnsweredRecord:
         line = json.dumps({"at": round(now, 3), "job": job, "task": task},
                           separators=(",", ":")).encode() + b"\n"
         with self._locked():
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             try:
                 size = os.fstat(fd).st_size
                 if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -87,7 +89,7 @@ class AnsweredRecord:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -136,15 +138,10 @@ class AnsweredRecord:
 
     def _compact(self) -> None:
         """Rewrite the file with the live entries only (called under the lock)."""
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
+        with open_private(self.path, "wb") as f:
             for (job, task), at in self._entries.items():
                 f.write(json.dumps({"at": at, "job": job, "task": task},
                                    separators=(",", ":")).encode() + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
         dir_fd = os.open(self.path.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)  # the rename itself survives a crash

@@ -36,7 +36,7 @@ import msgpack
 import numpy as np
 
 from boosting.params import BoostParams
-from boosting.tree import Tree, TreeNode
+from boosting.tree import Tree, TreeNode, open_private
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from crypto.paillier import PaillierPrivateKey, PaillierPublicKey
@@ -96,18 +96,12 @@ def party_key(private_dir: Path) -> bytes:
     bytes made on first use. It never leaves the folder (not sent, not logged)."""
     path = private_dir / KEY_FILE
     if not path.exists():
-        tmp = private_dir / f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(KEY_BYTES))
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)  # never replaces a key another process of the party just made
+        try:  # never replaces a key another process of the party just made
+            with open_private(path, "wb", replace=False) as f:
+                f.write(secrets.token_bytes(KEY_BYTES))
         except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
+            if not os.path.lexists(path):  # not that: a name taken beside it
+                raise
     try:
         key = path.read_bytes()
     except OSError as exc:
@@ -165,14 +159,9 @@ def save(directory: Path, trees_done: int, digest: str, run: str, state: Any,
     except StateCodecError as exc:
         raise CheckpointError(f"checkpoint after {trees_done} trees in {folder}: {exc}") from None
     target = _path(directory, trees_done)
-    tmp = target.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
+    with open_private(target, "wb") as f:
         f.write(MAGIC + _tag(key, payload))
         f.write(payload)  # not joined to the header: the payload holds the party's data
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
     for old in sorted(available_files(directory))[:-KEEP]:
         old.unlink(missing_ok=True)
     return target

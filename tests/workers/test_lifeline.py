@@ -98,6 +98,7 @@ from workers.lifeline import die_with_parent
 public, private = generate_keypair(512)
 pool = KeyHolderPool(private, processes=2, on_start=die_with_parent)
 pool.encrypt([1, 2, 3])  # the processes are up
+pool.prepare(1_000_000)  # and the preparers, at idle priority, with their own pipes
 print("ready", flush=True)
 time.sleep(600)
 """
@@ -110,7 +111,7 @@ def test_crypto_processes_die_with_the_worker_process_that_holds_the_key(tmp_pat
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == b"ready"
         pool = _children(holder.pid)
-        assert len(pool) == 2, pool
+        assert len(pool) == 4, pool  # two encrypting, two making obfuscators ahead
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=10)
         assert _gone_within(pool, 5.0) == [], "crypto processes outlived their worker"

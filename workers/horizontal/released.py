@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import msgpack
 
-from boosting.tree import Tree
+from boosting.tree import Tree, open_private
 from messages.codec import to_wire
 
 FILE = "released-roots.json"
@@ -45,13 +44,8 @@ def load(folder: Path) -> dict[str, list[str]]:
 def save(folder: Path, record: dict[str, list[str]]) -> None:
     """Write the record durably (fsync, then rename) before a key leaves the member."""
     folder.mkdir(parents=True, exist_ok=True)
-    path, tmp = folder / FILE, folder / (FILE + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
+    with open_private(folder / FILE) as handle:
         handle.write(json.dumps(record, sort_keys=True))
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
 
 
 def discard(folder: Path) -> None:

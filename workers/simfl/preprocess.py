@@ -23,6 +23,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from boosting.tree import open_private
 from messages import DecodeError
 from messages.bodies import Ack, Step
 from messages.e2e import decrypt_body, encrypt_body
@@ -168,10 +169,10 @@ def store_similar(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     similar = [np.frombuffer(h, "<u8").astype(np.uint64) for h in got.handles]
     everyone = [np.frombuffer(e, "<u8").astype(np.uint64) for e in got.everyone]
     job.set_prepared(dict(zip(others, similar)), dict(zip(others, everyone)), got.base_score)
-    np.savez(_cache_file(ctx, job.prep_key), handles=job.handles, base=np.float64(job.base),
-             members=np.array(others),
-             **{f"similar_{k}": v for k, v in enumerate(similar)},
-             **{f"everyone_{k}": v for k, v in enumerate(everyone)})
+    with open_private(_cache_file(ctx, job.prep_key), "wb") as cache:
+        np.savez(cache, handles=job.handles, base=np.float64(job.base), members=np.array(others),
+                 **{f"similar_{k}": v for k, v in enumerate(similar)},
+                 **{f"everyone_{k}": v for k, v in enumerate(everyone)})
     return MsgType.ACK, Ack(count=sum(len(h) for h in [*got.handles, *got.everyone]))
 
 

@@ -284,11 +284,9 @@ def write_scores_csv(path: Path, ids: list[str], pred: np.ndarray, objective: st
     else:
         header = ["id", "label"] + [f"score_{k}" for k in range(pred.shape[1])]
         values = np.column_stack([np.argmax(pred, axis=1), pred])
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open_private(tmp) as handle:
+    with open_private(path) as handle:
         writer = csv.writer(handle)
         writer.writerow(header)
         for ident, row in zip(ids, values):
             writer.writerow([ident, *[repr(float(v)) if k or objective != "multiclass" else int(v)
                                       for k, v in enumerate(row)]])
-    tmp.replace(path)
