@@ -64,20 +64,21 @@ def _init(n: int, p: int, q: int, obfuscator: str,
     _KEY.encrypt_batch([0])  # build the obfuscator tables now, not in the first batch
 
 
-def _init_preparer(n: int, p: int, q: int, obfuscator: str,
+def _init_preparer(idle: bool, n: int, p: int, q: int, obfuscator: str,
                    on_start: Callable[[], None] | None) -> None:
-    try:  # only CPU time nobody else wants
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        os.nice(19)
+    if idle:  # only CPU time nobody else wants
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError):
+            os.nice(19)
     _init(n, p, q, obfuscator, on_start)
 
 
-def _serve_obfuscators(pipe: Connection, n: int, p: int, q: int, obfuscator: str,
+def _serve_obfuscators(pipe: Connection, idle: bool, n: int, p: int, q: int, obfuscator: str,
                        on_start: Callable[[], None] | None) -> None:
     """A preparer: at idle priority, answer each request on its own pipe (a count) with that
     many obfuscators, until asked for none or the pipe closes."""
-    _init_preparer(n, p, q, obfuscator, on_start)
+    _init_preparer(idle, n, p, q, obfuscator, on_start)
     while True:
         try:
             count = int.from_bytes(pipe.recv_bytes(), "big")
@@ -133,7 +134,8 @@ class _Preparers:
     from whichever thread asks, the obfuscators come in on one reading thread, which hands
     them to the pool (held weakly: an unclosed pool is still collected and stopped)."""
 
-    def __init__(self, owner: KeyHolderPool, processes: int, initargs: tuple[object, ...]) -> None:
+    def __init__(self, owner: KeyHolderPool, processes: int, initargs: tuple[object, ...],
+                 idle: bool = True) -> None:
         self._owner = weakref.ref(owner)
         self._lock = threading.Lock()  # this process's threads only: no preparer can hold it
         self._pipes: dict[Connection, BaseProcess] = {}
@@ -142,7 +144,8 @@ class _Preparers:
         context = mp.get_context("spawn")
         for _ in range(processes):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_serve_obfuscators, args=(theirs, *initargs),
+            process = context.Process(target=_serve_obfuscators,
+                                      args=(theirs, idle, *initargs),
                                       name="obfuscator-preparer", daemon=True)
             process.start()
             theirs.close()
@@ -238,8 +241,11 @@ class KeyHolderPool:
     obfuscators ahead when asked (module docstring)."""
 
     def __init__(self, private: PaillierPrivateKey, processes: int | None = None,
-                 on_start: Callable[[], None] | None = None) -> None:
+                 on_start: Callable[[], None] | None = None, idle_preparers: bool = True) -> None:
         self.private = private
+        self.idle_preparers = idle_preparers
+        """Preparers at idle priority (always, in a worker); tests of the hand-off turn it off,
+        since on a machine whose cores are all busy idle preparers make nothing."""
         self.processes = processes or default_processes()
         initargs = (int(private.public_key.n), int(private.p), int(private.q),
                     private.obfuscator, on_start)
@@ -269,7 +275,8 @@ class KeyHolderPool:
                 return
             self._to_prepare = max(0, count - self._spare_count)
             if self._preparers is None and self._to_prepare:
-                self._preparers = _Preparers(self, self.processes, self._initargs)
+                self._preparers = _Preparers(self, self.processes, self._initargs,
+                                             self.idle_preparers)
                 self._running.append(self._preparers)
         self._prepare_more()
 

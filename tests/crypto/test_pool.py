@@ -89,7 +89,10 @@ def test_pool_encrypts_with_obfuscators_made_ahead(keypair_1024, obfuscator: str
     from crypto.paillier import PaillierPrivateKey
 
     pub, short = keypair_1024
-    pool = KeyHolderPool(PaillierPrivateKey(pub, short.p, short.q, obfuscator), processes=2)
+    # at normal priority: idle preparers make nothing while every core is busy (tests on a
+    # loaded machine), and this test is about the hand-off (test_key_holder_under_load: idle)
+    pool = KeyHolderPool(PaillierPrivateKey(pub, short.p, short.q, obfuscator), processes=2,
+                         idle_preparers=False)
     try:
         pool.prepare(3 * pool_module.PREPARE_BATCH)
         deadline = time.monotonic() + 120
