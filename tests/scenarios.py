@@ -26,6 +26,7 @@ from boosting.train import predict_blocks, train
 from boosting.tree import Model, load_model
 from fedboost.joined import JoinedData, join_parties
 from flows.config import JobConfig, parse_config
+from messages.rabbitmq import delete_party_queues
 from workers.policy import PartyPolicy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -199,3 +200,37 @@ def horizontal_job(job: str, data_set: str, **overrides: Any) -> dict[str, Any]:
 def horizontal_config(job: str, data_set: str, **overrides: Any) -> Any:
     """:func:`horizontal_job` validated (a ``flows.config.HorizontalJobConfig``)."""
     return parse_config(horizontal_job(job, data_set, **overrides), base=CONFIGS, source=job)
+
+
+@contextmanager
+def cli_workers(root: Path, url: str, names: dict[str, str],
+                files: dict[str, dict[str, Any]]) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """A federation of ``fedboost worker`` processes over the real broker: signing keys for
+    every name in ``names`` (role -> party) and the flow, one worker per role of ``files`` (its
+    worker file), logging to ``root/<role>.log``; yields them once each serves. On the way out
+    each gets SIGTERM and must exit 0, and the parties' queues are deleted."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("PREFECT_API_URL", None)
+    made = subprocess.run([sys.executable, "-m", "fedboost.cli", "keys", "--out",
+                           str(root / "keys"), "--local-trial",
+                           *(f"--name={n}" for n in [*names.values(), "flow"])],
+                          env=env, cwd=root, capture_output=True, text=True, check=False)
+    assert made.returncode == 0, made.stderr
+    procs = {}
+    for role, worker_file in files.items():
+        path = root / f"{role}.worker.yaml"
+        path.write_text(yaml.safe_dump(worker_file))
+        procs[role] = subprocess.Popen(
+            [sys.executable, "-m", "fedboost.cli", "worker", "--party", names[role], "--config",
+             str(path), "--health-file", str(root / f"{role}.alive")],
+            stdout=(root / f"{role}.log").open("w"), stderr=subprocess.STDOUT, env=env, cwd=root)
+    try:
+        for role in procs:  # a worker touches its health file once it serves (queues declared)
+            wait_until((root / f"{role}.alive").exists, 120, f"the {role} worker")
+        yield procs
+    finally:
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        codes = {role: proc.wait(timeout=60) for role, proc in procs.items()}
+        delete_party_queues(url, list(names.values()))
+        assert set(codes.values()) == {0}, f"workers did not stop cleanly on SIGTERM: {codes}"

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
 import uuid
 from collections import Counter
@@ -34,10 +32,10 @@ from flows.config import AnyJobConfig, load_config
 from flows.horizontal import horizontal
 from messages import bodies as b
 from messages.envelope import Envelope, MsgType, decode_envelope, encode_envelope
-from messages.rabbitmq import delete_party_queues, queue_of
+from messages.rabbitmq import queue_of
 from messages.rejections import LINES_PER_PERIOD
 from messages.signing import Sealer, federation_sealers
-from tests.scenarios import DATA, REPO, wait_until
+from tests.scenarios import DATA, cli_workers, wait_until
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
@@ -63,36 +61,13 @@ def federation(rabbit_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     tag = uuid.uuid4().hex[:6]
     root = tmp_path_factory.mktemp("early-and-junk")
     names = {role: f"{role}-{tag}" for role in ("guest", "host", "aggregator", "stranger")}
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("PREFECT_API_URL", None)
-    made = subprocess.run([*FEDBOOST, "keys", "--out", str(root / "keys"), "--local-trial",
-                           *(f"--name={n}" for n in [*names.values(), "flow"])],
-                          env=env, cwd=root, capture_output=True, text=True, check=False)
-    assert made.returncode == 0, made.stderr
     common = {"models": str(root / "models"), "transport": {"kind": "rabbitmq", "url": rabbit_url},
               "signing": {"key_dir": str(root / "keys")}, "policy": {"protocols": ["horizontal"]}}
     files = {m: {"party": names[m], "role": "member", "data": str(DATA / f"breast_homo_{m}.csv"),
                  "id": "id", "label": "y", **common} for m in ("guest", "host")}
     files["aggregator"] = {"party": names["aggregator"], "role": "aggregator", **common}
-    procs, logs = {}, {}
-    for role, worker_file in files.items():
-        path = root / f"{role}.worker.yaml"
-        path.write_text(yaml.safe_dump(worker_file))
-        logs[role] = root / f"{role}.log"
-        procs[role] = subprocess.Popen(
-            [*FEDBOOST, "worker", "--party", names[role], "--config", str(path),
-             "--health-file", str(root / f"{role}.alive")],
-            stdout=logs[role].open("w"), stderr=subprocess.STDOUT, env=env, cwd=root)
-    try:
-        for role in procs:  # a worker touches its health file once it serves (queues declared)
-            wait_until((root / f"{role}.alive").exists, 120, f"the {role} worker")
-        yield Federation(root, rabbit_url, names, logs)
-    finally:
-        for proc in procs.values():
-            proc.send_signal(signal.SIGTERM)
-        codes = {role: proc.wait(timeout=60) for role, proc in procs.items()}
-        delete_party_queues(rabbit_url, list(names.values()))
-        assert set(codes.values()) == {0}, f"workers did not stop cleanly on SIGTERM: {codes}"
+    with cli_workers(root, rabbit_url, names, files):
+        yield Federation(root, rabbit_url, names, {role: root / f"{role}.log" for role in files})
 
 
 def _job(fed: Federation, job: str) -> AnyJobConfig:

@@ -33,8 +33,7 @@ from flows.config import AnyJobConfig, load_config
 from flows.horizontal import horizontal
 from flows.secureboost import vertical_secureboost
 from flows.simfl import simfl
-from messages.rabbitmq import delete_party_queues
-from tests.scenarios import DATA, REPO, wait_until
+from tests.scenarios import DATA, REPO, cli_workers, wait_until
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
@@ -109,31 +108,10 @@ def federation(rabbit_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     homo = {"guest": DATA / "breast_homo_guest.csv",
             "host_1": root / "breast_homo_host_1.csv", "host_2": root / "breast_homo_host_2.csv"}
     _split_rows(DATA / "breast_homo_host.csv", [homo["host_1"], homo["host_2"]])
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("PREFECT_API_URL", None)
-    made = subprocess.run([*FEDBOOST, "keys", "--out", str(root / "keys"), "--local-trial",
-                           *(f"--name={n}" for n in [*names.values(), "flow"])],
-                          env=env, cwd=root, capture_output=True, text=True)
-    assert made.returncode == 0, made.stderr
-    procs, logs = {}, {}
-    for role, worker_file in _worker_files(root, rabbit_url, names, homo).items():
-        path = root / f"{role}.worker.yaml"
-        path.write_text(yaml.safe_dump(worker_file))
-        logs[role] = root / f"{role}.log"
-        procs[role] = subprocess.Popen(
-            [*FEDBOOST, "worker", "--party", names[role], "--config", str(path),
-             "--health-file", str(root / f"{role}.alive")],
-            stdout=logs[role].open("w"), stderr=subprocess.STDOUT, env=env, cwd=root)
-    try:
-        for role in procs:  # a worker touches its health file once it serves (queues declared)
-            wait_until((root / f"{role}.alive").exists, 120, f"the {role} worker")
-        yield Federation(root, rabbit_url, names, homo, root / "models", logs, procs)
-    finally:
-        for proc in procs.values():
-            proc.send_signal(signal.SIGTERM)
-        codes = {role: proc.wait(timeout=60) for role, proc in procs.items()}
-        delete_party_queues(rabbit_url, list(names.values()))
-        assert set(codes.values()) == {0}, f"workers did not stop cleanly on SIGTERM: {codes}"
+    files = _worker_files(root, rabbit_url, names, homo)
+    with cli_workers(root, rabbit_url, names, files) as procs:
+        yield Federation(root, rabbit_url, names, homo, root / "models",
+                         {role: root / f"{role}.log" for role in files}, procs)
 
 
 def _horizontal_job(fed: Federation, job: str, members: tuple[str, ...], *,
