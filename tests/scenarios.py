@@ -27,6 +27,7 @@ from boosting.tree import Model, load_model
 from fedboost.joined import JoinedData, join_parties
 from flows.config import JobConfig, parse_config
 from messages.rabbitmq import delete_party_queues
+from messages.signing import write_key_pair
 from workers.policy import PartyPolicy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -234,3 +235,16 @@ def cli_workers(root: Path, url: str, names: dict[str, str],
         codes = {role: proc.wait(timeout=60) for role, proc in procs.items()}
         delete_party_queues(url, list(names.values()))
         assert set(codes.values()) == {0}, f"workers did not stop cleanly on SIGTERM: {codes}"
+
+
+def passive_worker_file(folder: Path, party: str, url: str, processes: int = 2) -> Path:
+    """A worker file (and signing key pair) in ``folder`` for ``party``: breast's host columns,
+    ``processes`` processes, on the broker at ``url``."""
+    write_key_pair(folder / "keys", party)
+    path = folder / f"{party}.yaml"
+    path.write_text(yaml.safe_dump({
+        "party": party, "role": "passive", "data": str(DATA / "breast_hetero_host.csv"),
+        "models": str(folder / "models"), "processes": processes,
+        "transport": {"kind": "rabbitmq", "url": url},
+        "signing": {"key_dir": str(folder / "keys")}}))
+    return path

@@ -27,7 +27,8 @@ import yaml
 
 from messages.rabbitmq import INBOX_ARGUMENTS, delete_party_queues, queue_of
 from messages.signing import write_key_pair
-from tests.scenarios import CONFIGS, DATA, REPO, create_flow_run, rabbitmqctl, wait_until
+from tests.scenarios import (CONFIGS, DATA, REPO, create_flow_run, passive_worker_file,
+                             rabbitmqctl, wait_until)
 
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
 TAG = "FEDBOOST_TEST_COMMAND"
@@ -174,13 +175,7 @@ def test_killed_resume_leaves_no_process(killed_run: tuple[Command, Path],
 def test_killed_worker_leaves_no_process(started: Callable[..., Command], rabbit_url: str,
                                          tmp_path: Path) -> None:
     party = f"lifeline{uuid.uuid4().hex[:6]}"
-    write_key_pair(tmp_path / "keys", party)
-    worker_file = tmp_path / "host.yaml"
-    worker_file.write_text(yaml.safe_dump({
-        "party": party, "role": "passive", "data": str(DATA / "breast_hetero_host.csv"),
-        "models": str(tmp_path / "models"), "processes": 2,
-        "transport": {"kind": "rabbitmq", "url": rabbit_url},
-        "signing": {"key_dir": str(tmp_path / "keys")}}))
+    worker_file = passive_worker_file(tmp_path, party, rabbit_url)
     worker = started("worker", "--party", party, "--config", str(worker_file), cwd=tmp_path)
     try:
         wait_until(lambda: worker.text().count(f"worker {party} serving") == 2, 120,

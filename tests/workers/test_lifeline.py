@@ -12,11 +12,8 @@ import time
 import uuid
 from pathlib import Path
 
-import yaml
-
 from messages.rabbitmq import delete_party_queues
-from messages.signing import write_key_pair
-from tests.scenarios import DATA, REPO, wait_until
+from tests.scenarios import REPO, passive_worker_file, wait_until
 
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
 
@@ -61,13 +58,7 @@ def _gone_within(pids: list[int], seconds: float) -> list[int]:
 
 def test_killing_the_worker_command_stops_its_processes(rabbit_url: str, tmp_path: Path) -> None:
     party = f"host{uuid.uuid4().hex[:6]}"
-    write_key_pair(tmp_path / "keys", party)
-    worker_file = tmp_path / "host.yaml"
-    worker_file.write_text(yaml.safe_dump({
-        "party": party, "role": "passive", "data": str(DATA / "breast_hetero_host.csv"),
-        "models": str(tmp_path / "models"), "processes": 2,
-        "transport": {"kind": "rabbitmq", "url": rabbit_url},
-        "signing": {"key_dir": str(tmp_path / "keys")}}))
+    worker_file = passive_worker_file(tmp_path, party, rabbit_url)
     log = tmp_path / "worker.log"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     parent = subprocess.Popen([*FEDBOOST, "worker", "--party", party, "--config",
