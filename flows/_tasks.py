@@ -199,14 +199,12 @@ class _Silence:
         # every party of the job: a silent one may be waiting for another's peer messages
         everyone = sorted(set(coord.parties) | set(silent))
         if coord.gone is not None:
-            gone = coord.gone(everyone)
             # a gone party the step waits for ends it at once; another one only once the step
             # has waited first_notice seconds: the silent ones may be waiting for its peer
             # messages, or may answer from what it sent before it left (a horizontal member
             # that dies after its vector is in: the aggregator's sum still comes)
             early = time.monotonic() - self.started < coord.first_notice
-            if early and not set(gone) & set(silent):
-                gone = {}
+            gone = coord.gone(silent if early else everyone)
             if gone:
                 raise PartyGone("; ".join(f"party {p}: {why} while the flow waited for "
                                           f"{', '.join(silent)} to answer "
