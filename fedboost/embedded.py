@@ -17,6 +17,7 @@ from messages.transport import MemoryHub
 from fedboost.worker import policy_of
 from workers.policy import PartyPolicy
 from workers.embedded import start_workers, stop_workers
+from workers.lifeline import process_status
 from workers.runtime import PartySpec
 
 T = TypeVar("T")
@@ -114,11 +115,7 @@ def stopped(procs: dict[str, BaseProcess], parties: list[str]) -> dict[str, str]
     found = {}
     for party in parties:
         proc = procs.get(party)
-        try:
-            stat = Path(f"/proc/{proc.pid}/stat").read_text() if proc is not None else ""
-        except OSError:  # gone, or not Linux
-            continue
-        if stat.rpartition(")")[2].split()[:1] in (["T"], ["t"]):
+        if proc is not None and process_status(proc.pid)[:1] in (["T"], ["t"]):
             found[party] = "its worker process is stopped"
     return found
 

@@ -161,12 +161,19 @@ def _pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != own]
 
 
-def _parent(pid: int) -> int:
+def process_status(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after "pid (comm)": state, parent pid, ...; empty
+    when the process is gone (or not on Linux)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
-            return int(handle.read().rpartition(b")")[2].split()[1])  # after "pid (comm)"
-    except (OSError, IndexError, ValueError):
-        return 0
+            return handle.read().rpartition(b")")[2].decode().split()
+    except OSError:
+        return []
+
+
+def _parent(pid: int) -> int:
+    fields = process_status(pid)
+    return int(fields[1]) if len(fields) > 1 else 0
 
 
 def _carries(pid: int, needle: bytes) -> bool:
