@@ -24,7 +24,7 @@ test: $(VENV)/.installed
 test-all: $(VENV)/.installed
 	$(PY) -m pytest
 
-# docker compose for real (README "Running a federation"): build, start, train, kill a worker,
+# docker compose for real (docs/operations.md, "docker compose"): build, start, train, kill a worker,
 # the Prefect UI in headless Chromium, tear down; 15-25 minutes, not in CI (make test)
 compose-test: $(VENV)/.installed
 	PATH="$(abspath $(VENV))/bin:$$PATH" deploy/compose-smoke.sh

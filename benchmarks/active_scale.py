@@ -16,7 +16,8 @@ of every run, their means, and the 1-process/2-process ratio of the means and of
 runs; asserts every run's guest model file is byte-identical. ``--no-make-ahead`` starts the
 guest workers with ``--no-make-ahead``: every obfuscator is made in the encryption step, which
 is then all CPU work, so the split of that work is what the ratio shows (with obfuscators made
-ahead on idle cores, a tree's encryption after the first is mostly sending, see README).
+ahead on idle cores, a tree's encryption after the first is mostly sending, see
+docs/performance.md).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ fixed-base window table turns each ``hs^a`` into ~22 products; the key holder bu
 
 ``full``: a uniform ``r`` in ``[1, n)`` and a full ``r^n``, Paillier's own obfuscator, resting on
 decisional composite residuosity alone; the key holder computes it modulo ``p^2`` and ``q^2``
-with the exponent reduced modulo ``p(p-1)`` and ``q(q-1)`` (CRT). Slower (README, Performance).
+with the exponent reduced modulo ``p(p-1)`` and ``q(q-1)`` (CRT). Slower (docs/performance.md).
 
 Either way the ciphertexts are ordinary Paillier ciphertexts: ``phe`` decrypts them.
 """

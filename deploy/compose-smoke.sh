@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "Running a federation" with docker compose, for real, from a checkout beside
+# docs/operations.md's "docker compose" section, for real, from a checkout beside
 # shared/ (make compose-test): passwords, broker definitions, signing keys and TLS
 # certificates; build; start with the profile 'horizontal'; wait for every health check; run
 # the vertical and the horizontal deployment to completion with 'prefect deployment run' and
@@ -151,7 +151,7 @@ base_images() {
   note "no registry: stand-ins for$missing built from Debian's packages (deploy/stand-in-images.sh)"
 }
 
-secrets_and_keys() {  # README "Running a federation", step by step
+secrets_and_keys() {  # docs/operations.md, "docker compose", step by step
   if [ -e deploy/keys ] || [ -e deploy/tls ]; then
     echo "deploy/keys or deploy/tls exists: a deployment's keys; run from a fresh clone"
     return 1

@@ -1,6 +1,6 @@
 #!/bin/sh
 # A test CA, the broker's certificate and one client certificate per party, for TLS to the
-# broker (README "Broker security"). Good for trying the compose file and for tests; a real
+# broker (docs/operations.md, "Broker security"). Good for trying the compose file and for tests; a real
 # federation uses its own CA, and each party makes its own key and sends only a request:
 #
 #   openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out host.key
