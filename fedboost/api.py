@@ -243,19 +243,19 @@ def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
     from boosting.tree import save_model
     from fedboost.joined import join_parties, pool_members
     from flows.config import ConfigError, JobConfig
+    from flows.declared import declaration
 
     job, _ = _job_config(config)
-    if job.protocol == "vertical_random_forest":
-        raise ConfigError(f"job {job.job}: the centralized reference trains boosted trees; a "
-                          f"forest's reference is scikit-learn's RandomForestClassifier on the "
-                          f"joined, identically binned data (tests/flows/test_forest.py)")
+    protocol = declaration(job.protocol)
+    if protocol.reference != "boosting":
+        raise ConfigError(f"job {job.job}: {protocol.no_reference}")
     folder = Path(out) if out is not None else Path("runs") / f"{job.job}-centralized"
     params = BoostParams.from_dict(job.params.model_dump(exclude={"lsh"}))
     cuts = None
     if not isinstance(job, JobConfig):  # the union of the members' rows (ALL-IN)
         pooled = pool_members(job)
         # horizontal: the cuts its members share; SimFL's builders each bin with their own
-        cuts = [pooled.cuts] if job.protocol == "horizontal" else None
+        cuts = [pooled.cuts] if protocol.reference_shares_cuts else None
         blocks, y, valid = [pooled.block], pooled.y, None
         n_rows, n_valid = len(pooled.ids), 0
     else:
@@ -454,12 +454,14 @@ def _predict_with_copy(folder: Path, data: DataSource,
     """Score with a member's own copy of a shared model (``models/JOB/MEMBER`` of its
     worker, holding model.json and party.json)."""
     from flows.config import ConfigError
+    from flows.declared import declared
 
     try:
         party = json.loads((folder / "party.json").read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{folder}/party.json: cannot read it ({exc})") from None
-    if party.get("protocol") not in ("horizontal", "simfl"):
+    protocol = declared().get(str(party.get("protocol")))
+    if protocol is None or not protocol.shared_model:
         raise ConfigError(f"{folder}: a vertical model part scores only federatedly: "
                           f"run fedboost predict on the run folder that holds job.json")
     by_party, single = _data_files(data)

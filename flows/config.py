@@ -31,7 +31,17 @@ class _Strict(BaseModel):
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}"
 """Party and data set names: 1-32 letters, digits, '_', '-'."""
-Protocol = Literal["vertical_secureboost", "horizontal", "simfl", "vertical_random_forest"]
+
+
+def _known_protocol(name: str) -> str:
+    known = job_schemas()
+    if name not in known:
+        raise ValueError(f"{name!r} is not a protocol (known: {', '.join(known)})")
+    return name
+
+
+Protocol = Annotated[str, AfterValidator(_known_protocol)]
+"""A protocol's name, as a job file's ``protocol:`` gives it (``job_schemas`` knows them all)."""
 
 
 class PolicyConfig(_Strict):
@@ -73,7 +83,7 @@ class PartyConfig(_Strict):
     policy: PolicyConfig | None = None
     """The party's policy where this file starts its worker (``fedboost worker --config
     job.yaml``: default ``PolicyConfig()``; the embedded default, where one operator runs every
-    party on one machine: ``fedboost.embedded.EMBEDDED_POLICY`` unless given)."""
+    party on one machine: ``fedboost.embedded.embedded_policy()`` unless given)."""
     processes: int | None = Field(None, ge=1, le=64)
     """Worker processes the embedded default starts for this party (default: one per core for
     a passive party, whose histogram shards they share; one for the active party)."""
@@ -530,10 +540,12 @@ class ForestJobConfig(JobConfig):
 
 
 AnyJobConfig = JobConfig | HorizontalJobConfig | SimflJobConfig | ForestJobConfig
-JOB_SCHEMAS: dict[str, type[JobConfig] | type[HorizontalJobConfig] | type[SimflJobConfig]] = {
-    "vertical_secureboost": JobConfig, "horizontal": HorizontalJobConfig,
-    "simfl": SimflJobConfig, "vertical_random_forest": ForestJobConfig}
-"""The job file's ``protocol:`` selects its schema."""
+
+
+def job_schemas() -> dict[str, type[Any]]:
+    """protocol -> its job file's schema, as the protocols declare them (``flows.declared``)."""
+    from flows.declared import declared  # late: the declarations import the schemas above
+    return {name: protocol.schema for name, protocol in declared().items()}
 
 
 def _read_yaml(path: Path) -> Any:
@@ -557,10 +569,11 @@ def validate_job(raw: Any, source: str) -> AnyJobConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {source}: expected a mapping at the top level")
     protocol = raw.get("protocol", "vertical_secureboost")
-    schema = JOB_SCHEMAS.get(protocol) if isinstance(protocol, str) else None
+    schemas = job_schemas()
+    schema = schemas.get(protocol) if isinstance(protocol, str) else None
     if schema is None:
         raise ConfigError(f"config file {source}: key 'protocol': {protocol!r} is not a "
-                          f"protocol (known: {', '.join(JOB_SCHEMAS)})")
+                          f"protocol (known: {', '.join(schemas)})")
     try:
         return schema.model_validate(raw)
     except ValidationError as exc:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from messages.bodies import PartyInfo
+from messages.bodies import PartyInfo, Step
+from messages.kinds import declare
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,3 +149,16 @@ class SharedTree:
 
     tree: int
     nodes: list[WireNode]
+
+
+declare(
+    "simfl",  # commands 340-359, peer messages 360-379
+    openers={"S_OPEN_JOB": (340, OpenSimfl)},
+    commands={**{name: (number, Step) for name, number in (
+        ("S_MEMBER_KEY", 341), ("S_MATCH_ROWS", 343), ("S_STORE_SIMILAR", 344),
+        ("S_SEND_GRADIENTS", 345), ("S_BUILD_TREE", 346), ("S_RECEIVE_TREE", 347))},
+              "S_HASH_ROWS": (342, Prepare)},
+    replies={"S_PREPARE_REPLY": (350, MemberKey)},
+    peer={"S_ROW_HASHES": (360, RowHashes), "S_SIMILAR": (361, SimilarRows),
+          "S_GRADIENTS": (362, SimilarGradients), "S_TREE": (363, SharedTree),
+          "S_LSH_KEY": (364, LshKey), "S_LSH_SECRET": (365, LshSecret)})
