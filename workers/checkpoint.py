@@ -13,7 +13,8 @@ spec and the party's data file, so a changed job or changed data never resumes f
 resumed job loads the very rows the checkpoint was made from again.
 
 Reading one must never run code, whoever wrote the file: the state is msgpack through a typed
-codec (``workers._state_codec``) that rebuilds only the dataclasses listed in ``_state_types``,
+codec (``workers._state_codec``) that rebuilds only the dataclasses listed in ``_state_types``
+(the shared ones here, and those a protocol's modules register with ``register_state_types``),
 and the file carries an HMAC-SHA256 under a key of this party (``checkpoint.key`` in its
 private folder, made on first use, never sent) that is checked before the state is parsed. A
 file without this party's tag, or an older pickled checkpoint, is refused by name.
@@ -72,22 +73,17 @@ _REGISTERED: list[type] = []
 
 
 def register_state_types(*classes: type) -> None:
-    """Let checkpoints rebuild a protocol's own state classes (each protocol registers its
-    own when its steps are imported; nothing else is ever rebuilt)."""
+    """Let checkpoints rebuild a protocol's own state classes: the module defining them
+    registers them as it is imported (a checkpoint's state comes from that module's steps;
+    nothing else is ever rebuilt)."""
     _REGISTERED.extend(c for c in classes if c not in _REGISTERED)
     _state_types.cache_clear()
 
 
 @cache
 def _state_types() -> dict[str, type]:
-    """Every class a checkpoint may rebuild (the roles' classes are imported late: the roles'
-    modules import this one)."""
-    from workers.vertical.active import ActiveTraining
-    from workers.vertical.explain import SplitRecord
-    from workers.vertical.passive import LookupRecord, PassiveTraining
-    return type_names(JobState, PartyData, ActiveTraining, PassiveTraining, LookupRecord,
-                      SplitRecord,
-                      BoostParams, PaillierPublicKey, PaillierPrivateKey, GradientPacker,
+    """Every class a checkpoint may rebuild: the shared ones, and the protocols' own."""
+    return type_names(JobState, PartyData, BoostParams, PaillierPublicKey, PaillierPrivateKey, GradientPacker,
                       BinSumPacking, Tree, TreeNode, TreeFinished, Metric, *_REGISTERED)
 
 

@@ -143,6 +143,9 @@ class ActiveTraining:
                      tuple(self.trees), features)
 
 
+checkpoint.register_state_types(ActiveTraining, SplitRecord)
+
+
 def params_of(open_job: OpenJob) -> BoostParams:
     """Boosting parameters from a job spec."""
     s = open_job.spec
