@@ -150,7 +150,7 @@ def train(config: JobSource, out: str | os.PathLike[str] | None = None, *,
     ------
     flows.config.ConfigError, workers.DataError, boosting.BoostingError
         Bad job or data (one line naming the key, party or file).
-    flows._tasks.JobStopped, flows._tasks.PartyError
+    flows.coordinator.JobStopped, flows.coordinator.PartyError
         A party refused or failed the job.
     """
     _prefect_env.configure()
@@ -435,7 +435,7 @@ def _predict_on_workers(config: JobConfig, job: str, scores_file: str, mode: str
                         out_given: bool) -> PredictResult:
     """Score against the parties' running workers: each loads its part of the trained job from
     its own model folder and scores its own data file; the scores stay with the active party."""
-    from flows._tasks import connected
+    from flows.coordinator import connected
     from flows.config import ConfigError
 
     for flag, given in (("--data", data_given), ("--out", out_given)):

@@ -9,7 +9,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, TypeVar
 
-from flows._tasks import DEFAULT_STEP_TIMEOUT, Coordinator, attach, detach
+from flows.coordinator import DEFAULT_STEP_TIMEOUT, Coordinator, attach, detach
 from crypto.pool import default_processes
 from flows.config import AnyJobConfig
 from flows.declared import declaration, declared

@@ -105,7 +105,7 @@ def serve_model(args: argparse.Namespace) -> int:
 
     from fedboost.scoring_link import ScoringLink, SessionPlan
     from fedboost.scoring_metrics import ScoringMetrics
-    from flows._tasks import PartyError, StepTimeout, broker_coordinator
+    from flows.coordinator import PartyError, StepTimeout, broker_coordinator
     from messages import TransportError
     from flows.config import ConfigError
 

@@ -29,7 +29,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows import run_charts
-from flows._tasks import (JobStopped, PartyError, StepTimeout, close_job,
+from flows.coordinator import (JobStopped, PartyError, StepTimeout, close_job,
                           combine_member_metrics, link, record_tree, step_id,
                           train_with_recoveries)
 from flows.config import HorizontalJobConfig

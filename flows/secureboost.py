@@ -16,7 +16,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows import run_charts
-from flows._tasks import (PartyError, align_entities, close_job, link, record_tree, step_id,
+from flows.coordinator import (PartyError, align_entities, close_job, link, record_tree, step_id,
                           train_with_recoveries)
 from flows.config import JobConfig
 from flows.predict import traverse_level_once

@@ -22,7 +22,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows import run_charts
-from flows._tasks import (close_job, combine_member_metrics, link, record_tree, step_id,
+from flows.coordinator import (close_job, combine_member_metrics, link, record_tree, step_id,
                           train_with_recoveries)
 from flows.config import SimflJobConfig
 from messages.bodies import Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished

@@ -7,7 +7,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows._tasks import (close_job, combine_member_metrics, link, record_tree, step_id,
+from flows.coordinator import (close_job, combine_member_metrics, link, record_tree, step_id,
                           train_with_recoveries)
 from messages.bodies import PartyInfo, Step
 from messages.envelope import MsgType
