@@ -6,17 +6,20 @@ the config file's folder.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
-                      ValidationInfo, field_validator, model_validator)
+                      ValidationInfo, create_model, field_validator, model_validator)
 
 from messages.names import JOB_NAME_RULE, is_job_name
+from messages.params import TreeParams
 from messages.rabbitmq import holds_password, with_password, without_password
 from messages.tls import TlsOptions
 
@@ -89,20 +92,23 @@ class PartyConfig(_Strict):
     a passive party, whose histogram shards they share; one for the active party)."""
 
 
-class _TreeParams(_Strict):
-    """Boosting parameters every protocol shares (see ``boosting.params.BoostParams``)."""
+class _TreeParamsBase(_Strict):
+    def tree_params(self) -> TreeParams:
+        """The parameters as every opener carries them (``messages.params``)."""
+        return TreeParams(**self.model_dump(include=set(TREE_PARAMS)))
 
-    n_trees: int = Field(30, ge=1, le=10_000)
-    max_depth: int = Field(3, ge=1, le=16)
-    learning_rate: float = Field(0.3, gt=0.0, le=1.0)
-    max_bin: int = Field(32, ge=2, le=254)
-    objective: Literal["binary", "multiclass", "regression"] = "binary"
-    reg_lambda: float = Field(1.0, ge=0.0)
-    gamma: float = Field(0.0, ge=0.0)
-    min_child_weight: float = Field(1.0, ge=0.0)
-    min_samples_leaf: int = Field(1, ge=1)
-    subsample: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int = Field(0, ge=0)
+
+def _tree_param(f: dataclasses.Field[Any]) -> tuple[Any, Any]:
+    kind = (Literal[f.metadata["choices"]] if "choices" in f.metadata  # type: ignore[valid-type]
+            else typing.get_type_hints(TreeParams)[f.name])
+    return kind, Field(f.default, **f.metadata.get("bounds", {}))
+
+
+TREE_PARAMS = {f.name: f for f in dataclasses.fields(TreeParams)}
+_TreeParams: type[_TreeParamsBase] = create_model(  # type: ignore[call-overload]
+    "_TreeParams", __base__=_TreeParamsBase,
+    __doc__="Boosting parameters every protocol shares (``messages.params.TreeParams``).",
+    **{name: _tree_param(f) for name, f in TREE_PARAMS.items()})
 
 
 class ParamsConfig(_TreeParams):

@@ -36,10 +36,7 @@ def simfl_spec(config: SimflJobConfig) -> SimflSpec:
     return SimflSpec(
         parties=[PartyInfo(name, party.role, party.dataset or "")
                  for name, party in config.parties.items()],
-        n_trees=p.n_trees, max_depth=p.max_depth, learning_rate=p.learning_rate,
-        max_bin=p.max_bin, objective=p.objective, reg_lambda=p.reg_lambda, gamma=p.gamma,
-        min_child_weight=p.min_child_weight, min_samples_leaf=p.min_samples_leaf,
-        subsample=p.subsample, seed=p.seed, lsh_functions=p.lsh.functions or 0,
+        params=p.tree_params(), lsh_functions=p.lsh.functions or 0,
         lsh_r=p.lsh.r, lsh_seed=p.lsh.seed, noise_label=p.privacy.label_noise,
         noise_tree=p.privacy.tree_noise, gradient_clip=p.privacy.clip)
 

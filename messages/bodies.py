@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from messages.instance_space import InstanceSpace
 from messages.kinds import declare
+from messages.params import TreeParams
 
 VALIDATION_BATCH = 4096
 """Rows per prediction batch when a training job scores its hold-out (flow and parties agree)."""
@@ -32,17 +33,7 @@ class JobSpec:
     """Everything a party needs to take part in a training job (no data, no paths)."""
 
     parties: list[PartyInfo]
-    n_trees: int
-    max_depth: int
-    learning_rate: float
-    max_bin: int
-    objective: str
-    reg_lambda: float
-    gamma: float
-    min_child_weight: float
-    min_samples_leaf: int
-    subsample: float
-    seed: int
+    params: TreeParams
     complete_secure: bool
     key_bits: int
     valid_fraction: float

@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from messages.bodies import PartyInfo
 from messages.kinds import declare
+from messages.params import TreeParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,17 +23,7 @@ class HorizontalSpec:
     """Everything a party needs to take part in a horizontal job (no data, no paths)."""
 
     parties: list[PartyInfo]
-    n_trees: int
-    max_depth: int
-    learning_rate: float
-    max_bin: int
-    objective: str
-    reg_lambda: float
-    gamma: float
-    min_child_weight: float
-    min_samples_leaf: int
-    subsample: float
-    seed: int
+    params: TreeParams
     min_members: int
     summary_size: int
     """The set-up grid's resolution: a cell holding a quantile is split while it holds more

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from messages.bodies import PartyInfo, Step
 from messages.kinds import declare
+from messages.params import TreeParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,17 +21,7 @@ class SimflSpec:
     """Everything a party needs to take part in a SimFL job (no data, no paths)."""
 
     parties: list[PartyInfo]
-    n_trees: int
-    max_depth: int
-    learning_rate: float
-    max_bin: int
-    objective: str
-    reg_lambda: float
-    gamma: float
-    min_child_weight: float
-    min_samples_leaf: int
-    subsample: float
-    seed: int
+    params: TreeParams
     lsh_functions: int
     """Hash functions L (0: the paper's min(40, d - 1))."""
     lsh_r: float

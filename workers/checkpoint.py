@@ -54,9 +54,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("fedboost.worker")
 
 FOLDER = "checkpoints"
-MAGIC = b"fedboost-checkpoint-3\n"
-"""The number changes with the file's layout (3: msgpack state with an HMAC; 1 and 2 were
-pickles, which are refused, never read)."""
+MAGIC = b"fedboost-checkpoint-4\n"
+"""The number changes with the file's layout or what it was made under (4: wire version 5,
+a job's tree parameters nested in its spec, ``messages.params``; 3: the same msgpack state
+with an HMAC, under wire version 4; 1 and 2 were pickles). Older formats are refused, never
+read."""
 _MAGIC_PREFIX = b"fedboost-checkpoint-"
 TAG_BYTES = 32
 KEY_FILE = "checkpoint.key"
@@ -217,8 +219,12 @@ def _read(path: Path, key: bytes) -> dict[str, Any]:
     if head != MAGIC:
         if head.startswith(_MAGIC_PREFIX):
             version = raw[len(_MAGIC_PREFIX):raw.find(b"\n", 0, 64)].decode(errors="replace")
-            raise CheckpointError(f"{path} is a checkpoint of format {version!r} (format 1 and 2 "
-                                  f"were pickles): refused, never read; remove it")
+            if version in ("1", "2"):
+                raise CheckpointError(f"{path} is a checkpoint of format {version!r} (format 1 "
+                                      f"and 2 were pickles): refused, never read; remove it")
+            raise CheckpointError(f"{path} is a checkpoint of format {version!r}, written by an "
+                                  f"older fedboost (before wire version 5): refused; remove it "
+                                  f"(the job trains again from its first tree)")
         raise CheckpointError(f"{path} is not a checkpoint (truncated or another file): refused")
     tag, payload = raw[len(MAGIC):len(MAGIC) + TAG_BYTES], memoryview(raw)[len(MAGIC) + TAG_BYTES:]
     if not hmac.compare_digest(tag, _tag(key, payload)):
