@@ -211,7 +211,8 @@ def predict(model_dir: str | os.PathLike[str], data: DataSource = None, *,
         Prefect's lines on the console at this level and above (as for :func:`train`).
     """
     _prefect_env.configure()
-    from flows.config import ConfigError, JobConfig, validate_job
+    from flows.config import ConfigError, validate_job
+    from flows.declared import declaration
 
     folder = Path(model_dir)
     job_file = folder / "job.json"
@@ -222,7 +223,7 @@ def predict(model_dir: str | os.PathLike[str], data: DataSource = None, *,
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{job_file}: not a fedboost model folder ({exc})") from None
     config = validate_job(raw, str(job_file))
-    if not isinstance(config, JobConfig):  # horizontal and SimFL models are every member's
+    if declaration(config.protocol).shared_model:  # e.g. horizontal: every member's own
         return _predict_member(folder, config, data, out)
     from fedboost._console import prefect_console
     from fedboost._ephemeral import isolate_ephemeral_server
@@ -242,7 +243,7 @@ def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
     from boosting.train import train as train_core
     from boosting.tree import save_model
     from fedboost.joined import join_parties, pool_members
-    from flows.config import ConfigError, JobConfig
+    from flows.config import ConfigError
     from flows.declared import declaration
 
     job, _ = _job_config(config)
@@ -252,7 +253,7 @@ def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
     folder = Path(out) if out is not None else Path("runs") / f"{job.job}-centralized"
     params = BoostParams.from_dict(job.params.model_dump(exclude={"lsh"}))
     cuts = None
-    if not isinstance(job, JobConfig):  # the union of the members' rows (ALL-IN)
+    if protocol.shared_model:  # the union of the members' rows (ALL-IN)
         pooled = pool_members(job)
         # horizontal: the cuts its members share; SimFL's builders each bin with their own
         cuts = [pooled.cuts] if protocol.reference_shares_cuts else None
@@ -314,10 +315,9 @@ def broker_password_warning(source: object) -> str:
 
 def _job_config(config: JobSource) -> tuple[AnyJobConfig, str]:
     """A validated job config, and what to call its source in messages."""
-    from flows.config import (HorizontalJobConfig, JobConfig, SimflJobConfig, load_config,
-                              parse_config)
+    from flows.config import job_schemas, load_config, parse_config
 
-    if isinstance(config, (JobConfig, HorizontalJobConfig, SimflJobConfig)):
+    if isinstance(config, tuple(job_schemas().values())):
         return config, f"job {config.job}"
     if isinstance(config, Mapping):
         return parse_config(dict(config), base=Path.cwd(), source="(mapping)"), "(mapping)"
