@@ -61,7 +61,8 @@ def noise_of(spec: SimflSpec) -> GradientNoise:
     """The job's gradient noise. The logistic loss's |g| < 1 is its own clip (C = 1, which the
     label guarantee needs: a flipped label then moves g by exactly 1 in every tree)."""
     clip = 1.0 if spec.params.objective == "binary" else spec.gradient_clip
-    return GradientNoise(spec.noise_label, spec.noise_tree, clip, HESSIAN_BOUND[spec.params.objective])
+    return GradientNoise(spec.noise_label, spec.noise_tree, clip,
+                         HESSIAN_BOUND[spec.params.objective])
 
 
 @dataclass(slots=True)
