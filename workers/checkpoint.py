@@ -85,8 +85,9 @@ def register_state_types(*classes: type) -> None:
 @cache
 def _state_types() -> dict[str, type]:
     """Every class a checkpoint may rebuild: the shared ones, and the protocols' own."""
-    return type_names(JobState, PartyData, BoostParams, PaillierPublicKey, PaillierPrivateKey, GradientPacker,
-                      BinSumPacking, Tree, TreeNode, TreeFinished, Metric, *_REGISTERED)
+    return type_names(JobState, PartyData, BoostParams, PaillierPublicKey, PaillierPrivateKey,
+                      GradientPacker, BinSumPacking, Tree, TreeNode, TreeFinished, Metric,
+                      *_REGISTERED)
 
 
 def party_key(private_dir: Path) -> bytes:
