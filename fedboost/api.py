@@ -150,7 +150,7 @@ def train(config: JobSource, out: str | os.PathLike[str] | None = None, *,
     ------
     flows.config.ConfigError, workers.DataError, boosting.BoostingError
         Bad job or data (one line naming the key, party or file).
-    flows._tasks.JobStopped, flows._tasks.PartyError
+    flows.coordinator.JobStopped, flows.coordinator.PartyError
         A party refused or failed the job.
     """
     _prefect_env.configure()
@@ -211,7 +211,8 @@ def predict(model_dir: str | os.PathLike[str], data: DataSource = None, *,
         Prefect's lines on the console at this level and above (as for :func:`train`).
     """
     _prefect_env.configure()
-    from flows.config import ConfigError, JobConfig, validate_job
+    from flows.config import ConfigError, validate_job
+    from flows.declared import declaration
 
     folder = Path(model_dir)
     job_file = folder / "job.json"
@@ -222,7 +223,7 @@ def predict(model_dir: str | os.PathLike[str], data: DataSource = None, *,
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{job_file}: not a fedboost model folder ({exc})") from None
     config = validate_job(raw, str(job_file))
-    if not isinstance(config, JobConfig):  # horizontal and SimFL models are every member's
+    if declaration(config.protocol).shared_model:  # e.g. horizontal: every member's own
         return _predict_member(folder, config, data, out)
     from fedboost._console import prefect_console
     from fedboost._ephemeral import isolate_ephemeral_server
@@ -242,20 +243,20 @@ def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
     from boosting.train import train as train_core
     from boosting.tree import save_model
     from fedboost.joined import join_parties, pool_members
-    from flows.config import ConfigError, JobConfig
+    from flows.config import ConfigError
+    from flows.declared import declaration
 
     job, _ = _job_config(config)
-    if job.protocol == "vertical_random_forest":
-        raise ConfigError(f"job {job.job}: the centralized reference trains boosted trees; a "
-                          f"forest's reference is scikit-learn's RandomForestClassifier on the "
-                          f"joined, identically binned data (tests/flows/test_forest.py)")
+    protocol = declaration(job.protocol)
+    if protocol.reference != "boosting":
+        raise ConfigError(f"job {job.job}: {protocol.no_reference}")
     folder = Path(out) if out is not None else Path("runs") / f"{job.job}-centralized"
     params = BoostParams.from_dict(job.params.model_dump(exclude={"lsh"}))
     cuts = None
-    if not isinstance(job, JobConfig):  # the union of the members' rows (ALL-IN)
+    if protocol.shared_model:  # the union of the members' rows (ALL-IN)
         pooled = pool_members(job)
         # horizontal: the cuts its members share; SimFL's builders each bin with their own
-        cuts = [pooled.cuts] if job.protocol == "horizontal" else None
+        cuts = [pooled.cuts] if protocol.reference_shares_cuts else None
         blocks, y, valid = [pooled.block], pooled.y, None
         n_rows, n_valid = len(pooled.ids), 0
     else:
@@ -314,10 +315,9 @@ def broker_password_warning(source: object) -> str:
 
 def _job_config(config: JobSource) -> tuple[AnyJobConfig, str]:
     """A validated job config, and what to call its source in messages."""
-    from flows.config import (HorizontalJobConfig, JobConfig, SimflJobConfig, load_config,
-                              parse_config)
+    from flows.config import job_schemas, load_config, parse_config
 
-    if isinstance(config, (JobConfig, HorizontalJobConfig, SimflJobConfig)):
+    if isinstance(config, tuple(job_schemas().values())):
         return config, f"job {config.job}"
     if isinstance(config, Mapping):
         return parse_config(dict(config), base=Path.cwd(), source="(mapping)"), "(mapping)"
@@ -435,7 +435,7 @@ def _predict_on_workers(config: JobConfig, job: str, scores_file: str, mode: str
                         out_given: bool) -> PredictResult:
     """Score against the parties' running workers: each loads its part of the trained job from
     its own model folder and scores its own data file; the scores stay with the active party."""
-    from flows._tasks import connected
+    from flows.coordinator import connected
     from flows.config import ConfigError
 
     for flag, given in (("--data", data_given), ("--out", out_given)):
@@ -454,12 +454,14 @@ def _predict_with_copy(folder: Path, data: DataSource,
     """Score with a member's own copy of a shared model (``models/JOB/MEMBER`` of its
     worker, holding model.json and party.json)."""
     from flows.config import ConfigError
+    from flows.declared import declared
 
     try:
         party = json.loads((folder / "party.json").read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{folder}/party.json: cannot read it ({exc})") from None
-    if party.get("protocol") not in ("horizontal", "simfl"):
+    protocol = declared().get(str(party.get("protocol")))
+    if protocol is None or not protocol.shared_model:
         raise ConfigError(f"{folder}: a vertical model part scores only federatedly: "
                           f"run fedboost predict on the run folder that holds job.json")
     by_party, single = _data_files(data)

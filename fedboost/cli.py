@@ -245,8 +245,9 @@ def _with_progress(args: argparse.Namespace, run: Callable[[], api.TrainResult],
 
 def _report_training(result: api.TrainResult) -> int:
     resumed = result.metrics["resumed_after"]
-    rows = ("aligned rows" if result.protocol in ("vertical_secureboost", "vertical_random_forest")
-            else "rows")
+    from flows.declared import declaration
+
+    rows = "rows" if declaration(result.protocol).shared_model else "aligned rows"
     if result.model_parts:
         where = f"model in {result.run_dir}/"
     else:  # over RabbitMQ each party's worker wrote its own part

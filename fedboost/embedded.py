@@ -9,9 +9,10 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, TypeVar
 
-from flows._tasks import DEFAULT_STEP_TIMEOUT, Coordinator, attach, detach
+from flows.coordinator import DEFAULT_STEP_TIMEOUT, Coordinator, attach, detach
 from crypto.pool import default_processes
 from flows.config import AnyJobConfig
+from flows.declared import declaration, declared
 from messages.signing import FLOW_IDENTITY, federation_sealers
 from messages.transport import MemoryHub
 from fedboost.worker import policy_of
@@ -22,15 +23,17 @@ from workers.runtime import PartySpec
 
 T = TypeVar("T")
 FLOW_ENDPOINT = "flow"
-EMBEDDED_POLICY = PartyPolicy(min_key_bits=1024,
-                              protocols=("vertical_secureboost", "horizontal", "simfl",
-                                         "vertical_random_forest"),
-                              predict_modes=("path", "batched"))
-"""Every party of the embedded default runs on the operator's own machine, so no other
-organisation sees its ciphertexts; 1024-bit keys are allowed there (tests, quick trials) unless
-the job file gives a party a stricter ``policy:``. Workers of a real federation default to
-``workers.policy.MIN_KEY_BITS``. The operator sees every party's data anyway, so both
-prediction modes are answered."""
+
+
+def embedded_policy() -> PartyPolicy:
+    """The policy of a party of the embedded default without a ``policy:`` of its own: every
+    protocol declared. Every party runs on the operator's own machine, so no other
+    organisation sees its ciphertexts; 1024-bit keys are allowed there (tests, quick trials)
+    unless the job file gives a party a stricter ``policy:``. Workers of a real federation
+    default to ``workers.policy.MIN_KEY_BITS``. The operator sees every party's data anyway, so
+    both prediction modes are answered."""
+    return PartyPolicy(min_key_bits=1024, protocols=tuple(declared()),
+                       predict_modes=("path", "batched"))
 
 
 def party_specs(config: AnyJobConfig, out_dir: Path,
@@ -46,7 +49,7 @@ def party_specs(config: AnyJobConfig, out_dir: Path,
                                categorical=getattr(party, "categorical", None),
                                processes=processes_of(party),
                                policy=(policy_of(party.policy) if party.policy
-                                       else EMBEDDED_POLICY),
+                                       else embedded_policy()),
                                # beside the model parts, never inside one (a part may be shared)
                                state_dir=str(out_dir / ".fedboost" / name)))
     return specs
@@ -132,6 +135,4 @@ def train_embedded(config: AnyJobConfig, out_dir: Path, *,
 
 def protocol_flow(config: AnyJobConfig) -> Callable[[Any], dict[str, Any]]:
     """The Prefect flow that trains a job of ``config``'s protocol."""
-    from flows.protocols import TRAINING_FLOWS
-    flow: Callable[[Any], dict[str, Any]] = TRAINING_FLOWS[config.protocol]
-    return flow
+    return declaration(config.protocol).training_flow()

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from flows._tasks import Coordinator, PartyError, step_id
+from flows.coordinator import Coordinator, PartyError, step_id
 from messages import MessageError, TransportError
 from messages.bodies import (ErrorReply, FindRows, OpenScoring, PartyInfo, RowsFound, Scores,
                              ScoreRows, Step)

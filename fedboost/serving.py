@@ -105,7 +105,7 @@ def serve_model(args: argparse.Namespace) -> int:
 
     from fedboost.scoring_link import ScoringLink, SessionPlan
     from fedboost.scoring_metrics import ScoringMetrics
-    from flows._tasks import PartyError, StepTimeout, broker_coordinator
+    from flows.coordinator import PartyError, StepTimeout, broker_coordinator
     from messages import TransportError
     from flows.config import ConfigError
 
@@ -162,9 +162,10 @@ def _serve(args: argparse.Namespace, config: Any, link: Any, metrics: Any, polic
 
     from fedboost.scoring_api import ModelInfo, make_app
     from fedboost.scoring_http import guarded_protocol
+    from flows.declared import declaration
 
     info = ModelInfo(config.job, config.params.objective,
-                     "forest" if "forest" in config.protocol else "boosting")
+                     declaration(config.protocol).scored_as or "boosting")
     app = make_app(link, info, args.max_ids, policy=policy, allowed_hosts=hosts,
                    metrics=metrics)
     protocol = guarded_protocol(limits, lambda reason: metrics.dropped.labels(reason).inc())
@@ -268,6 +269,7 @@ def _access_log(where: str) -> None:
 
 def _job_of(model_dir: Path) -> Any:
     from flows.config import ConfigError, validate_job
+    from flows.declared import declaration
 
     job_file = model_dir / "job.json"
     try:
@@ -275,7 +277,7 @@ def _job_of(model_dir: Path) -> Any:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{job_file}: not a fedboost run folder ({exc})") from None
     config = validate_job(raw, str(job_file))
-    if not config.protocol.startswith("vertical_"):
+    if declaration(config.protocol).scored_as is None:
         raise ConfigError(f"{job_file}: a {config.protocol} model is every member's own: score "
                           f"it with 'fedboost predict' (the scoring service is for vertical "
                           f"models)")

@@ -6,17 +6,20 @@ the config file's folder.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
-                      ValidationInfo, field_validator, model_validator)
+                      ValidationInfo, create_model, field_validator, model_validator)
 
 from messages.names import JOB_NAME_RULE, is_job_name
+from messages.params import TreeParams
 from messages.rabbitmq import holds_password, with_password, without_password
 from messages.tls import TlsOptions
 
@@ -31,7 +34,17 @@ class _Strict(BaseModel):
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}"
 """Party and data set names: 1-32 letters, digits, '_', '-'."""
-Protocol = Literal["vertical_secureboost", "horizontal", "simfl", "vertical_random_forest"]
+
+
+def _known_protocol(name: str) -> str:
+    known = job_schemas()
+    if name not in known:
+        raise ValueError(f"{name!r} is not a protocol (known: {', '.join(known)})")
+    return name
+
+
+Protocol = Annotated[str, AfterValidator(_known_protocol)]
+"""A protocol's name, as a job file's ``protocol:`` gives it (``job_schemas`` knows them all)."""
 
 
 class PolicyConfig(_Strict):
@@ -73,26 +86,29 @@ class PartyConfig(_Strict):
     policy: PolicyConfig | None = None
     """The party's policy where this file starts its worker (``fedboost worker --config
     job.yaml``: default ``PolicyConfig()``; the embedded default, where one operator runs every
-    party on one machine: ``fedboost.embedded.EMBEDDED_POLICY`` unless given)."""
+    party on one machine: ``fedboost.embedded.embedded_policy()`` unless given)."""
     processes: int | None = Field(None, ge=1, le=64)
     """Worker processes the embedded default starts for this party (default: one per core for
     a passive party, whose histogram shards they share; one for the active party)."""
 
 
-class _TreeParams(_Strict):
-    """Boosting parameters every protocol shares (see ``boosting.params.BoostParams``)."""
+class _TreeParamsBase(_Strict):
+    def tree_params(self) -> TreeParams:
+        """The parameters as every opener carries them (``messages.params``)."""
+        return TreeParams(**self.model_dump(include=set(TREE_PARAMS)))
 
-    n_trees: int = Field(30, ge=1, le=10_000)
-    max_depth: int = Field(3, ge=1, le=16)
-    learning_rate: float = Field(0.3, gt=0.0, le=1.0)
-    max_bin: int = Field(32, ge=2, le=254)
-    objective: Literal["binary", "multiclass", "regression"] = "binary"
-    reg_lambda: float = Field(1.0, ge=0.0)
-    gamma: float = Field(0.0, ge=0.0)
-    min_child_weight: float = Field(1.0, ge=0.0)
-    min_samples_leaf: int = Field(1, ge=1)
-    subsample: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int = Field(0, ge=0)
+
+def _tree_param(f: dataclasses.Field[Any]) -> tuple[Any, Any]:
+    kind = (Literal[f.metadata["choices"]] if "choices" in f.metadata  # type: ignore[valid-type]
+            else typing.get_type_hints(TreeParams)[f.name])
+    return kind, Field(f.default, **f.metadata.get("bounds", {}))
+
+
+TREE_PARAMS = {f.name: f for f in dataclasses.fields(TreeParams)}
+_TreeParams: type[_TreeParamsBase] = create_model(  # type: ignore[call-overload]
+    "_TreeParams", __base__=_TreeParamsBase,
+    __doc__="Boosting parameters every protocol shares (``messages.params.TreeParams``).",
+    **{name: _tree_param(f) for name, f in TREE_PARAMS.items()})
 
 
 class ParamsConfig(_TreeParams):
@@ -530,10 +546,12 @@ class ForestJobConfig(JobConfig):
 
 
 AnyJobConfig = JobConfig | HorizontalJobConfig | SimflJobConfig | ForestJobConfig
-JOB_SCHEMAS: dict[str, type[JobConfig] | type[HorizontalJobConfig] | type[SimflJobConfig]] = {
-    "vertical_secureboost": JobConfig, "horizontal": HorizontalJobConfig,
-    "simfl": SimflJobConfig, "vertical_random_forest": ForestJobConfig}
-"""The job file's ``protocol:`` selects its schema."""
+
+
+def job_schemas() -> dict[str, type[Any]]:
+    """protocol -> its job file's schema, as the protocols declare them (``flows.declared``)."""
+    from flows.declared import declared  # late: the declarations import the schemas above
+    return {name: protocol.schema for name, protocol in declared().items()}
 
 
 def _read_yaml(path: Path) -> Any:
@@ -557,10 +575,11 @@ def validate_job(raw: Any, source: str) -> AnyJobConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {source}: expected a mapping at the top level")
     protocol = raw.get("protocol", "vertical_secureboost")
-    schema = JOB_SCHEMAS.get(protocol) if isinstance(protocol, str) else None
+    schemas = job_schemas()
+    schema = schemas.get(protocol) if isinstance(protocol, str) else None
     if schema is None:
         raise ConfigError(f"config file {source}: key 'protocol': {protocol!r} is not a "
-                          f"protocol (known: {', '.join(JOB_SCHEMAS)})")
+                          f"protocol (known: {', '.join(schemas)})")
     try:
         return schema.model_validate(raw)
     except ValidationError as exc:

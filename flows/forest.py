@@ -22,7 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import run_charts
-from flows._tasks import (JobStopped, PartyError, StepTimeout, align_entities, close_job, link,
+from flows.coordinator import (JobStopped, PartyError, StepTimeout, align_entities, close_job, link,
                           record_tree, train_with_recoveries)
 from flows.config import ForestJobConfig
 from flows.secureboost import evaluate_validation

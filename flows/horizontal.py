@@ -29,7 +29,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows import run_charts
-from flows._tasks import (JobStopped, PartyError, StepTimeout, close_job,
+from flows.coordinator import (JobStopped, PartyError, StepTimeout, close_job,
                           combine_member_metrics, link, record_tree, step_id,
                           train_with_recoveries)
 from flows.config import HorizontalJobConfig
@@ -48,10 +48,7 @@ def horizontal_spec(config: HorizontalJobConfig) -> HorizontalSpec:
     return HorizontalSpec(
         parties=[PartyInfo(name, party.role, party.dataset or "")
                  for name, party in config.parties.items()],
-        n_trees=p.n_trees, max_depth=p.max_depth, learning_rate=p.learning_rate,
-        max_bin=p.max_bin, objective=p.objective, reg_lambda=p.reg_lambda, gamma=p.gamma,
-        min_child_weight=p.min_child_weight, min_samples_leaf=p.min_samples_leaf,
-        subsample=p.subsample, seed=p.seed, min_members=config.min_members,
+        params=p.tree_params(), min_members=config.min_members,
         summary_size=summary_size(p.max_bin),
         dp_epsilon=privacy.epsilon if privacy else 0.0, dp_clip=privacy.clip if privacy else 0.0,
         dp_seed=privacy.seed if privacy and privacy.seed is not None else -1)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows._tasks import Coordinator, align_entities, close_job, link, step_id
+from flows.coordinator import Coordinator, align_entities, close_job, link, step_id
 from messages.bodies import OpenPrediction, PartyInfo, Step
 from messages.envelope import MsgType
 

@@ -12,23 +12,29 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from messages.envelope import MsgType
+from flows.declared import declared
+from messages.envelope import OPENERS, MsgType
 
-STAGE_OF_STEP: dict[MsgType, str] = {
-    **dict.fromkeys([MsgType.OPEN_JOB, MsgType.H_OPEN_JOB, MsgType.S_OPEN_JOB,
-                     MsgType.F_OPEN_JOB], "opening"),
+SHARED_STAGES: dict[MsgType, str] = {
     MsgType.RESUME_JOB: "resuming",
-    **dict.fromkeys([MsgType.PSI_BLIND, MsgType.PSI_REBLIND, MsgType.PSI_INTERSECT], "PSI"),
-    **dict.fromkeys([MsgType.BIN_FEATURES, MsgType.H_SUMMARIZE, MsgType.H_MERGE_BINS,
-                     MsgType.H_APPLY_BINS, MsgType.F_PREPARE], "binning"),
-    **dict.fromkeys([MsgType.S_MEMBER_KEY, MsgType.S_HASH_ROWS, MsgType.S_MATCH_ROWS,
-                     MsgType.S_STORE_SIMILAR], "LSH"),
     **dict.fromkeys([MsgType.TRAVERSE_LEVEL, MsgType.EVALUATE_VALIDATION], "validation"),
-    **dict.fromkeys([MsgType.SAVE_MODEL, MsgType.F_SAVE_MODEL, MsgType.CLOSE_JOB], "saving"),
+    **dict.fromkeys([MsgType.SAVE_MODEL, MsgType.CLOSE_JOB], "saving"),
 }
-"""Protocol steps outside the per-tree loop, by the stage they belong to; all others grow
-trees."""
+"""Steps several protocols share, by the stage they belong to; each protocol declares its own
+(``flows.declared``), openers are "opening", all other steps grow trees."""
 TREES = "trees"
+
+
+def stage_of(kind: MsgType) -> str:
+    """The stage a step belongs to, as its protocol declares it."""
+    if kind in OPENERS:
+        return "opening"
+    if kind in SHARED_STAGES:
+        return SHARED_STAGES[kind]
+    for protocol in declared().values():  # a step of messages.bodies serves several
+        if kind in protocol.stages:
+            return protocol.stages[kind]
+    return TREES
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +126,9 @@ def tell_silence(job: str, event: PartiesSilent) -> None:
 
 
 def step_progress(job: str, kind: MsgType, answered: int, parties: int) -> None:
-    """Report a step's replies so far (stage from :data:`STAGE_OF_STEP`)."""
+    """Report a step's replies so far (stage from :func:`stage_of`)."""
     if _listener(job) is not None:
-        report(job, StepProgress(STAGE_OF_STEP.get(kind, TREES), kind.name.lower(), answered,
+        report(job, StepProgress(stage_of(kind), kind.name.lower(), answered,
                                  parties))
 
 

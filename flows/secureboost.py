@@ -16,7 +16,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows import run_charts
-from flows._tasks import (PartyError, align_entities, close_job, link, record_tree, step_id,
+from flows.coordinator import (PartyError, align_entities, close_job, link, record_tree, step_id,
                           train_with_recoveries)
 from flows.config import JobConfig
 from flows.predict import traverse_level_once
@@ -30,10 +30,7 @@ def job_spec(config: JobConfig) -> JobSpec:
     return JobSpec(
         parties=[PartyInfo(name, party.role, party.dataset or "")
                  for name, party in config.parties.items()],
-        n_trees=p.n_trees, max_depth=p.max_depth, learning_rate=p.learning_rate,
-        max_bin=p.max_bin, objective=p.objective, reg_lambda=p.reg_lambda, gamma=p.gamma,
-        min_child_weight=p.min_child_weight, min_samples_leaf=p.min_samples_leaf,
-        subsample=p.subsample, seed=p.seed, complete_secure=p.complete_secure,
+        params=p.tree_params(), complete_secure=p.complete_secure,
         key_bits=config.crypto.key_bits, valid_fraction=config.validation.fraction,
         valid_seed=config.validation.seed, label=config.parties[config.active].label or "",
         pack_bin_sums=config.crypto.pack_bin_sums)

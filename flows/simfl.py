@@ -22,7 +22,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows import run_charts
-from flows._tasks import (close_job, combine_member_metrics, link, record_tree, step_id,
+from flows.coordinator import (close_job, combine_member_metrics, link, record_tree, step_id,
                           train_with_recoveries)
 from flows.config import SimflJobConfig
 from messages.bodies import Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished
@@ -36,10 +36,7 @@ def simfl_spec(config: SimflJobConfig) -> SimflSpec:
     return SimflSpec(
         parties=[PartyInfo(name, party.role, party.dataset or "")
                  for name, party in config.parties.items()],
-        n_trees=p.n_trees, max_depth=p.max_depth, learning_rate=p.learning_rate,
-        max_bin=p.max_bin, objective=p.objective, reg_lambda=p.reg_lambda, gamma=p.gamma,
-        min_child_weight=p.min_child_weight, min_samples_leaf=p.min_samples_leaf,
-        subsample=p.subsample, seed=p.seed, lsh_functions=p.lsh.functions or 0,
+        params=p.tree_params(), lsh_functions=p.lsh.functions or 0,
         lsh_r=p.lsh.r, lsh_seed=p.lsh.seed, noise_label=p.privacy.label_noise,
         noise_tree=p.privacy.tree_noise, gradient_clip=p.privacy.clip)
 

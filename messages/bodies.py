@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from messages.instance_space import InstanceSpace
+from messages.kinds import declare
+from messages.params import TreeParams
 
 VALIDATION_BATCH = 4096
 """Rows per prediction batch when a training job scores its hold-out (flow and parties agree)."""
@@ -31,17 +33,7 @@ class JobSpec:
     """Everything a party needs to take part in a training job (no data, no paths)."""
 
     parties: list[PartyInfo]
-    n_trees: int
-    max_depth: int
-    learning_rate: float
-    max_bin: int
-    objective: str
-    reg_lambda: float
-    gamma: float
-    min_child_weight: float
-    min_samples_leaf: int
-    subsample: float
-    seed: int
+    params: TreeParams
     complete_secure: bool
     key_bits: int
     valid_fraction: float
@@ -528,3 +520,37 @@ class Scores:
     values: bytes
     unknown: list[int]
     incomplete: list[str]
+
+
+# The kinds whose bodies live here: those every protocol shares (opening, resuming, replies,
+# saving, closing), vertical SecureBoost's (which the vertical forest reuses for PSI, keys,
+# validation and path prediction) and the scoring service's.
+declare(
+    "core",
+    openers={"OPEN_JOB": (1, OpenJob), "OPEN_PREDICTION": (2, OpenPrediction),
+             "OPEN_SCORING": (400, OpenScoring)},
+    commands={**{name: (number, Step) for name, number in (
+        ("PSI_BLIND", 10), ("PSI_REBLIND", 11), ("PSI_INTERSECT", 12), ("BIN_FEATURES", 13),
+        ("ENCRYPT_GRADIENTS", 20), ("BUILD_HISTOGRAMS", 21), ("FIND_BEST_SPLITS", 22),
+        ("APPLY_SPLITS", 23), ("BROADCAST_NODES", 24), ("FINISH_TREE", 25), ("SAVE_MODEL", 26),
+        ("EVALUATE_VALIDATION", 27), ("EVALUATE_NODES", 30), ("FINISH_TRAVERSAL", 31),
+        ("WRITE_SCORES", 32), ("TRAVERSE_LEVEL", 33), ("CLOSE_JOB", 40))},
+              "RESUME_JOB": (41, ResumeJob), "SCORE_ROWS": (401, ScoreRows),
+              "FIND_ROWS": (405, FindRows)},
+    replies={"ACK": (100, Ack), "SPLITS_FOUND": (101, SplitsFound),
+             "TREE_FINISHED": (102, TreeFinished), "ERROR": (103, ErrorReply),
+             "ALIGNED": (104, Aligned), "OPENED": (105, Opened), "RESUMED": (106, Resumed),
+             "ROWS_FOUND": (402, RowsFound), "SCORES": (403, Scores)},
+    peer={"PSI_POINTS": (200, PsiPoints), "ALIGNED_ROWS": (201, AlignedRows),
+          "PUBLIC_KEY": (202, PublicKeyMsg), "TREE_START": (203, TreeStart),
+          "ENCRYPTED_GRADIENTS": (204, EncryptedGradients),
+          "ENCRYPTED_HISTOGRAMS": (205, EncryptedHistograms),
+          "SPLIT_CHOICES": (206, SplitChoices), "APPLIED_SPLITS": (207, AppliedSplits),
+          "NODE_POSITIONS": (208, NodePositions), "DECISIONS": (210, Decisions),
+          "DECISION_REQUEST": (211, DecisionRequest), "PATH_DECISIONS": (212, PathDecisions),
+          "SHARD_HISTOGRAM": (221, ShardHistogram), "CRYPTO_UNIT": (224, CryptoUnit),
+          "ROUND_DECISIONS": (404, RoundDecisions)},
+    work={"HISTOGRAM_SHARD": (220, HistogramShard), "TREE_CIPHERTEXTS": (222, TreeCiphertexts),
+          "CRYPTO_SHARD": (223, CryptoShard)},
+    unrecorded=("SCORE_ROWS", "FIND_ROWS"),
+    transient=("SCORE_ROWS", "ROUND_DECISIONS", "ROWS_FOUND", "SCORES", "FIND_ROWS"))

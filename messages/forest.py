@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from messages.bodies import NodeSplit, PartyInfo, SplitChoice
+from messages.kinds import declare
 
 MAX_TREES = 100_000
 """Trees a forest may have; a tree's attempt ``a`` is work ``a * MAX_TREES + tree``."""
@@ -145,3 +146,15 @@ class ForestApplied:
     records: list[int]
     first: list[bytes]
     """Bit-packed masks over each node's sampled rows (ascending row order)."""
+
+
+declare(
+    "vertical_random_forest",  # commands 380-389, peer messages 390-399
+    openers={"F_OPEN_JOB": (380, OpenForest)},
+    commands={name: (number, TreeCommand) for name, number in (
+        ("F_PREPARE", 381), ("F_LEVEL", 382), ("F_FIND_SPLITS", 383), ("F_APPLY_SPLITS", 384),
+        ("F_FINISH_TREE", 385), ("F_SAVE_MODEL", 386))},
+    replies={"F_OPENED": (387, ForestOpened)},
+    peer={"F_LABELS": (390, EncryptedLabels), "F_FEATURES": (391, FeatureCount),
+          "F_REQUEST": (392, LevelRequest), "F_HISTOGRAMS": (393, LevelHistograms),
+          "F_SPLITS": (394, ForestSplits), "F_APPLIED": (395, ForestApplied)})

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from messages.bodies import PartyInfo
+from messages.kinds import declare
+from messages.params import TreeParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,17 +23,7 @@ class HorizontalSpec:
     """Everything a party needs to take part in a horizontal job (no data, no paths)."""
 
     parties: list[PartyInfo]
-    n_trees: int
-    max_depth: int
-    learning_rate: float
-    max_bin: int
-    objective: str
-    reg_lambda: float
-    gamma: float
-    min_child_weight: float
-    min_samples_leaf: int
-    subsample: float
-    seed: int
+    params: TreeParams
     min_members: int
     summary_size: int
     """The set-up grid's resolution: a cell holding a quantile is split while it holds more
@@ -193,3 +185,19 @@ class LeafValues:
     attempt: int
     leaves: list[int]
     values: list[float]
+
+
+declare(
+    "horizontal",  # commands 300-319, peer messages 320-339
+    openers={"H_OPEN_JOB": (300, OpenHorizontal)},
+    commands={name: (number, Round) for name, number in (
+        ("H_SUMMARIZE", 301), ("H_MERGE_BINS", 302), ("H_APPLY_BINS", 303),
+        ("H_COMPUTE_GRADIENTS", 304), ("H_AGREE_SCALE", 305), ("H_UPDATE_HISTOGRAMS", 306),
+        ("H_SECURE_SUM", 307), ("H_APPLY_SPLITS", 308), ("H_SEND_TREE", 309),
+        ("H_RECEIVE_TREE", 310), ("H_RELEASE_ROUND", 311))},
+    peer={"H_MASK_KEY": (320, MaskPublicKey), "H_COLUMNS": (321, MemberColumns),
+          "H_MASKED": (322, MaskedVector), "H_CUTS": (323, SharedCuts),
+          "H_GRADIENT_RANGE": (324, GradientRange), "H_GRADIENT_SCALE": (325, GradientScale),
+          "H_SPLITS": (326, LevelSplits), "H_LEAVES": (327, LeafValues),
+          "H_SEAL_KEY": (328, SealShare), "H_ROUND_KEY": (329, RoundKey),
+          "H_REFINE": (330, RefineCells)})

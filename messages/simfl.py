@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from messages.bodies import PartyInfo
+from messages.bodies import PartyInfo, Step
+from messages.kinds import declare
+from messages.params import TreeParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,17 +21,7 @@ class SimflSpec:
     """Everything a party needs to take part in a SimFL job (no data, no paths)."""
 
     parties: list[PartyInfo]
-    n_trees: int
-    max_depth: int
-    learning_rate: float
-    max_bin: int
-    objective: str
-    reg_lambda: float
-    gamma: float
-    min_child_weight: float
-    min_samples_leaf: int
-    subsample: float
-    seed: int
+    params: TreeParams
     lsh_functions: int
     """Hash functions L (0: the paper's min(40, d - 1))."""
     lsh_r: float
@@ -148,3 +140,16 @@ class SharedTree:
 
     tree: int
     nodes: list[WireNode]
+
+
+declare(
+    "simfl",  # commands 340-359, peer messages 360-379
+    openers={"S_OPEN_JOB": (340, OpenSimfl)},
+    commands={**{name: (number, Step) for name, number in (
+        ("S_MEMBER_KEY", 341), ("S_MATCH_ROWS", 343), ("S_STORE_SIMILAR", 344),
+        ("S_SEND_GRADIENTS", 345), ("S_BUILD_TREE", 346), ("S_RECEIVE_TREE", 347))},
+              "S_HASH_ROWS": (342, Prepare)},
+    replies={"S_PREPARE_REPLY": (350, MemberKey)},
+    peer={"S_ROW_HASHES": (360, RowHashes), "S_SIMILAR": (361, SimilarRows),
+          "S_GRADIENTS": (362, SimilarGradients), "S_TREE": (363, SharedTree),
+          "S_LSH_KEY": (364, LshKey), "S_LSH_SECRET": (365, LshSecret)})

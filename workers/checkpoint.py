@@ -13,7 +13,8 @@ spec and the party's data file, so a changed job or changed data never resumes f
 resumed job loads the very rows the checkpoint was made from again.
 
 Reading one must never run code, whoever wrote the file: the state is msgpack through a typed
-codec (``workers._state_codec``) that rebuilds only the dataclasses listed in ``_state_types``,
+codec (``workers._state_codec``) that rebuilds only the dataclasses listed in ``_state_types``
+(the shared ones here, and those a protocol's modules register with ``register_state_types``),
 and the file carries an HMAC-SHA256 under a key of this party (``checkpoint.key`` in its
 private folder, made on first use, never sent) that is checked before the state is parsed. A
 file without this party's tag, or an older pickled checkpoint, is refused by name.
@@ -53,9 +54,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("fedboost.worker")
 
 FOLDER = "checkpoints"
-MAGIC = b"fedboost-checkpoint-3\n"
-"""The number changes with the file's layout (3: msgpack state with an HMAC; 1 and 2 were
-pickles, which are refused, never read)."""
+MAGIC = b"fedboost-checkpoint-4\n"
+"""The number changes with the file's layout or what it was made under (4: wire version 5,
+a job's tree parameters nested in its spec, ``messages.params``; 3: the same msgpack state
+with an HMAC, under wire version 4; 1 and 2 were pickles). Older formats are refused, never
+read."""
 _MAGIC_PREFIX = b"fedboost-checkpoint-"
 TAG_BYTES = 32
 KEY_FILE = "checkpoint.key"
@@ -72,23 +75,19 @@ _REGISTERED: list[type] = []
 
 
 def register_state_types(*classes: type) -> None:
-    """Let checkpoints rebuild a protocol's own state classes (each protocol registers its
-    own when its steps are imported; nothing else is ever rebuilt)."""
+    """Let checkpoints rebuild a protocol's own state classes: the module defining them
+    registers them as it is imported (a checkpoint's state comes from that module's steps;
+    nothing else is ever rebuilt)."""
     _REGISTERED.extend(c for c in classes if c not in _REGISTERED)
     _state_types.cache_clear()
 
 
 @cache
 def _state_types() -> dict[str, type]:
-    """Every class a checkpoint may rebuild (the roles' classes are imported late: the roles'
-    modules import this one)."""
-    from workers.vertical.active import ActiveTraining
-    from workers.vertical.explain import SplitRecord
-    from workers.vertical.passive import LookupRecord, PassiveTraining
-    return type_names(JobState, PartyData, ActiveTraining, PassiveTraining, LookupRecord,
-                      SplitRecord,
-                      BoostParams, PaillierPublicKey, PaillierPrivateKey, GradientPacker,
-                      BinSumPacking, Tree, TreeNode, TreeFinished, Metric, *_REGISTERED)
+    """Every class a checkpoint may rebuild: the shared ones, and the protocols' own."""
+    return type_names(JobState, PartyData, BoostParams, PaillierPublicKey, PaillierPrivateKey,
+                      GradientPacker, BinSumPacking, Tree, TreeNode, TreeFinished, Metric,
+                      *_REGISTERED)
 
 
 def party_key(private_dir: Path) -> bytes:
@@ -221,8 +220,12 @@ def _read(path: Path, key: bytes) -> dict[str, Any]:
     if head != MAGIC:
         if head.startswith(_MAGIC_PREFIX):
             version = raw[len(_MAGIC_PREFIX):raw.find(b"\n", 0, 64)].decode(errors="replace")
-            raise CheckpointError(f"{path} is a checkpoint of format {version!r} (format 1 and 2 "
-                                  f"were pickles): refused, never read; remove it")
+            if version in ("1", "2"):
+                raise CheckpointError(f"{path} is a checkpoint of format {version!r} (format 1 "
+                                      f"and 2 were pickles): refused, never read; remove it")
+            raise CheckpointError(f"{path} is a checkpoint of format {version!r}, written by an "
+                                  f"older fedboost (before wire version 5): refused; remove it "
+                                  f"(the job trains again from its first tree)")
         raise CheckpointError(f"{path} is not a checkpoint (truncated or another file): refused")
     tag, payload = raw[len(MAGIC):len(MAGIC) + TAG_BYTES], memoryview(raw)[len(MAGIC) + TAG_BYTES:]
     if not hmac.compare_digest(tag, _tag(key, payload)):

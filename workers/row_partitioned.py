@@ -4,6 +4,7 @@ label, one aggregator holds none, and every member keeps the whole model (``mode
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -17,13 +18,8 @@ from workers.runtime import DataSet, StepContext
 
 
 def params_of(spec: Any) -> BoostParams:
-    """Boosting parameters from a horizontal or SimFL job spec (the same fields)."""
-    return BoostParams(n_trees=spec.n_trees, max_depth=spec.max_depth,
-                       learning_rate=spec.learning_rate, max_bin=spec.max_bin,
-                       objective=spec.objective, reg_lambda=spec.reg_lambda, gamma=spec.gamma,
-                       min_child_weight=spec.min_child_weight,
-                       min_samples_leaf=spec.min_samples_leaf, subsample=spec.subsample,
-                       seed=spec.seed)
+    """Boosting parameters from a horizontal or SimFL job spec (its ``TreeParams``)."""
+    return BoostParams(**dataclasses.asdict(spec.params))
 
 
 def members_of(spec: Any) -> list[str]:

@@ -30,8 +30,8 @@ from boosting import BoostingError
 from crypto import CryptoError
 from messages import DecodeError, MessageError, UnknownMessageType
 from messages.bodies import ErrorReply
-from messages.envelope import (COMMANDS, OPENERS, TRANSIENT, UNRECORDED, WORK, Envelope,
-                               MsgType)
+from messages.envelope import (COMMANDS, OPENERS, PEER_MAIL, TRANSIENT, UNRECORDED, WORK,
+                               Envelope, MsgType)
 from messages.rejections import RejectionLog
 from messages.signing import CLOCK_SKEW_SECONDS, ForgedMessage, Sealer, claimed_signer, is_flow
 from messages.transport import Transport
@@ -216,6 +216,21 @@ class Protocol:
     name: str
     roles: dict[str, RoleSteps]
     work: dict[MsgType, Handler] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # a step must answer a declared command: anything else would be filed as peer mail
+        # (or work) and the step never run (messages.kinds.declare)
+        for role, steps in self.roles.items():
+            for kind in steps.handlers:
+                if kind not in COMMANDS:
+                    raise ValueError(f"{self.name} {role}: {kind!r} is not declared a command")
+            for kind in steps.arrivals:
+                if kind not in PEER_MAIL:
+                    raise ValueError(f"{self.name} {role}: {kind!r} is not declared peer mail")
+        for kind in self.work:
+            if kind not in WORK:
+                raise ValueError(f"{self.name}: {kind!r} is not declared work")
+
 
 @dataclass(slots=True)
 class _Pending:

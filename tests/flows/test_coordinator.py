@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from flows._tasks import Coordinator, PartyError, PartyGone, StepTimeout
+from flows.coordinator import Coordinator, PartyError, PartyGone, StepTimeout
 from flows.progress import PartiesSilent, listening
 from messages.bodies import Ack, ErrorReply, Step
 from messages.envelope import Envelope, MsgType
@@ -135,7 +135,7 @@ def test_a_party_gone_after_its_part_does_not_fail_a_step_that_waits_for_others(
 
 def test_over_rabbitmq_a_silent_party_without_a_worker_is_named_so(rabbit_url: str) -> None:
     """The flow asks the broker whether anybody consumes a silent party's queue."""
-    from flows._tasks import _unconsumed
+    from flows.coordinator import _unconsumed
     from messages.rabbitmq import RabbitTransport, delete_party_queues
 
     tag = uuid.uuid4().hex[:6]

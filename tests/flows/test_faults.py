@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from fedboost.embedded import train_embedded
-from flows._tasks import StepTimeout
+from flows.coordinator import StepTimeout
 from flows.config import load_config
 from flows.secureboost import vertical_secureboost
 from messages.rabbitmq import INBOX_ARGUMENTS, delete_party_queues, queue_of

@@ -27,7 +27,7 @@ import pika
 import pytest
 import yaml
 
-from flows._tasks import attach, broker_coordinator, detach
+from flows.coordinator import attach, broker_coordinator, detach
 from flows.config import AnyJobConfig, load_config
 from flows.horizontal import horizontal
 from messages import bodies as b

@@ -28,7 +28,7 @@ from prefect.settings import PREFECT_API_URL
 
 from boosting.tree import load_model
 from fedboost.embedded import train_embedded
-from flows._tasks import PartyError
+from flows.coordinator import PartyError
 from flows.config import AnyJobConfig, load_config
 from flows.horizontal import horizontal
 from flows.secureboost import vertical_secureboost

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flows._tasks import Coordinator, align_entities, attach, detach
+from flows.coordinator import Coordinator, align_entities, attach, detach
 from flows.config import load_config
 from flows.secureboost import bin_features, job_spec, open_job, vertical_secureboost
 from messages.envelope import MsgType

@@ -18,11 +18,12 @@ from messages import simfl as s
 from messages.envelope import WIRE_VERSION, Envelope, MsgType, decode_envelope, encode_envelope
 from messages.signing import ForgedMessage, federation_sealers
 from messages.instance_space import BITMAP, GAPS, InstanceSpace, decode_mask, encode_mask
+from messages.params import TreeParams
 
 SAMPLES = {
     MsgType.S_OPEN_JOB: s.OpenSimfl(s.SimflSpec(
-        [b.PartyInfo("a", "member"), b.PartyInfo("agg", "aggregator")], 3, 8, 0.3, 32, "binary",
-        1.0, 0.0, 1.0, 1, 1.0, 0, 0, 4.0, 7, 2.0, 4.0, 1.0)),
+        [b.PartyInfo("a", "member"), b.PartyInfo("agg", "aggregator")],
+        TreeParams(n_trees=3, max_depth=8), 0, 4.0, 7, 2.0, 4.0, 1.0)),
     MsgType.S_HASH_ROWS: s.Prepare("ab" * 32, False),
     MsgType.S_PREPARE_REPLY: s.MemberKey("cd" * 32),
     MsgType.S_ROW_HASHES: s.RowHashes(["x0"], bytes(16), bytes(8 * 4), 4, 1.0),
@@ -33,8 +34,8 @@ SAMPLES = {
     MsgType.S_TREE: s.SharedTree(2, [s.WireNode(0, 1, 2, 3, 0.5, True, 0.0),
                                      s.WireNode(1, -1, -1, -1, 0.0, False, 0.25)]),
     MsgType.H_OPEN_JOB: h.OpenHorizontal(h.HorizontalSpec(
-        [b.PartyInfo("a", "member", "homo"), b.PartyInfo("agg", "aggregator")], 3, 3, 0.3, 32,
-        "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, 2, 1024, 0.0, 0.0, -1)),
+        [b.PartyInfo("a", "member", "homo"), b.PartyInfo("agg", "aggregator")],
+        TreeParams(n_trees=3, max_depth=3), 2, 1024, 0.0, 0.0, -1)),
     MsgType.H_MASK_KEY: h.MaskPublicKey(bytes(32)),
     MsgType.H_COLUMNS: h.MemberColumns(["x0"]),
     MsgType.H_SEAL_KEY: h.SealShare(bytes(12), bytes(48)),
@@ -46,8 +47,9 @@ SAMPLES = {
     MsgType.H_GRADIENT_SCALE: h.GradientScale(1, 0, 0, -1, 300),
     MsgType.H_SPLITS: h.LevelSplits(1, 0, 0, [h.NodeSplit(0, 3, 4, True, 1, 2)], [1]),
     MsgType.H_LEAVES: h.LeafValues(1, 0, [1, 2], [0.5, -0.25]),
-    MsgType.OPEN_JOB: b.OpenJob(b.JobSpec([b.PartyInfo("g", "active")], 3, 3, 0.3, 32, "binary",
-                                          1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0, "y")),
+    MsgType.OPEN_JOB: b.OpenJob(b.JobSpec([b.PartyInfo("g", "active")],
+                                          TreeParams(n_trees=3, max_depth=3), False, 1024,
+                                          0.0, 0, "y")),
     MsgType.OPEN_PREDICTION: b.OpenPrediction([b.PartyInfo("g", "active")], 10, "scores.csv",
                                                "trained-job"),
     MsgType.ACK: b.Ack(3),

@@ -4,6 +4,7 @@ authenticated under the party's own key before anything in them is parsed; never
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import pickle
 import stat
@@ -132,6 +133,25 @@ def test_an_old_pickled_checkpoint_is_refused_by_name_never_unpickled(tmp_path: 
     with pytest.raises(CheckpointError, match=f"format '{version}'.*pickles.*never read"):
         checkpoint.load(tmp_path / "job", Checkpoint(1, "run-a"), "spec", KEY)
     assert not marker.exists()
+
+
+def test_a_checkpoint_of_the_previous_wire_version_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Format 3 was written under wire version 4 (tree parameters flat in the job spec): even
+    intact and under this party's key it is refused, naming why, and never offered."""
+    payload = msgpack.packb({"digest": "spec", "trees_done": 1, "run": "run-a", "state": None})
+    old = b"fedboost-checkpoint-3\n"
+    mac = hmac.new(KEY, old, hashlib.sha256)
+    mac.update(payload)
+    folder = tmp_path / "job" / checkpoint.FOLDER
+    folder.mkdir(parents=True)
+    (folder / "trees-000001.ckpt").write_bytes(old + mac.digest() + payload)
+
+    assert checkpoint.available(tmp_path / "job", "spec", KEY) == []
+    with pytest.raises(CheckpointError) as refused:
+        checkpoint.load(tmp_path / "job", Checkpoint(1, "run-a"), "spec", KEY)
+    assert "\n" not in str(refused.value)
+    assert "format '3', written by an older fedboost (before wire version 5): refused" in str(
+        refused.value)
 
 
 def test_a_tagged_file_naming_a_type_outside_the_allowlist_is_refused(tmp_path: Path) -> None:

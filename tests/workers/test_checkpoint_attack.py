@@ -16,6 +16,7 @@ from messages.envelope import Envelope, MsgType
 from messages.names import is_job_name
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
+from messages.params import TreeParams
 from workers import ProtocolError, checkpoint
 from workers.embedded import start_workers, stop_workers
 from tests.scenarios import TEST_POLICY
@@ -24,8 +25,8 @@ from tests.scenarios import DATA
 from tests.workers.test_checkpoint import old_pickled_checkpoint
 
 HOST_DATA = DATA / "breast_hetero_host.csv"
-SPEC = JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")], 2, 3, 0.3, 32,
-               "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0, "y")
+SPEC = JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")],
+               TreeParams(n_trees=2, max_depth=3), False, 1024, 0.0, 0, "y")
 
 
 def test_planted_checkpoints_never_run_code_in_the_worker(tmp_path: Path,

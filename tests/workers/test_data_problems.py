@@ -14,7 +14,7 @@ import pytest
 from boosting.params import BoostParams
 from boosting.train import FeatureBlock, train
 from fedboost.embedded import train_embedded
-from flows._tasks import PartyError
+from flows.coordinator import PartyError
 from messages.bodies import ErrorReply, OpenJob, Step
 from messages.envelope import MsgType
 from tests.scenarios import DATA, config_with

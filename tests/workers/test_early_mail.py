@@ -14,6 +14,7 @@ from messages.horizontal import MaskPublicKey
 from messages.rejections import RejectionLog
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
+from messages.params import TreeParams
 from tests.scenarios import DATA, TEST_POLICY
 from workers.early_mail import EarlyMail
 from workers.protocols import PROTOCOLS
@@ -85,8 +86,8 @@ def test_only_peer_mail_of_sessions_never_opened_is_kept() -> None:
 # ---- in a worker -----------------------------------------------------------------------------
 
 def _spec() -> JobSpec:
-    return JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")], 2, 3, 0.3, 32,
-                   "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0, "y")
+    return JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")],
+                   TreeParams(n_trees=2, max_depth=3), False, 1024, 0.0, 0, "y")
 
 
 def _worker(tmp_path: Path) -> tuple[Worker, MemoryHub]:

@@ -19,6 +19,7 @@ from messages import bodies as b
 from messages.envelope import BODY_TYPES, OPENERS, Envelope, MsgType, encode_envelope
 from messages.signing import federation_sealers, signer_of
 from messages.transport import MemoryHub
+from messages.params import TreeParams
 from tests.scenarios import DATA, TEST_POLICY
 from workers.protocols import PROTOCOLS
 from workers.runtime import MAX_PENDING, PartySpec, Worker
@@ -106,8 +107,8 @@ def _build(message: tuple[Any, ...]) -> bytes:
     raise AssertionError(message)
 
 
-_SPEC = b.JobSpec([b.PartyInfo("guest", "active"), b.PartyInfo("host", "passive")], 2, 3, 0.3,
-                  32, "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0, "y")
+_SPEC = b.JobSpec([b.PartyInfo("guest", "active"), b.PartyInfo("host", "passive")],
+                  TreeParams(n_trees=2, max_depth=3), False, 1024, 0.0, 0, "y")
 
 
 def _open(worker: Worker) -> None:

@@ -30,6 +30,7 @@ from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, L
                                  SealShare, SharedCuts)
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
+from messages.params import TreeParams
 from workers import checkpoint
 from workers.data import load_party_data
 from workers.horizontal.grid import GridRounds, count_columns
@@ -44,7 +45,7 @@ DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "breast_
 MEMBERS = ["a", "b", "c"]
 SEALERS = federation_sealers([*MEMBERS, "agg"])
 SPEC = HorizontalSpec([*(PartyInfo(m, "member") for m in MEMBERS), PartyInfo("agg", "aggregator")],
-                      2, 3, 0.3, 32, "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, 2, 256, 0.0, 0.0, -1)
+                      TreeParams(n_trees=2, max_depth=3), 2, 256, 0.0, 0.0, -1)
 KEYS = {m: MaskKey.generate() for m in ("b", "c")}
 SEALS = {m: bytes([ord(m)]) * 32 for m in ("b", "c")}
 """The seal contributions of the members the test plays."""

@@ -17,6 +17,7 @@ from messages.envelope import Envelope, MsgType
 from messages.instance_space import encode_mask
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
+from messages.params import TreeParams
 from tests.scenarios import DATA, TEST_POLICY
 from workers.embedded import start_workers, stop_workers
 from workers.policy import MIN_KEY_BITS, PartyPolicy
@@ -24,8 +25,8 @@ from workers.protocols import PROTOCOLS
 from workers.runtime import PartySpec, Worker
 
 SEALERS = federation_sealers(["guest", "host"])
-SPEC = JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")], 1, 2, 0.3, 32,
-               "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0, "y")
+SPEC = JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")],
+               TreeParams(n_trees=1, max_depth=2), False, 1024, 0.0, 0, "y")
 
 
 def _command(to: str, kind: MsgType, body: object, task: str) -> bytes:

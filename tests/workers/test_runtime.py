@@ -15,6 +15,7 @@ from messages.bodies import Ack, ErrorReply, JobSpec, OpenJob, PartyInfo, PsiPoi
 from messages.envelope import Envelope, MsgType, encode_envelope
 from messages.signing import Sealer, _signed_bytes, federation_sealers
 from messages.transport import MemoryHub
+from messages.params import TreeParams
 from workers.mailbox import SENDER_MAIL
 from workers.protocols import PROTOCOLS
 from workers.runtime import PartySpec, Worker
@@ -22,8 +23,8 @@ from tests.scenarios import DATA, TEST_POLICY
 
 
 def _spec(data: Path) -> JobSpec:
-    return JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")], 2, 3, 0.3, 32,
-                   "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0, "y")
+    return JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")],
+                   TreeParams(n_trees=2, max_depth=3), False, 1024, 0.0, 0, "y")
 
 
 SEALERS = federation_sealers(["guest", "host"])

@@ -19,6 +19,7 @@ from messages.envelope import Envelope, MsgType
 from messages.instance_space import encode_mask
 from messages.signing import Sealer, federation_sealers
 from messages.transport import MemoryHub
+from messages.params import TreeParams
 from tests.scenarios import DATA, TEST_POLICY
 from workers import shards
 from workers.vertical.passive import PassiveTraining
@@ -27,8 +28,8 @@ from workers.runtime import PartySpec, Worker
 
 SEALERS = federation_sealers(["guest", "host"])
 ROWS = 40
-SPEC = JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")], 2, 3, 0.3, 32,
-               "binary", 1.0, 0.0, 1.0, 1, 1.0, 0, False, 1024, 0.0, 0, "y")
+SPEC = JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")],
+               TreeParams(n_trees=2, max_depth=3), False, 1024, 0.0, 0, "y")
 
 
 @pytest.fixture(scope="module")

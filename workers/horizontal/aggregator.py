@@ -126,7 +126,8 @@ def _chooser(job: AggregatorJob) -> SplitChooser:
     if job.rng is None:
         return SplitChooser()
     from workers.horizontal.privacy import PrivacyBudget, gain_sensitivity
-    budget = PrivacyBudget(job.spec.dp_epsilon, job.spec.n_trees, job.spec.max_depth)
+    budget = PrivacyBudget(job.spec.dp_epsilon, job.spec.params.n_trees,
+                           job.spec.params.max_depth)
     return SplitChooser(budget.split_epsilon(),
                         gain_sensitivity(job.spec.dp_clip, job.params.reg_lambda), job.rng)
 
@@ -206,7 +207,8 @@ def send_tree(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     values = tree.leaf_values()
     if job.rng is not None:
         from workers.horizontal.privacy import PrivacyBudget, laplace_noise, leaf_sensitivity
-        budget = PrivacyBudget(job.spec.dp_epsilon, job.spec.n_trees, job.spec.max_depth)
+        budget = PrivacyBudget(job.spec.dp_epsilon, job.spec.params.n_trees,
+                               job.spec.params.max_depth)
         raw = tree.leaf_raw()
         ids = sorted(raw)
         weights = np.array([-raw[n][0] / (raw[n][1] + job.params.reg_lambda) for n in ids])

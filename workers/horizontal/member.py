@@ -122,7 +122,7 @@ def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
     check_protocol(ctx.party.policy, me, PROTOCOL)
     own = ctx.party.dataset_in(spec.parties)
     data = load_member_data(me, own)
-    _check_labels(me, own.path, spec.objective, data.y)
+    _check_labels(me, own.path, spec.params.objective, data.y)
     job = MemberJob(spec=spec, params=params_of(spec), data=data, data_file=own.path,
                     id_column=own.id_column,
                     digest=checkpoint.job_digest(spec, own.path, own.columns),

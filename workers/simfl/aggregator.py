@@ -63,9 +63,10 @@ def match_rows(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
         handles[m] = np.frombuffer(r.handles, "<u8")
         hashes[m] = np.frombuffer(r.hashes, "<i4").reshape(n, r.functions)
     rows = sum(h.size for h in handles.values())
-    base = float(base_score_of_mean(job.spec.objective,
+    base = float(base_score_of_mean(job.spec.params.objective,
                                     sum(r.label_sum for r in received) / rows)[0])
-    rng = np.random.default_rng([job.spec.seed, job.spec.lsh_seed])  # the paper's random ties
+    # the paper's random ties
+    rng = np.random.default_rng([job.spec.params.seed, job.spec.lsh_seed])
     for m in members:
         others = [o for o in members if o != m]
         similar = [handles[o][most_similar(hashes[m], hashes[o], rng)] for o in others]

@@ -60,8 +60,9 @@ def builder_of(spec: SimflSpec, tree: int) -> str:
 def noise_of(spec: SimflSpec) -> GradientNoise:
     """The job's gradient noise. The logistic loss's |g| < 1 is its own clip (C = 1, which the
     label guarantee needs: a flipped label then moves g by exactly 1 in every tree)."""
-    clip = 1.0 if spec.objective == "binary" else spec.gradient_clip
-    return GradientNoise(spec.noise_label, spec.noise_tree, clip, HESSIAN_BOUND[spec.objective])
+    clip = 1.0 if spec.params.objective == "binary" else spec.gradient_clip
+    return GradientNoise(spec.noise_label, spec.noise_tree, clip,
+                         HESSIAN_BOUND[spec.params.objective])
 
 
 @dataclass(slots=True)
@@ -139,17 +140,17 @@ def open_job(ctx: StepContext, body: OpenSimfl) -> tuple[MsgType, Any]:
                             f"member's minimum {MIN_NOISE}: refused")
     own = ctx.party.dataset_in(spec.parties)
     data = load_member_data(me, own)
-    if spec.objective == "binary":
+    if spec.params.objective == "binary":
         if not np.isin(data.y, (0.0, 1.0)).all():
             raise DataError(f"party {me}: file {own.path}: objective binary needs labels 0/1")
         if np.unique(data.y).size < 2:
             raise DataError(f"party {me}: file {own.path}: its labels hold one class only "
                             f"({int(data.y[0])}); every SimFL member needs both")
-    cuts = fit_cuts(data.x, spec.max_bin)
+    cuts = fit_cuts(data.x, spec.params.max_bin)
     ctx.state = SimflMember(spec=spec, params=params_of(spec), data=data, data_file=own.path,
                             id_column=own.id_column,
                             digest=checkpoint.job_digest(spec, own.path, own.columns),
-                            cuts=cuts, bins=apply_cuts(data.x, cuts, spec.max_bin))
+                            cuts=cuts, bins=apply_cuts(data.x, cuts, spec.params.max_bin))
     return MsgType.OPENED, Opened(rows=len(data.ids), checkpoints=checkpoint.available(
         ctx.model_dir, ctx.state.digest, checkpoint.key_of(ctx.party)))
 

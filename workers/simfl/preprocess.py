@@ -111,7 +111,7 @@ def _label_sum(ctx: StepContext, job: SimflMember, key: str) -> float:
     sums' per-tree scale (one label moves it by 1), drawn once per preprocessing from this
     member's key, clipped to [0, rows]. A regression's sum of targets is sent as it is."""
     total = float(job.y.sum())
-    if job.spec.objective != "binary":
+    if job.spec.params.objective != "binary":
         return total
     draw = standard_normal(derive_key(checkpoint.key_of(ctx.party), "simfl label sum v1", key), 1)
     return float(np.clip(total + job.spec.noise_tree * draw[0], 0.0, job.y.size))

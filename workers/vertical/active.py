@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -143,14 +143,13 @@ class ActiveTraining:
                      tuple(self.trees), features)
 
 
+checkpoint.register_state_types(ActiveTraining, SplitRecord)
+
+
 def params_of(open_job: OpenJob) -> BoostParams:
     """Boosting parameters from a job spec."""
-    s = open_job.spec
-    return BoostParams(n_trees=s.n_trees, max_depth=s.max_depth, learning_rate=s.learning_rate,
-                       max_bin=s.max_bin, objective=s.objective, reg_lambda=s.reg_lambda,  # type: ignore[arg-type]
-                       gamma=s.gamma, min_child_weight=s.min_child_weight,
-                       min_samples_leaf=s.min_samples_leaf, subsample=s.subsample, seed=s.seed,
-                       complete_secure=s.complete_secure)
+    spec = open_job.spec
+    return BoostParams(**asdict(spec.params), complete_secure=spec.complete_secure)
 
 
 def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:

@@ -110,6 +110,9 @@ class PassiveTraining:
     """The level whose histograms are being built (shards handed out, results arriving)."""
 
 
+checkpoint.register_state_types(PassiveTraining, LookupRecord)
+
+
 def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     """Load own features (no labels); refuse a packing of bin sums the policy does not allow."""
     if body.spec.pack_bin_sums == "key_holder":

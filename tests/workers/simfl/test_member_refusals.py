@@ -25,6 +25,7 @@ from messages.envelope import Envelope, MsgType
 from messages.signing import federation_sealers
 from messages.simfl import LshKey, OpenSimfl, Prepare, SimflSpec, SimilarGradients, SimilarRows
 from messages.transport import MemoryHub
+from messages.params import TreeParams
 from workers import checkpoint
 from workers.horizontal.masking import MaskKey, pair_secret
 from workers.policy import PartyPolicy
@@ -35,8 +36,8 @@ from workers.simfl.privacy import GRID
 DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "breast_homo_guest.csv"
 SEALERS = federation_sealers(["a", "b", "agg"])
 SPEC = SimflSpec([PartyInfo("a", "member"), PartyInfo("b", "member"),
-                  PartyInfo("agg", "aggregator")], 2, 3, 0.3, 32, "binary", 1.0, 0.0, 1.0, 1,
-                 1.0, 0, 0, 4.0, 7, 4.0, 8.0, 1.0)
+                  PartyInfo("agg", "aggregator")],
+                  TreeParams(n_trees=2, max_depth=3), 0, 4.0, 7, 4.0, 8.0, 1.0)
 KEY = "ab" * 32
 
 

@@ -1,4 +1,5 @@
-"""Coordinator link and the command/await helper shared by the protocol flows.
+"""The flows' client of the parties: the ``Coordinator`` that sends a step's command to
+parties and awaits their replies, and the helpers every protocol flow shares.
 
 Each task sends one command to one or more parties and waits for their small typed replies.
 The link to the transport is attached per job by whoever starts the flow (the CLI for the
