@@ -19,7 +19,7 @@ from fedboost.worker import policy_of
 from workers.policy import PartyPolicy
 from workers.embedded import start_workers, stop_workers
 from workers.lifeline import process_status
-from workers.runtime import PartySpec
+from workers.party import PartySpec
 
 T = TypeVar("T")
 FLOW_ENDPOINT = "flow"

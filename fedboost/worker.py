@@ -21,9 +21,10 @@ from messages.chunks import FrameSigner
 from messages.rabbitmq import RabbitTransport, redact
 from messages.signing import Sealer
 from workers.lifeline import die_with_parent
-from workers.protocols import PROTOCOLS
+from workers.party import DataSet, PartySpec
 from workers.policy import PartyPolicy
-from workers.runtime import DataSet, PartySpec, Worker
+from workers.protocols import PROTOCOLS
+from workers.runtime import Worker
 
 log = logging.getLogger("fedboost.worker")
 

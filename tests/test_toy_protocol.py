@@ -17,7 +17,7 @@ from messages.bodies import Ack
 from messages.envelope import MsgType
 from messages.kinds import EXTRA_PROTOCOLS_ENV, declare
 from tests.scenarios import DATA
-from workers.runtime import Protocol, RoleSteps
+from workers.handlers import Protocol, RoleSteps
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -49,7 +49,7 @@ from workers.data import PartyData
 from workers.state import JobState
 
 if TYPE_CHECKING:
-    from workers.runtime import PartySpec
+    from workers.party import PartySpec
 
 log = logging.getLogger("fedboost.worker")
 

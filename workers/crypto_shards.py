@@ -40,8 +40,8 @@ from messages.bodies import CryptoShard, CryptoUnit
 from messages.e2e import decrypt_body, encrypt_body
 from messages.envelope import MsgType
 from workers import NotReady, ProtocolError
+from workers.handlers import StepContext
 from workers.lifeline import die_with_parent
-from workers.runtime import StepContext
 from workers.shards import HELPER_GRACE, MAX_KEY_BYTES, MIN_HELPER_WAIT
 
 log = logging.getLogger("fedboost.worker")

@@ -17,8 +17,9 @@ from multiprocessing.process import BaseProcess
 from messages.signing import Sealer
 from messages.transport import MemoryHub, MemoryTransport
 from workers.lifeline import die_with_parent
+from workers.party import PartySpec
 from workers.protocols import PROTOCOLS
-from workers.runtime import PartySpec, Worker
+from workers.runtime import Worker
 
 
 def run_worker(party: PartySpec, transport: MemoryTransport, sealer: Sealer, log_level: int,

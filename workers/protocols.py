@@ -8,8 +8,8 @@ import importlib
 
 from messages.kinds import extra_protocols
 from workers.forest.steps import FOREST
+from workers.handlers import Protocol
 from workers.horizontal.steps import HORIZONTAL
-from workers.runtime import Protocol
 from workers.simfl.steps import SIMFL
 from workers.vertical.steps import VERTICAL
 

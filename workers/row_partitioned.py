@@ -14,7 +14,8 @@ from messages.bodies import Ack
 from messages.envelope import MsgType
 from workers import DataError, ProtocolError
 from workers.data import PartyData, load_party_data
-from workers.runtime import DataSet, StepContext
+from workers.handlers import StepContext
+from workers.party import DataSet
 
 
 def params_of(spec: Any) -> BoostParams:

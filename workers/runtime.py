@@ -12,6 +12,12 @@ Work messages (``WORK``) are shards of a step that the party's coordinating proc
 its own helper processes, and data those shards share; they need no job state. A shard's reply
 goes back to the party's inbox; a work handler that only keeps data returns None, no reply.
 A message is acknowledged to the transport only once its outcome (reply sent, or filed) is done.
+
+What a step sees and a protocol declares is ``workers.handlers``; the party's own settings are
+``workers.party``. This module stays near 480 lines on purpose: ``Worker.handle_bytes`` and the
+methods it calls are the order in which a message is checked (signature, addressee, work,
+replay, opener, session, job), and that order is the worker's security argument, read best in
+one place.
 """
 
 from __future__ import annotations
@@ -30,16 +36,18 @@ from boosting import BoostingError
 from crypto import CryptoError
 from messages import DecodeError, MessageError, UnknownMessageType
 from messages.bodies import ErrorReply
-from messages.envelope import (COMMANDS, OPENERS, PEER_MAIL, TRANSIENT, UNRECORDED, WORK,
-                               Envelope, MsgType)
+from messages.envelope import (COMMANDS, OPENERS, TRANSIENT, UNRECORDED, WORK, Envelope,
+                               MsgType)
 from messages.rejections import RejectionLog
 from messages.signing import CLOCK_SKEW_SECONDS, ForgedMessage, Sealer, claimed_signer, is_flow
 from messages.transport import Transport
 from workers import DataError, NotReady, ProtocolError
 from workers.answered import AnsweredRecord
 from workers.early_mail import EARLY_SECONDS, EarlyMail
+from workers.handlers import Handler, Protocol, RoleSteps, StepContext
 from workers.mailbox import Mailbox, mail_key
-from workers.policy import PartyPolicy, PolicyError
+from workers.party import PartySpec
+from workers.policy import PolicyError
 
 log = logging.getLogger("fedboost.worker")
 
@@ -51,185 +59,6 @@ SWITCH_INTERVAL = 0.0005
 sums ciphertexts on its main thread while a background thread (broker publisher, queue feeder)
 hands its helpers their shards; at the default, that thread waited for the GIL so often that
 handing out a 15 MB shard took 0.8 s instead of 0.18 s (measured on 2 cores)."""
-
-
-@dataclass(frozen=True, slots=True)
-class DataSet:
-    """One of a party's data files, as its worker file names it: never sent over the wire."""
-
-    path: str
-    id_column: str = "id"
-    label: str | None = None
-    columns: list[str] | None = None
-    """Feature columns to use (default: every column but the id and the label)."""
-    categorical: list[str] | None = None
-    """Feature columns of text this party encodes itself (``workers.data``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PartySpec:
-    """A worker's local configuration: never sent over the wire.
-
-    ``data``, ``id_column``, ``label`` and ``columns`` are the party's default data set (what a
-    job uses when it names none); ``datasets`` are the others, by name. ``role`` is the only
-    role the party takes in jobs ("" for any: each job says the party's role).
-    """
-
-    name: str
-    role: str
-    data: str
-    id_column: str
-    label: str | None
-    model_dir: str
-    columns: list[str] | None = None
-    """Feature columns to use (default: every column but the id and the label)."""
-    categorical: list[str] | None = None
-    """Feature columns of text this party encodes itself (``workers.data``)."""
-    processes: int = 1
-    """Worker processes of this party: one coordinates, the others take shards of its work
-    (a passive party's histograms, the active party's encryption and decryption)."""
-    crypto_processes: int = 0
-    """Local processes (cores) each of this party's processes encrypts and decrypts on
-    (0: one per core)."""
-    make_ahead: bool = True
-    """Make Paillier obfuscators ahead on idle CPU (``crypto.pool``), as the active party."""
-    policy: PartyPolicy = PartyPolicy()
-    """The party's own policy (minimum key size, protocols): no job overrides it."""
-    state_dir: str = ""
-    """A folder only this party's worker reads (0700): the key that authenticates its
-    checkpoints and its record of messages already answered. Default: ``.fedboost/<party>``
-    beside the job folders of ``model_dir``."""
-
-    datasets: dict[str, DataSet] = field(default_factory=dict)
-    """Named data sets a job may ask for (``dataset: NAME`` in the job file)."""
-
-    def dataset(self, name: str = "") -> DataSet:
-        """The data set a job names ("" or "default": the default one); a name this party does
-        not have is a ``DataError`` naming the party and the data set."""
-        if name in self.datasets:
-            return self.datasets[name]
-        if name in ("", "default") and self.data:
-            return DataSet(self.data, self.id_column, self.label, self.columns, self.categorical)
-        known = sorted(self.datasets) + (["default"] if self.data else [])
-        raise DataError(f"party {self.name} has no data set {name or 'default'!r} in its worker "
-                        f"file (it has: {', '.join(known) or 'none'})")
-
-    def dataset_in(self, parties: list[Any]) -> DataSet:
-        """The data set a job's list of parties (``PartyInfo``) names for this party."""
-        return self.dataset(next((p.dataset for p in parties if p.name == self.name), ""))
-
-    def model_folder(self, job: str) -> Path:
-        """Where job ``job``'s model part lives (``{job}`` in ``model_dir`` is the job id);
-        always inside the folder before ``{job}``, whatever the job is named."""
-        path = Path(self.model_dir.replace("{job}", job))
-        if "{job}" in self.model_dir:
-            root = Path(self.model_dir.split("{job}", 1)[0]).resolve()
-            if root not in path.resolve().parents:
-                raise ProtocolError(f"{self.name}: job {job!r} would put its model folder "
-                                    f"outside {root}: refused")
-        return path
-
-    def private_dir(self) -> Path:
-        """The party's private folder, created 0700 if missing."""
-        if self.state_dir:
-            path = Path(self.state_dir)
-        elif "{job}" in self.model_dir:
-            path = Path(self.model_dir.split("{job}", 1)[0]) / ".fedboost" / self.name
-        else:
-            path = Path(self.model_dir) / ".fedboost"
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path.chmod(0o700)
-        return path
-
-
-@dataclass(slots=True)
-class StepContext:
-    """What a handler may use: its party, its job's state and mailbox, and a way to send."""
-
-    party: PartySpec
-    job: str
-    task: str
-    state: Any
-    mailbox: Mailbox
-    _send: Callable[[str, MsgType, Any, str], None]
-    _transport: Transport
-    _sealer: Sealer
-
-    def send(self, recipient: str, kind: MsgType, body: Any) -> None:
-        """Send a peer message for this job."""
-        self._send(recipient, kind, body, self.task)
-
-    def submit_work(self, kind: MsgType, body: Any, *, before_ack: bool = True) -> None:
-        """Hand a shard of this step to the party's helper processes (``before_ack=False``:
-        data they can do without, which the message that led to it need not wait for)."""
-        env = Envelope(job=self.job, task=self.task, sender=self.party.name,
-                       recipient=self.party.name, kind=kind, body=body)
-        self._transport.submit_work(self._sealer.seal(env), before_ack=before_ack)
-
-    def own_key(self, purpose: bytes) -> bytes:
-        """A key only this party's processes can derive (``messages.e2e.own_key``)."""
-        return self._sealer.own_key(purpose)
-
-    def helpers(self) -> int:
-        """How many helper processes of this party take shards now."""
-        return self._transport.helpers()
-
-    def open_claims(self, count: int) -> str:
-        """A pool of ``count`` units for this party's processes to claim (Transport)."""
-        return self._transport.open_claims(count)
-
-    def claim(self, pool: str) -> int | None:
-        """The next unit of ``pool`` nobody has claimed, or None."""
-        return self._transport.claim(pool)
-
-    def close_claims(self, pool: str) -> None:
-        self._transport.close_claims(pool)
-
-    @property
-    def model_dir(self) -> Path:
-        """Where this job's model part lives (``PartySpec.model_folder``)."""
-        return self.party.model_folder(self.job)
-
-
-Handler = Callable[[StepContext, Any], tuple[MsgType, Any] | None]
-"""A step: its reply (kind, body). Only work steps may return None (nothing to answer)."""
-Arrival = Callable[[StepContext, str, Any], None]
-"""Runs with (sender, body) when a peer message of its kind is filed, before waiting steps are
-retried."""
-
-
-@dataclass(frozen=True, slots=True)
-class RoleSteps:
-    """What one role of a protocol does: the steps it answers and what it does as peer
-    messages arrive."""
-
-    handlers: dict[MsgType, Handler]
-    arrivals: dict[MsgType, Arrival] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Protocol:
-    """A protocol's steps per role, and the work shards its helper processes take. A worker
-    serves jobs of every protocol it is given; each job's opener names its protocol and every
-    party's role in it."""
-
-    name: str
-    roles: dict[str, RoleSteps]
-    work: dict[MsgType, Handler] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        # a step must answer a declared command: anything else would be filed as peer mail
-        # (or work) and the step never run (messages.kinds.declare)
-        for role, steps in self.roles.items():
-            for kind in steps.handlers:
-                if kind not in COMMANDS:
-                    raise ValueError(f"{self.name} {role}: {kind!r} is not declared a command")
-            for kind in steps.arrivals:
-                if kind not in PEER_MAIL:
-                    raise ValueError(f"{self.name} {role}: {kind!r} is not declared peer mail")
-        for kind in self.work:
-            if kind not in WORK:
-                raise ValueError(f"{self.name}: {kind!r} is not declared work")
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ from fedboost.cli import main
 from flows.config import ConfigError, job_schemas, load_config
 from tests.scenarios import CONFIGS, DATA, REPO, horizontal_job
 from workers import DataError
-from workers.runtime import DataSet, PartySpec
+from workers.party import DataSet, PartySpec
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -11,8 +11,8 @@ from messages.bodies import Ack, Metric, Opened, Step, TreeFinished
 from messages.envelope import MsgType
 from tests.toy_protocol.messages import NAME, GradientSum, Leaf, OpenToy, ToySpec
 from workers import ProtocolError
+from workers.handlers import Protocol, RoleSteps, StepContext
 from workers.policy import check_protocol
-from workers.runtime import Protocol, RoleSteps, StepContext
 
 
 @dataclass(slots=True)

@@ -17,12 +17,14 @@ from messages.names import is_job_name
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
 from messages.params import TreeParams
-from workers import ProtocolError, checkpoint
-from workers.embedded import start_workers, stop_workers
 from tests.scenarios import TEST_POLICY
-from workers.runtime import Mailbox, PartySpec, StepContext
 from tests.scenarios import DATA
 from tests.workers.test_checkpoint import old_pickled_checkpoint
+from workers import ProtocolError, checkpoint
+from workers.embedded import start_workers, stop_workers
+from workers.handlers import StepContext
+from workers.mailbox import Mailbox
+from workers.party import PartySpec
 
 HOST_DATA = DATA / "breast_hetero_host.csv"
 SPEC = JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")],

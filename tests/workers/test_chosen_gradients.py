@@ -25,16 +25,17 @@ from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_
                              ciphertexts_to_bytes, generate_keypair)
 from messages.bodies import (EncryptedGradients, EncryptedHistograms, ErrorReply, JobSpec,
                              OpenJob, Step, TreeStart)
-from messages.envelope import Envelope, MsgType
-from messages.instance_space import decode_mask, encode_mask
 from fedboost.worker import policy_of
 from flows.config import PolicyConfig
+from messages.envelope import Envelope, MsgType
+from messages.instance_space import decode_mask, encode_mask
 from messages.transport import MemoryHub
 from tests.scenarios import DATA, TEST_POLICY
 from tests.workers.test_tree_start import ROWS, SEALERS, SPEC
+from workers.party import PartySpec
 from workers.policy import PartyPolicy
 from workers.protocols import PROTOCOLS
-from workers.runtime import PartySpec, Worker
+from workers.runtime import Worker
 
 FEATURES, N_BINS = 3, 33
 CELL_BITS = GradientPacker(value_bits(ROWS), ROWS).cell_bits

@@ -17,10 +17,12 @@ from messages.transport import MemoryHub
 from workers import ProtocolError
 from workers.crypto_shards import (SharedCrypto, forget_job, from_bytes, hand_out, open_key,
                                    seal_key, take_units, to_bytes)
-from workers.mailbox import Mailbox
-from workers.protocols import PROTOCOLS
-from workers.runtime import PartySpec, StepContext, Worker
 from tests.scenarios import TEST_POLICY
+from workers.handlers import StepContext
+from workers.mailbox import Mailbox
+from workers.party import PartySpec
+from workers.protocols import PROTOCOLS
+from workers.runtime import Worker
 
 SEALERS = federation_sealers(["guest", "host"])
 PUBLIC, PRIVATE = generate_keypair(1024)

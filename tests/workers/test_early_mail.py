@@ -17,8 +17,9 @@ from messages.transport import MemoryHub
 from messages.params import TreeParams
 from tests.scenarios import DATA, TEST_POLICY
 from workers.early_mail import EarlyMail
+from workers.party import PartySpec
 from workers.protocols import PROTOCOLS
-from workers.runtime import PartySpec, Worker
+from workers.runtime import Worker
 from workers.vertical.alignment import STAGE_ACTIVE_IDS
 
 SEALERS = federation_sealers(["guest", "host", "other"])

@@ -33,9 +33,10 @@ from messages.signing import federation_sealers
 from tests.messages.test_codec import SAMPLES
 from tests.scenarios import CONFIGS, DATA
 from workers.mailbox import mail_key
+from workers.party import PartySpec
 from workers.policy import PartyPolicy
 from workers.protocols import PROTOCOLS
-from workers.runtime import PartySpec, Worker
+from workers.runtime import Worker
 from workers.vertical.alignment import STAGE_ACTIVE_IDS
 
 LARGE = 20_000

@@ -21,8 +21,9 @@ from messages.signing import federation_sealers, signer_of
 from messages.transport import MemoryHub
 from messages.params import TreeParams
 from tests.scenarios import DATA, TEST_POLICY
+from workers.party import PartySpec
 from workers.protocols import PROTOCOLS
-from workers.runtime import MAX_PENDING, PartySpec, Worker
+from workers.runtime import MAX_PENDING, Worker
 
 _SMALL_INT = st.integers(-3, 40) | st.integers(-2**63, 2**63 - 1)
 

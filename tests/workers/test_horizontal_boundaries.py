@@ -37,9 +37,10 @@ from workers.horizontal.grid import GridRounds, count_columns
 from workers.horizontal.masking import (MaskKey, MaskRound, mask_vector, open_seal_share,
                                         pair_secret, round_seal_key, seal_share, seal_vector,
                                         unmask_sum, unseal_sum)
+from workers.party import PartySpec
 from workers.policy import PartyPolicy
 from workers.protocols import PROTOCOLS
-from workers.runtime import PartySpec, Worker
+from workers.runtime import Worker
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "breast_homo_guest.csv"
 MEMBERS = ["a", "b", "c"]

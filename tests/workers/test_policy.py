@@ -20,9 +20,10 @@ from messages.transport import MemoryHub
 from messages.params import TreeParams
 from tests.scenarios import DATA, TEST_POLICY
 from workers.embedded import start_workers, stop_workers
+from workers.party import PartySpec
 from workers.policy import MIN_KEY_BITS, PartyPolicy
 from workers.protocols import PROTOCOLS
-from workers.runtime import PartySpec, Worker
+from workers.runtime import Worker
 
 SEALERS = federation_sealers(["guest", "host"])
 SPEC = JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")],

@@ -22,10 +22,11 @@ from messages.envelope import Envelope, MsgType
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
 from tests.scenarios import DATA
-from workers.vertical.passive import LookupRecord, lookup_to_dict
+from workers.party import PartySpec
 from workers.policy import PartyPolicy
 from workers.protocols import PROTOCOLS
-from workers.runtime import PartySpec, Worker
+from workers.runtime import Worker
+from workers.vertical.passive import LookupRecord, lookup_to_dict
 
 SEALERS = federation_sealers(["guest", "host"])
 PARTIES = [PartyInfo("guest", "active"), PartyInfo("host", "passive")]

@@ -13,13 +13,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from messages import MessageError
 from messages.bodies import Ack, ErrorReply, JobSpec, OpenJob, PartyInfo, PsiPoints, Step
 from messages.envelope import Envelope, MsgType, encode_envelope
+from messages.params import TreeParams
 from messages.signing import Sealer, _signed_bytes, federation_sealers
 from messages.transport import MemoryHub
-from messages.params import TreeParams
-from workers.mailbox import SENDER_MAIL
-from workers.protocols import PROTOCOLS
-from workers.runtime import PartySpec, Worker
 from tests.scenarios import DATA, TEST_POLICY
+from workers.mailbox import SENDER_MAIL
+from workers.party import PartySpec
+from workers.protocols import PROTOCOLS
+from workers.runtime import Worker
 
 
 def _spec(data: Path) -> JobSpec:

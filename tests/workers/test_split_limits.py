@@ -23,8 +23,8 @@ from messages.transport import MemoryHub
 from tests.scenarios import TEST_POLICY
 from tests.workers.test_chosen_gradients import Host, _chosen_gradients
 from tests.workers.test_tree_start import ROWS, SEALERS, SPEC, _gradients, _host
-from workers.vertical.passive import PassiveTraining
 from workers.runtime import Worker
+from workers.vertical.passive import PassiveTraining
 
 
 @pytest.fixture(scope="module")

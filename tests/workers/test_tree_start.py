@@ -22,9 +22,10 @@ from messages.transport import MemoryHub
 from messages.params import TreeParams
 from tests.scenarios import DATA, TEST_POLICY
 from workers import shards
-from workers.vertical.passive import PassiveTraining
+from workers.party import PartySpec
 from workers.protocols import PROTOCOLS
-from workers.runtime import PartySpec, Worker
+from workers.runtime import Worker
+from workers.vertical.passive import PassiveTraining
 
 SEALERS = federation_sealers(["guest", "host"])
 ROWS = 40

@@ -45,10 +45,10 @@ from workers.data import save_categories
 from workers.forest import trees as kept
 from workers.forest.splits import (Decryption, FeatureOption, choose_split, own_options,
                                    passive_options)
-from workers.runtime import StepContext
+from workers.handlers import StepContext
 from workers.state import JobState
-from workers.vertical.opening import bin_active_rows, open_active
 from workers.vertical.alignment import send_public_key
+from workers.vertical.opening import bin_active_rows, open_active
 
 log = logging.getLogger("fedboost.worker")
 

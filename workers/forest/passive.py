@@ -36,12 +36,12 @@ from workers import ProtocolError, StageError, checkpoint
 from workers.data import save_categories
 from workers.forest import trees as kept
 from workers.forest.active import PROTOCOL, REGRESSION_BITS
+from workers.handlers import StepContext
 from workers.policy import check_key_bits
-from workers.runtime import StepContext
 from workers.shards import _node_histogram
 from workers.state import JobState
-from workers.vertical.opening import bin_training_rows, open_passive
 from workers.vertical.alignment import receive_alignment
+from workers.vertical.opening import bin_training_rows, open_passive
 from workers.vertical.passive import (LookupRecord, lookup_to_dict, record_from_dict,
                                       record_to_dict)
 

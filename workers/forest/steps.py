@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from messages.envelope import MsgType
 from workers.forest import active, passive
-from workers.runtime import Handler, Protocol, RoleSteps
+from workers.handlers import Handler, Protocol, RoleSteps
 from workers.vertical import alignment, paths, scoring, serving
 
 ACTIVE_HANDLERS: dict[MsgType, Handler] = {

@@ -31,9 +31,9 @@ from workers.horizontal.masking import unmask_sum, unseal_sum
 from workers.horizontal.member import (PROTOCOL, STATE_FORMAT, _take_current, aggregator_of,
                                        load_checkpoint, members_of, params_of,
                                        require_current)
+from workers.handlers import StepContext
 from workers.horizontal.tree import SplitChooser, SummedTree
 from workers.policy import check_protocol
-from workers.runtime import StepContext
 
 @dataclass(slots=True)
 class AggregatorJob:

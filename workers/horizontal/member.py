@@ -38,9 +38,9 @@ from workers.horizontal.grid import Layout
 from workers.horizontal.masking import (SEAL_BYTES, MaskKey, MaskRound, mask_vector,
                                         open_seal_share, pair_secret, round_seal_key,
                                         seal_share, seal_vector)
+from workers.handlers import StepContext
 from workers.horizontal.tree import OWNER, MemberTree, assemble
 from workers.policy import check_protocol
-from workers.runtime import StepContext
 from workers.row_partitioned import (aggregator_of, load_member_data, members_of, params_of,
                                      save_member_model)
 

@@ -31,7 +31,7 @@ from workers.horizontal.masking import unmask_sum
 from workers.horizontal.member import (STATS_SCALE, MemberJob, announce_key,
                                        checkpoint_state as save_member, members_of, pair_secrets,
                                        send_masked)
-from workers.runtime import StepContext
+from workers.handlers import StepContext
 
 MAX_FEATURES = 100_000
 MAX_ROWS = 2**42

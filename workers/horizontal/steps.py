@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from messages.envelope import MsgType
+from workers.handlers import Protocol, RoleSteps
 from workers.horizontal import aggregator, member, setup
-from workers.runtime import Protocol, RoleSteps
 
 MEMBER = RoleSteps({
     MsgType.H_OPEN_JOB: member.open_job,

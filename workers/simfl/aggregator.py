@@ -16,10 +16,10 @@ from messages.bodies import Ack, Opened, Step
 from messages.envelope import MsgType
 from messages.simfl import OpenSimfl, RowHashes, SimilarRows, SimflSpec
 from workers import ProtocolError
+from workers.handlers import StepContext
 from workers.policy import check_protocol
-from workers.runtime import StepContext
-from workers.simfl.lsh import most_similar
 from workers.row_partitioned import aggregator_of, members_of
+from workers.simfl.lsh import most_similar
 from workers.simfl.member import MAX_ROWS, PROTOCOL
 
 MAX_FUNCTIONS = 1000

@@ -33,10 +33,10 @@ from messages.envelope import MsgType
 from messages.simfl import OpenSimfl, SharedTree, SimilarGradients, SimflSpec, WireNode
 from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.data import PartyData
+from workers.handlers import StepContext
 from workers.horizontal.masking import MaskKey
 from workers.horizontal.tree import OWNER
 from workers.policy import check_protocol
-from workers.runtime import StepContext
 from workers.row_partitioned import load_member_data, members_of, params_of, save_member_model
 from workers.simfl.privacy import HESSIAN_BOUND, GradientNoise, denoise
 

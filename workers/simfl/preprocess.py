@@ -30,9 +30,9 @@ from messages.e2e import decrypt_body, encrypt_body
 from messages.envelope import MsgType
 from messages.simfl import LshKey, LshSecret, MemberKey, Prepare, RowHashes, SimflSpec, SimilarRows
 from workers import DataError, ProtocolError, StageError, checkpoint
+from workers.handlers import StepContext
 from workers.horizontal.masking import MaskKey, pair_secret
 from workers.row_partitioned import aggregator_of, members_of
-from workers.runtime import StepContext
 from workers.simfl.lsh import DEFAULT_R, LshFunctions, default_functions
 from workers.simfl.member import MAX_ROWS, SimflMember
 from workers.simfl.privacy import derive_key, standard_normal

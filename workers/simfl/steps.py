@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from messages.envelope import MsgType
-from workers.runtime import Protocol, RoleSteps
+from workers.handlers import Protocol, RoleSteps
 from workers.simfl import aggregator, member, preprocess
 
 MEMBER = RoleSteps({

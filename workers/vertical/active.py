@@ -37,13 +37,13 @@ from messages.instance_space import decode_mask, encode_mask
 from workers import ProtocolError, StageError, checkpoint
 from workers.crypto_shards import (DECRYPT_UNIT, SharedCrypto, encrypt_claimed, from_bytes,
                                    hand_out, seal_key, take_units, to_bytes, wait_for_helpers)
-from workers.vertical.opening import bin_active_rows, open_active
+from workers.data import save_categories
+from workers.handlers import StepContext
+from workers.lifeline import die_with_parent
+from workers.state import JobState
 from workers.vertical.alignment import send_public_key
 from workers.vertical.explain import SplitRecord, leaf_purity, tree_splits, write_splits
-from workers.data import save_categories
-from workers.lifeline import die_with_parent
-from workers.runtime import StepContext
-from workers.state import JobState
+from workers.vertical.opening import bin_active_rows, open_active
 
 PROTOCOL = "vertical_secureboost"
 """The protocol whose steps this module and workers.vertical.passive answer (checked against policies)."""

@@ -24,8 +24,8 @@ from messages.bodies import Ack, Aligned, AlignedRows, PsiPoints, PublicKeyMsg, 
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, ProtocolError
+from workers.handlers import StepContext
 from workers.lifeline import die_with_parent
-from workers.runtime import StepContext
 from workers.state import JobState
 
 STAGE_PASSIVE_IDS = 1

@@ -12,8 +12,8 @@ from boosting.binning import apply_cuts, fit_cuts
 from boosting.losses import check_labels
 from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.data import load_party_data
+from workers.handlers import StepContext
 from workers.policy import check_job
-from workers.runtime import StepContext
 from workers.state import JobState
 
 

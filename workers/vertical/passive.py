@@ -32,12 +32,12 @@ from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradient
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import NotReady, ProtocolError, StageError, checkpoint
-from workers.vertical.active import PROTOCOL, params_of
-from workers.vertical.opening import bin_training_rows, open_passive
-from workers.vertical.alignment import receive_alignment
 from workers.data import save_categories
+from workers.handlers import StepContext
 from workers.policy import check_bin_sum_packer, check_key_bits
-from workers.runtime import StepContext
+from workers.vertical.active import PROTOCOL, params_of
+from workers.vertical.alignment import receive_alignment
+from workers.vertical.opening import bin_training_rows, open_passive
 from workers.shards import (LevelData, LevelWork, hold_tree_chunk, shard_data, shard_result,
                             sum_claimed)
 from workers.state import JobState

@@ -28,11 +28,11 @@ from boosting.tree import Model, Tree, node_values
 from messages.bodies import Ack, DecisionRequest, PathDecisions, Step
 from messages.envelope import MsgType
 from workers import ProtocolError, StageError
-from workers.vertical.alignment import receive_alignment
-from workers.runtime import StepContext
+from workers.handlers import StepContext
 from workers.vertical.active import ActiveTraining
-from workers.vertical.passive import LookupRecord
+from workers.vertical.alignment import receive_alignment
 from workers.vertical.explain import keeps_stages
+from workers.vertical.passive import LookupRecord
 from workers.vertical.scoring import (lookup_records, model_of, score_x, store_margin,
                                       store_staged)
 from workers.state import JobState

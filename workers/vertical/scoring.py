@@ -29,13 +29,14 @@ from messages.bodies import Ack, Decisions, Metric, OpenPrediction, Step, TreeFi
 from messages.envelope import MsgType
 from messages.names import JOB_NAME_RULE, is_job_name
 from workers import DataError, ProtocolError, StageError
+from workers.data import PartyData, load_categories, load_party_data
+from workers.handlers import StepContext
+from workers.party import DataSet
+from workers.policy import PolicyError
+from workers.state import JobState
 from workers.vertical.active import ActiveTraining
 from workers.vertical.alignment import receive_alignment
-from workers.data import PartyData, load_categories, load_party_data
 from workers.vertical.passive import LookupRecord, lookup_from_dict
-from workers.policy import PolicyError
-from workers.runtime import DataSet, StepContext
-from workers.state import JobState
 
 
 SCORES_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")

@@ -31,8 +31,8 @@ from messages.bodies import (MAX_SCORING_ROWS, Ack, FindRows, OpenScoring, Round
 from messages.envelope import MsgType
 from workers import DataError, ProtocolError, StageError
 from workers.data import PartyData
+from workers.handlers import StepContext
 from workers.policy import PolicyError
-from workers.runtime import StepContext
 from workers.state import JobState
 from workers.vertical.passive import lookup_from_dict
 from workers.vertical.scoring import LookupArrays, decision_bits, model_folder, rows_to_score

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from messages.envelope import MsgType
 from workers import crypto_shards
+from workers.handlers import Arrival, Handler, Protocol, RoleSteps
 from workers.vertical import active, alignment, passive, paths, scoring, serving
-from workers.runtime import Arrival, Handler, Protocol, RoleSteps
 
 
 ACTIVE_HANDLERS: dict[MsgType, Handler] = {

@@ -28,9 +28,10 @@ from messages.transport import MemoryHub
 from messages.params import TreeParams
 from workers import checkpoint
 from workers.horizontal.masking import MaskKey, pair_secret
+from workers.party import PartySpec
 from workers.policy import PartyPolicy
 from workers.protocols import PROTOCOLS
-from workers.runtime import PartySpec, Worker
+from workers.runtime import Worker
 from workers.simfl.privacy import GRID
 
 DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "breast_homo_guest.csv"
