@@ -33,7 +33,7 @@ import yaml
 from benchmarks.rabbitmq import _job, start_workers, stop_workers
 from benchmarks.train import step_seconds
 from fedboost import _prefect_env
-from messages.rabbitmq import delete_party_queues
+from messages.rabbit_queues import delete_party_queues
 
 
 def _run(url: str, bits: int, trees: int, guest_processes: int, work: Path,

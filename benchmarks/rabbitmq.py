@@ -28,7 +28,7 @@ import yaml
 
 from benchmarks.train import step_seconds
 from fedboost import _prefect_env
-from messages.rabbitmq import delete_party_queues
+from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
 
 REPO = Path(__file__).resolve().parents[1]

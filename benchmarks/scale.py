@@ -39,7 +39,7 @@ import yaml
 from benchmarks.rabbitmq import start_workers, stop_workers
 from benchmarks.train import JOB_STEPS, TREE_STEPS, step_seconds
 from fedboost import _prefect_env
-from messages.rabbitmq import delete_party_queues
+from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
 
 log = logging.getLogger("benchmarks.scale")

@@ -49,7 +49,7 @@ import yaml
 
 from benchmarks.serving_load import (BATCH, Clients, Sample, batches, make_keys, make_tls,
                                      single_rows, summary)
-from messages.rabbitmq import delete_party_queues
+from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
 
 REPO = Path(__file__).resolve().parents[1]

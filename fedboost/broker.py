@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from flows.config import ConfigError, read_password_file
-from messages.rabbitmq import INBOX_ARGUMENTS, queue_of, work_queue_of
+from messages.rabbit_queues import INBOX_ARGUMENTS, queue_of, work_queue_of
 
 FLOW_USER = "fedboost-flow"
 PUBLISH_ONLY = "^amq\\.default$"

@@ -289,7 +289,7 @@ def _worker(args: argparse.Namespace) -> int:
     from fedboost.worker import run_workers
     from flows.config import load_worker_config
     from messages import MessageError
-    from messages.rabbitmq import holds_password
+    from messages.broker_url import holds_password
     from messages.signing import Sealer
     from messages.tls import ssl_options_for
 

@@ -17,8 +17,9 @@ from multiprocessing.process import BaseProcess
 
 from flows.config import PolicyConfig, WorkerConfig
 from messages import TransportError
+from messages.broker_url import redact
 from messages.chunks import FrameSigner
-from messages.rabbitmq import RabbitTransport, redact
+from messages.rabbitmq import RabbitTransport
 from messages.signing import Sealer
 from workers.lifeline import die_with_parent
 from workers.party import DataSet, PartySpec

@@ -18,9 +18,9 @@ import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
                       ValidationInfo, create_model, field_validator, model_validator)
 
+from messages.broker_url import holds_password, with_password, without_password
 from messages.names import JOB_NAME_RULE, is_job_name
 from messages.params import TreeParams
-from messages.rabbitmq import holds_password, with_password, without_password
 from messages.tls import TlsOptions
 
 

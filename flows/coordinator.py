@@ -31,7 +31,8 @@ from flows.progress import (PartiesSilent, has_listener, step_progress, step_tex
                             tree_done)
 from messages.envelope import Envelope, MsgType
 from messages.chunks import FrameSigner
-from messages.rabbitmq import RabbitTransport, holds_password
+from messages.broker_url import holds_password
+from messages.rabbitmq import RabbitTransport
 from messages.signing import FLOW_IDENTITY, Sealer
 from messages.transport import Transport
 

@@ -1,5 +1,5 @@
-"""Chunk frames of large messages: the signed manifest every frame carries, and reassembly that
-no broker user can jam.
+"""Chunk frames of large messages: the frames a message is cut into, the signed manifest every
+frame carries, and reassembly that no broker user can jam.
 
 A message above ``chunk_bytes`` travels as ``count`` frames under one message id, each naming
 its index, the count and the whole payload's SHA-256. Every frame also carries the same signed
@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+import pika
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -50,6 +53,24 @@ _REFUSED_IDS = 10_000
 
 Tag = tuple[int, int]
 """A delivery: (connection generation, delivery tag)."""
+
+
+def chunk_messages(queue: str, data: bytes, step: int, digest: str | None = None, *,
+                   persistent: bool = True) -> list[tuple[str, bytes, Any]]:
+    """``data`` as messages to ``queue`` of at most ``step`` bytes, under one message id; when
+    there are several (or a ``digest`` is given) each names its index, their count and the whole
+    payload's SHA-256. Persistent ones survive a broker restart; transient ones are never
+    written to its disk."""
+    message_id = uuid.uuid4().hex
+    count = max(1, math.ceil(len(data) / step))
+    if count > 1 and digest is None:
+        digest = hashlib.sha256(data).hexdigest()
+    mode = pika.DeliveryMode.Persistent if persistent else pika.DeliveryMode.Transient
+    return [(queue, data[k * step:(k + 1) * step], pika.BasicProperties(
+        delivery_mode=mode, message_id=message_id,
+        headers=None if digest is None else {"fb-index": k, "fb-count": count,
+                                             "fb-sha256": digest}))
+        for k in range(count)]
 
 
 class ForgedFrame(DecodeError):

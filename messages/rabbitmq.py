@@ -1,19 +1,7 @@
 """RabbitMQ transport (pika): the same ``Transport`` interface over a broker.
 
-Topology (no exchange of our own: the default exchange routes by queue name, so nobody needs
-the right to create bindings, which would let a party bind another party's traffic):
-
-- ``fedboost.<party>``: the party's inbox (durable, single active consumer). Every process of
-  the party subscribes; the broker lets exactly one consume, so a standby takes over if it dies.
-- ``fedboost.<party>.work``: the party's own work queue (durable, competing consumers): a
-  level's histogram data, one shard per helper process. A shard larger than a chunk waits in
-  its own ``fedboost.<party>.work.<id>`` queue and the work queue carries a ticket naming it:
-  chunks on a shared queue would be dealt to different helpers. Shards are published by a
-  thread of their own (``messages._work_publisher``), so the coordinating process sums meanwhile.
-- ``fedboost.<party>.work.<id>.units``: a claim pool, one token per unit of a level's work
-  (a feature); each of the party's processes takes tokens one at a time, so each unit goes to
-  exactly one process and faster processes take more.
-- ``fedboost.flow.<id>``: a flow run's reply queue (durable, expires a day after last use).
+Queues (``messages.rabbit_queues``): a party's inbox, its work queue and claim pools
+(``messages.rabbit_work``), a flow run's reply queue.
 
 Delivery: messages are persistent and published with confirms, to a queue that must exist
 (``mandatory``), so a send either reached the broker's disk or raises. A received message is
@@ -28,15 +16,10 @@ re-established with exponential backoff for up to ``reconnect_seconds``.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import math
 import time
-import uuid
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
 
 import pika
 import pika.exceptions as px
@@ -44,24 +27,21 @@ import pika.exceptions as px
 from messages import TransportError
 from messages._pika import CONNECTION_ERRORS as _CONNECTION_ERRORS
 from messages._pika import close_channel_quietly, close_quietly, why_unreachable
-from messages._work_publisher import Publication, WorkPublisher
+from messages._work_publisher import WorkPublisher
+from messages.broker_url import host_of, redact
 from messages.chunks import (DEFAULT_MAX_PARTIALS, DEFAULT_PARTIAL_SECONDS, ORDINARY_ROOM,
-                             FrameSigner, Manifest, Reassembly)
+                             FrameSigner, Manifest, Reassembly, chunk_messages)
+from messages.rabbit_queues import FLOW_QUEUE_ARGUMENTS, INBOX_ARGUMENTS, queue_of, work_queue_of
+from messages.rabbit_work import Delivery, PartyWork
 from messages.tls import TlsOptions, certificate_problem, ssl_options_for
 
 log = logging.getLogger("fedboost.transport")
 
-QUEUE_PREFIX = "fedboost."
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
 """Below RabbitMQ 4's default 16 MiB ``max_message_size``."""
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 MAX_PREFETCH = 65_535
 """RabbitMQ's limit on unacknowledged deliveries per consumer."""
-INBOX_ARGUMENTS = {"x-single-active-consumer": True}
-WORK_CHUNK_BYTES = 2 * 1024 * 1024
-"""Chunks of a shard's data: small, so a helper pulls one while the next is published."""
-DATA_QUEUE_ARGUMENTS = {"x-expires": 24 * 3600 * 1000}
-FLOW_QUEUE_ARGUMENTS = {"x-expires": 24 * 3600 * 1000}
 _COMPLETED_IDS = 100_000
 
 
@@ -70,110 +50,7 @@ def _nothing() -> None:
     the wait."""
 
 
-def queue_of(participant: str) -> str:
-    """The inbox queue of a party (``host``) or of a flow run (``flow.<id>``)."""
-    return QUEUE_PREFIX + participant
-
-
-def work_queue_of(party: str) -> str:
-    """A party's own work queue (histogram shards for its helper processes)."""
-    return QUEUE_PREFIX + party + ".work"
-
-
-def delete_party_queues(url: str, parties: list[str], tls: TlsOptions | None = None) -> None:
-    """Remove parties' inbox and work queues (tests and benchmarks that made their own)."""
-    params = pika.URLParameters(url)
-    params.ssl_options = ssl_options_for("cleanup", url, tls)
-    connection = pika.BlockingConnection(params)
-    try:
-        channel = connection.channel()
-        for party in parties:
-            channel.queue_delete(queue_of(party))
-            channel.queue_delete(work_queue_of(party))
-    finally:
-        connection.close()
-
-
-def _host_of(url: str) -> str:
-    """'host:port' of an AMQP URL (default ports filled in), for messages."""
-    parts = urlsplit(url)
-    port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
-    return f"{parts.hostname or 'localhost'}:{port}"
-
-
-def holds_password(url: str | None) -> bool:
-    """True if ``url`` carries a password (which must then be kept out of files and logs)."""
-    return url is not None and urlsplit(url).password is not None
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for logs and errors."""
-    return _with_userinfo(url, "***") if holds_password(url) else url
-
-
-def without_password(url: str) -> str:
-    """The URL with its user but no password: what may be written to files and Prefect."""
-    return _with_userinfo(url, None)
-
-
-def with_password(url: str, password: str) -> str:
-    """The URL with ``password`` (e.g. read from a password file) for its user."""
-    return _with_userinfo(url, quote(password, safe=""))
-
-
-def _with_userinfo(url: str, password: str | None) -> str:
-    parts = urlsplit(url)
-    userinfo, at, hostport = parts.netloc.rpartition("@")
-    if not at:
-        return url
-    user = userinfo.partition(":")[0]
-    netloc = f"{user}@{hostport}" if password is None else f"{user}:{password}@{hostport}"
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def chunk_messages(queue: str, data: bytes, step: int, digest: str | None = None, *,
-                   persistent: bool = True) -> list[tuple[str, bytes, Any]]:
-    """``data`` as messages to ``queue`` of at most ``step`` bytes, under one message id; when
-    there are several (or a ``digest`` is given) each names its index, their count and the whole
-    payload's SHA-256. Persistent ones survive a broker restart; transient ones are never
-    written to its disk."""
-    message_id = uuid.uuid4().hex
-    count = max(1, math.ceil(len(data) / step))
-    if count > 1 and digest is None:
-        digest = hashlib.sha256(data).hexdigest()
-    mode = pika.DeliveryMode.Persistent if persistent else pika.DeliveryMode.Transient
-    return [(queue, data[k * step:(k + 1) * step], pika.BasicProperties(
-        delivery_mode=mode, message_id=message_id,
-        headers=None if digest is None else {"fb-index": k, "fb-count": count,
-                                             "fb-sha256": digest}))
-        for k in range(count)]
-
-
-@dataclass(slots=True)
-class _Delivery:
-    """A whole message ready to hand over (or a work ticket whose data is still queued)."""
-
-    queue: str
-    data: bytes
-    tags: list[tuple[int, int]]
-    message_id: str
-    data_queue: str | None = None
-    data_count: int = 0
-    data_digest: str = ""
-
-
-@dataclass(slots=True)
-class _Partial:
-    """Chunks of one message received so far."""
-
-    count: int
-    digest: str
-    chunks: dict[int, bytes] = field(default_factory=dict)
-    tags: list[tuple[int, int]] = field(default_factory=list)
-    since: float = field(default_factory=time.monotonic)
-
-
-class RabbitTransport:
+class RabbitTransport(PartyWork):
     """A participant's connection to the broker.
 
     ``party=True`` for a party's worker process (inbox with single active consumer, plus its
@@ -217,7 +94,7 @@ class RabbitTransport:
         self.work = work_queue_of(name) if party else None
         self._taking_work = party
         self._generation = 0  # bumps on every reconnect: older delivery tags are void
-        self._ready: deque[_Delivery] = deque()
+        self._ready: deque[Delivery] = deque()
         self._completed: OrderedDict[str, None] = OrderedDict()
         self._unacked: list[tuple[int, int]] = []
         self._last_id: str | None = None
@@ -253,7 +130,7 @@ class RabbitTransport:
                 if problem is not None:  # waiting will not change a certificate
                     raise TransportError(f"{self.name}: broker {redact(self.url)}: "
                                          f"{problem}") from None
-                where, why = _host_of(self.url), why_unreachable(exc)
+                where, why = host_of(self.url), why_unreachable(exc)
                 if time.monotonic() + delay > deadline:
                     raise TransportError(f"{self.name}: cannot reach the broker at {where} "
                                          f"({why}) after {self.reconnect_seconds:.0f} s: is "
@@ -296,12 +173,6 @@ class RabbitTransport:
             if self._taking_work:
                 self._consume_work()
 
-    def _consume_work(self) -> None:
-        # one shard at a time per process, so shards spread over the party's processes
-        self._channel.basic_qos(prefetch_count=1)
-        self._work_tag = self._channel.basic_consume(self.work, self._on_message(self.work),
-                                                     auto_ack=False)
-
     def _drop_connection(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
         close_quietly(connection, self.name)
@@ -328,27 +199,14 @@ class RabbitTransport:
             return
         data_queue = headers.get("fb-data-queue")
         if queue == self.work and isinstance(data_queue, str | bytes):
-            data_queue = data_queue.decode() if isinstance(data_queue, bytes) else data_queue
-            count, digest = headers.get("fb-count"), headers.get("fb-sha256")
-            digest = digest.decode() if isinstance(digest, bytes) else digest
-            if (data_queue.startswith(self.work + ".") and message_id
-                    and isinstance(count, int) and not isinstance(count, bool)
-                    and 1 <= count <= self.max_message_bytes // 1024 + 1
-                    and isinstance(digest, str)):
-                self._ready.append(_Delivery(queue, b"", [tag], message_id, data_queue,
-                                             count, digest))
-            else:
-                self._chunks.rejections.refuse("malformed work ticket", "", "dropped a malformed "
-                                               "work ticket naming %r", data_queue,
-                                               authenticated=False)
-                self._ack([tag])
+            self._file_ticket(queue, tag, message_id, headers, data_queue)
             return
         if headers.get("fb-count") is None:
-            self._ready.append(_Delivery(queue, body, [tag], message_id))
+            self._ready.append(Delivery(queue, body, [tag], message_id))
             return
         whole = self._chunks.file(tag, headers, message_id, body)
         if whole is not None:
-            self._ready.append(_Delivery(queue, whole[0], whole[1], message_id))
+            self._ready.append(Delivery(queue, whole[0], whole[1], message_id))
 
     def receive(self, timeout: float) -> bytes | None:
         """The next whole message, or None after ``timeout`` s; acknowledge it when done."""
@@ -397,62 +255,6 @@ class RabbitTransport:
             return self._receive(deadline)
         return data
 
-    def _fetch_work_data(self, data_queue: str, count: int, digest: str) -> bytes | None:
-        """Pull every chunk of a ticket's shard from its private queue (this process only),
-        as the coordinating process publishes them."""
-        partial = _Partial(count, digest)
-        size, deadline = 0, time.monotonic() + self.reconnect_seconds
-        try:
-            while len(partial.chunks) < partial.count:
-                method, props, body = self._channel.basic_get(data_queue, auto_ack=False)
-                if method is None:  # not published yet
-                    if time.monotonic() > deadline:
-                        log.warning("%s: work data in %s is incomplete", self.name, data_queue)
-                        return None
-                    time.sleep(0.002)
-                    continue
-                tag = (self._generation, method.delivery_tag)
-                self._unacked.append(tag)
-                headers = props.headers or {}
-                index = headers.get("fb-index")
-                if (not isinstance(index, int) or not 0 <= index < partial.count
-                        or headers.get("fb-count") != partial.count):
-                    log.warning("%s: malformed work chunk in %s", self.name, data_queue)
-                    return None
-                if index in partial.chunks:
-                    continue  # published again after a lost connection
-                size += len(body)
-                if size > self.max_message_bytes:
-                    log.warning("%s: work data in %s exceeds %d bytes", self.name, data_queue,
-                                self.max_message_bytes)
-                    return None
-                partial.chunks[index] = body
-        except px.ChannelClosedByBroker as exc:  # e.g. the queue is gone (done by another)
-            log.warning("%s: work data %s unavailable: %s", self.name, data_queue, exc.reply_text)
-            self._connect()
-            return None
-        data = b"".join(partial.chunks[i] for i in range(partial.count))
-        if hashlib.sha256(data).hexdigest() != partial.digest:
-            log.warning("%s: work data in %s fails its SHA-256", self.name, data_queue)
-            return None
-        return data
-
-    def _become_coordinator(self) -> None:
-        """This process is the party's active inbox consumer: leave shard work to helpers."""
-        self._taking_work = False
-        tag, self._work_tag = self._work_tag, None
-        try:
-            self._channel.basic_cancel(tag)
-            keep: deque[_Delivery] = deque()
-            for item in self._ready:
-                if item.queue == self.work:
-                    self._nack(item.tags)
-                else:
-                    keep.append(item)
-            self._ready = keep
-        except _CONNECTION_ERRORS:
-            self._connect()
-
     def acknowledge(self) -> None:
         """The last received message is done: the broker may forget it (once the work it
         handed out has reached the broker)."""
@@ -496,43 +298,6 @@ class RabbitTransport:
         """
         self._publish(queue_of(recipient), recipient, data,
                       wait_for_queue=not recipient.startswith("flow."), persistent=persistent)
-
-    def submit_work(self, data: bytes, *, before_ack: bool = True) -> None:
-        """Queue a shard of work for this party's helper processes; returns at once (a thread
-        publishes it, see ``messages._work_publisher``). Unless ``before_ack`` is False (work
-        that only saves time), ``acknowledge`` waits for it to reach the broker's disk; with
-        False it is transient: not waited for, and not written to disk.
-
-        A shard above one chunk goes to a private queue, and a ticket naming it to the work
-        queue: whichever helper takes the ticket reads every chunk.
-        """
-        if self.work is None:
-            raise TransportError(f"{self.name} has no work queue")
-        if len(data) > self.max_message_bytes:
-            raise TransportError(f"{self.name}: work of {len(data)} bytes exceeds the "
-                                 f"{self.max_message_bytes}-byte limit")
-        if self._publisher is None:
-            self._publisher = WorkPublisher(self.name, self._parameters(" work"),
-                                            reconnect_seconds=self.reconnect_seconds,
-                                            heartbeat=self.heartbeat)
-        if len(data) <= self.chunk_bytes:
-            self._publisher.submit(Publication(
-                chunk_messages(self.work, data, self.chunk_bytes, persistent=before_ack),
-                before_ack=before_ack))
-            return
-        data_queue = f"{self.work}.{uuid.uuid4().hex}"
-        # the ticket goes first: a helper pulls each chunk while the next one is published
-        digest = hashlib.sha256(data).hexdigest()
-        chunks = chunk_messages(data_queue, data, min(self.chunk_bytes, WORK_CHUNK_BYTES),
-                                digest=digest, persistent=before_ack)
-        ticket = pika.BasicProperties(delivery_mode=chunks[0][2].delivery_mode,
-                                      message_id=uuid.uuid4().hex,
-                                      headers={"fb-data-queue": data_queue,
-                                               "fb-count": len(chunks), "fb-sha256": digest})
-        self._publisher.submit(Publication([(self.work, b"", ticket), *chunks],
-                                           declare=data_queue,
-                                           declare_arguments=DATA_QUEUE_ARGUMENTS,
-                                           before_ack=before_ack))
 
     def _publish(self, queue: str, recipient: str, data: bytes, *,
                  wait_for_queue: bool, persistent: bool = True) -> None:
@@ -585,64 +350,6 @@ class RabbitTransport:
                 continue
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
-
-    # ---- party processes --------------------------------------------------------------------
-
-    def open_claims(self, count: int) -> str:
-        """A pool of ``count`` units: a private queue of that many tokens, each taken (and so
-        claimed) by exactly one of the party's processes."""
-        if self.work is None:
-            raise TransportError(f"{self.name} has no work queue")
-        pool = f"{self.work}.{uuid.uuid4().hex}.units"
-        try:
-            self._channel.queue_declare(pool, durable=True, arguments=DATA_QUEUE_ARGUMENTS)
-        except _CONNECTION_ERRORS:
-            self._connect()
-            self._channel.queue_declare(pool, durable=True, arguments=DATA_QUEUE_ARGUMENTS)
-        props = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Transient)
-        for unit in range(count):
-            self._publish_one(pool, f"{self.name} processes", str(unit).encode(), props, True)
-        return pool
-
-    def claim(self, pool: str) -> int | None:
-        """Take the pool's next token; None when it is empty or gone (the level is over), or
-        when the connection dropped (the coordinating process sums what nobody claimed)."""
-        if self.work is None or not pool.startswith(self.work + ".") or len(pool) > 255:
-            raise TransportError(f"{self.name}: {pool!r} is not a pool of this party")
-        try:
-            method, _props, body = self._channel.basic_get(pool, auto_ack=True)
-        except px.ChannelClosedByBroker:  # deleted: every unit was done
-            self._connect()
-            return None
-        except _CONNECTION_ERRORS as exc:
-            log.warning("%s: connection lost while claiming work (%r)", self.name, exc)
-            self._connect()
-            return None
-        if method is None:
-            return None
-        try:
-            return int(body.decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
-            log.warning("%s: dropped a malformed token in %s", self.name, pool)
-            return None
-
-    def close_claims(self, pool: str) -> None:
-        """Delete the pool's queue (tokens nobody took go with it)."""
-        try:
-            self._channel.queue_delete(pool)
-        except _CONNECTION_ERRORS as exc:
-            log.warning("%s: could not delete %s (%r)", self.name, pool, exc)
-
-    def helpers(self) -> int:
-        """Other processes of this party ready to take shards of work."""
-        if self.work is None:
-            return 0
-        try:
-            method = self._channel.queue_declare(self.work, durable=True, passive=True).method
-        except _CONNECTION_ERRORS:
-            self._connect()
-            return 0
-        return int(method.consumer_count) - (1 if self._work_tag is not None else 0)
 
     def consumers(self, participant: str) -> int | None:
         """How many processes consume ``participant``'s inbox now: 0 when no worker of that

@@ -26,7 +26,7 @@ from boosting.train import predict_blocks, train
 from boosting.tree import Model, load_model
 from fedboost.joined import JoinedData, join_parties
 from flows.config import JobConfig, parse_config
-from messages.rabbitmq import delete_party_queues
+from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
 from workers.policy import PartyPolicy
 

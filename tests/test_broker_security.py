@@ -24,7 +24,8 @@ import pytest
 
 from fedboost.broker import FLOW_USER, definitions, password_env, user_of
 from messages import TransportError
-from messages.rabbitmq import RabbitTransport, delete_party_queues, queue_of
+from messages.rabbit_queues import delete_party_queues, queue_of
+from messages.rabbitmq import RabbitTransport
 from tests.scenarios import rabbitmqctl
 
 REPO = Path(__file__).resolve().parents[1]

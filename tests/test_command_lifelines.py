@@ -25,7 +25,7 @@ import pika
 import pytest
 import yaml
 
-from messages.rabbitmq import INBOX_ARGUMENTS, delete_party_queues, queue_of
+from messages.rabbit_queues import INBOX_ARGUMENTS, delete_party_queues, queue_of
 from messages.signing import write_key_pair
 from tests.scenarios import (CONFIGS, DATA, REPO, create_flow_run, passive_worker_file,
                              rabbitmqctl, wait_until)

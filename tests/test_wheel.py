@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from messages.rabbitmq import delete_party_queues
+from messages.rabbit_queues import delete_party_queues
 from tests.scenarios import DATA, wait_until
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ import yaml
 from fedboost.embedded import train_embedded
 from flows.config import JobConfig, load_config
 from flows.secureboost import vertical_secureboost
-from messages.rabbitmq import delete_party_queues
+from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
 from tests.scenarios import REPO
 

@@ -136,7 +136,8 @@ def test_a_party_gone_after_its_part_does_not_fail_a_step_that_waits_for_others(
 def test_over_rabbitmq_a_silent_party_without_a_worker_is_named_so(rabbit_url: str) -> None:
     """The flow asks the broker whether anybody consumes a silent party's queue."""
     from flows.coordinator import _unconsumed
-    from messages.rabbitmq import RabbitTransport, delete_party_queues
+    from messages.rabbit_queues import delete_party_queues
+    from messages.rabbitmq import RabbitTransport
 
     tag = uuid.uuid4().hex[:6]
     flow = RabbitTransport(f"flow.{tag}", rabbit_url, party=False)

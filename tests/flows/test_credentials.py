@@ -10,7 +10,7 @@ import pytest
 
 from flows.config import (AMQP_PASSWORD_FILE_ENV, AMQP_URL_ENV, ConfigError, TransportConfig,
                           parse_config, without_broker_password)
-from messages.rabbitmq import redact, with_password, without_password
+from messages.broker_url import redact, with_password, without_password
 
 
 @pytest.fixture(autouse=True)

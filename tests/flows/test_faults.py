@@ -25,7 +25,7 @@ from fedboost.embedded import train_embedded
 from flows.coordinator import StepTimeout
 from flows.config import load_config
 from flows.secureboost import vertical_secureboost
-from messages.rabbitmq import INBOX_ARGUMENTS, delete_party_queues, queue_of
+from messages.rabbit_queues import INBOX_ARGUMENTS, delete_party_queues, queue_of
 from messages.signing import write_key_pair
 from tests.scenarios import REPO, create_flow_run, rabbitmqctl, served_deployment, wait_until
 

@@ -17,11 +17,11 @@ import yaml
 
 from fedboost.embedded import train_embedded
 from flows.config import load_config
-from messages.rabbitmq import delete_party_queues
+from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
-from workers.checkpoint import KEY_FILE
 from tests.flows.test_faults import Federation, _finish, _wait_for
 from tests.scenarios import REPO
+from workers.checkpoint import KEY_FILE
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 N_TREES = 6

@@ -23,7 +23,7 @@ from urllib.parse import quote, unquote, urlsplit
 import pytest
 import yaml
 
-from messages.rabbitmq import delete_party_queues
+from messages.rabbit_queues import delete_party_queues
 from tests.scenarios import DATA, REPO, rabbitmqctl, served_deployment, wait_until
 
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]

@@ -32,7 +32,7 @@ from flows.config import AnyJobConfig, load_config
 from flows.horizontal import horizontal
 from messages import bodies as b
 from messages.envelope import Envelope, MsgType, decode_envelope, encode_envelope
-from messages.rabbitmq import queue_of
+from messages.rabbit_queues import queue_of
 from messages.rejections import LINES_PER_PERIOD
 from messages.signing import Sealer, federation_sealers
 from tests.scenarios import DATA, cli_workers, wait_until

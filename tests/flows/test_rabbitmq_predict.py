@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from fedboost.cli import main
-from messages.rabbitmq import delete_party_queues
+from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
 from tests.scenarios import REPO
 

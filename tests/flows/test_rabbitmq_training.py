@@ -22,7 +22,7 @@ import yaml
 from fedboost.embedded import train_embedded
 from flows.config import JobConfig
 from flows.secureboost import vertical_secureboost
-from messages.rabbitmq import delete_party_queues
+from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
 from tests.scenarios import REPO, create_flow_run, served_deployment, wait_until
 

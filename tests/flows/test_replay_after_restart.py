@@ -21,7 +21,8 @@ from flows.coordinator import Coordinator, align_entities, attach, detach
 from flows.config import load_config
 from flows.secureboost import bin_features, job_spec, open_job, vertical_secureboost
 from messages.envelope import MsgType
-from messages.rabbitmq import RabbitTransport, delete_party_queues
+from messages.rabbit_queues import delete_party_queues
+from messages.rabbitmq import RabbitTransport
 from messages.signing import FLOW_IDENTITY, Sealer, write_key_pair
 from tests.scenarios import DATA, REPO, wait_until
 

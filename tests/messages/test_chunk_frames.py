@@ -17,7 +17,8 @@ import pytest
 from messages import bodies as b
 from messages.chunks import FrameSigner, Manifest
 from messages.envelope import Envelope, MsgType
-from messages.rabbitmq import RabbitTransport, delete_party_queues, queue_of
+from messages.rabbit_queues import delete_party_queues, queue_of
+from messages.rabbitmq import RabbitTransport
 from messages.rejections import LINES_PER_PERIOD
 from messages.signing import Sealer, federation_sealers
 

@@ -12,7 +12,8 @@ import pytest
 
 from messages import TransportError
 from messages._work_publisher import Publication, WorkPublisher
-from messages.rabbitmq import RabbitTransport, delete_party_queues, queue_of
+from messages.rabbit_queues import delete_party_queues, queue_of
+from messages.rabbitmq import RabbitTransport
 
 
 @pytest.fixture

@@ -28,7 +28,8 @@ from messages import horizontal as h
 from messages import simfl as s
 from messages.chunks import FrameSigner
 from messages.envelope import REPLIES, Envelope, MsgType
-from messages.rabbitmq import RabbitTransport, delete_party_queues
+from messages.rabbit_queues import delete_party_queues
+from messages.rabbitmq import RabbitTransport
 from messages.signing import federation_sealers
 from tests.messages.test_codec import SAMPLES
 from tests.scenarios import CONFIGS, DATA

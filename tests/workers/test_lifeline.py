@@ -12,7 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
-from messages.rabbitmq import delete_party_queues
+from messages.rabbit_queues import delete_party_queues
 from tests.scenarios import REPO, passive_worker_file, wait_until
 
 FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
