@@ -36,12 +36,14 @@ class StateCodecError(ValueError):
 
 
 def type_names(*classes: type) -> dict[str, type]:
-    """An allowlist: each dataclass by its module and qualified name."""
+    """An allowlist: each dataclass by its module and qualified name, or by the name in its
+    ``STORED_AS`` (a class that moved to another module keeps the name checkpoints already
+    written know it by)."""
     allowed = {}
     for cls in classes:
         if not dataclasses.is_dataclass(cls):
             raise TypeError(f"{cls!r} is not a dataclass")
-        allowed[f"{cls.__module__}.{cls.__qualname__}"] = cls
+        allowed[getattr(cls, "STORED_AS", f"{cls.__module__}.{cls.__qualname__}")] = cls
     return allowed
 
 

@@ -20,11 +20,12 @@ from crypto.encoding import GradientPacker
 from messages.bodies import Checkpoint, Metric, TreeFinished
 from workers import checkpoint
 from workers._state_codec import pack
-from workers.vertical.active import ActiveTraining
 from workers.checkpoint import CheckpointError
 from workers.data import PartyData
-from workers.vertical.passive import LookupRecord, PassiveTraining
 from workers.state import JobState
+from workers.vertical.active import ActiveTraining
+from workers.vertical.lookup import LookupRecord
+from workers.vertical.passive import PassiveTraining
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))

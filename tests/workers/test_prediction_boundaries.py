@@ -26,7 +26,7 @@ from workers.party import PartySpec
 from workers.policy import PartyPolicy
 from workers.protocols import PROTOCOLS
 from workers.runtime import Worker
-from workers.vertical.passive import LookupRecord, lookup_to_dict
+from workers.vertical.lookup import LookupRecord, lookup_to_dict
 
 SEALERS = federation_sealers(["guest", "host"])
 PARTIES = [PartyInfo("guest", "active"), PartyInfo("host", "passive")]

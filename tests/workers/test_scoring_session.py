@@ -21,7 +21,7 @@ from tests.workers.test_prediction_boundaries import (HOST_RECORDS, PARTIES, Fed
                                                       _plant_model)
 from workers.data import load_party_data
 from workers.policy import PartyPolicy
-from workers.vertical.passive import LookupRecord, records_go_left
+from workers.vertical.lookup import LookupRecord, records_go_left
 from workers.vertical.scoring import LookupArrays
 
 BATCHED = PartyPolicy(predict_modes=("path", "batched"))

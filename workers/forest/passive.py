@@ -41,9 +41,9 @@ from workers.policy import check_key_bits
 from workers.shards import _node_histogram
 from workers.state import JobState
 from workers.vertical.alignment import receive_alignment
+from workers.vertical.lookup import (LookupRecord, lookup_to_dict, record_from_dict,
+                                     record_to_dict)
 from workers.vertical.opening import bin_training_rows, open_passive
-from workers.vertical.passive import (LookupRecord, lookup_to_dict, record_from_dict,
-                                      record_to_dict)
 
 MAX_GROUPS = 64
 """Most label groups (two channels each) a multiclass job may send: 128 classes."""

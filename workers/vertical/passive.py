@@ -1,8 +1,9 @@
 """A passive party (feature holder) in vertical SecureBoost (SecureBoost Alg. 1-2, Fig. 3).
 
 It sees only ciphertexts of g/h, the instance spaces of nodes, and the splits it owns; it keeps
-a lookup table ``record_id -> (feature, threshold, missing direction)`` and never learns leaf
-values or labels.
+a lookup table ``record_id -> (feature, threshold, missing direction)``
+(``workers.vertical.lookup``) and never learns leaf values or labels. Its encrypted histograms,
+summed with its helper processes, are ``workers.vertical.histograms``.
 """
 
 from __future__ import annotations
@@ -10,13 +11,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from boosting.binning import goes_left, goes_left_raw, split_threshold
+from boosting.binning import goes_left, split_threshold
 from boosting.fixedpoint import value_bits
 from boosting.grow import smaller_child
 from boosting.params import BoostParams
@@ -26,54 +26,22 @@ from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from crypto.paillier import PaillierPublicKey, ciphertexts_from_bytes, public_key_from_n
 from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradients,
-                             EncryptedHistograms, HistogramShard, NodePositions, Opened, OpenJob,
-                             PublicKeyMsg, ResumeJob, SplitChoices, Step, TreeCiphertexts,
-                             TreeStart)
+                             NodePositions, Opened, OpenJob, PublicKeyMsg, ResumeJob,
+                             SplitChoices, Step, TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
-from workers import NotReady, ProtocolError, StageError, checkpoint
+from workers import ProtocolError, StageError, checkpoint
 from workers.data import save_categories
 from workers.handlers import StepContext
 from workers.policy import check_bin_sum_packer, check_key_bits
+from workers.shards import LevelWork
+from workers.state import JobState
 from workers.vertical.active import PROTOCOL, params_of
 from workers.vertical.alignment import receive_alignment
+from workers.vertical.lookup import LookupRecord, lookup_to_dict
 from workers.vertical.opening import bin_training_rows, open_passive
-from workers.shards import (LevelData, LevelWork, hold_tree_chunk, shard_data, shard_result,
-                            sum_claimed)
-from workers.state import JobState
 
 log = logging.getLogger("fedboost.worker")
-_HAND_OUT = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hand-out")
-"""Hands a level's data to the party's helpers while the step's thread sums (one at a time)."""
-
-LOOKUP_FORMAT = "fedboost-lookup"
-LOOKUP_VERSION = 1
-
-
-@dataclass(frozen=True, slots=True)
-class LookupRecord:
-    """One split this party owns: ``x[feature] <= threshold`` goes left (bin form: ``bin``)."""
-
-    feature: int
-    bin: int
-    threshold: float
-    missing_left: bool
-    flip: bool = False
-    """The split's children were shown to the active party in swapped order (the vertical
-    forest, seed 002): its "left" child is this record's right one."""
-    tree: int = -1
-    depth: int = -1
-    """The tree and level of the split (-1: a lookup file written before they were kept):
-    path-mode prediction asks a record only at its level, one per tree and row."""
-
-
-def records_go_left(x: np.ndarray, records: list[LookupRecord]) -> np.ndarray:
-    """Per record and row, whether the row goes to the child the active party calls left
-    (records x rows; ``x``: rows x this party's features)."""
-    bits = np.zeros((len(records), x.shape[0]), dtype=bool)
-    for k, r in enumerate(records):
-        bits[k] = goes_left_raw(x[:, r.feature], r.threshold, r.missing_left) ^ r.flip
-    return bits
 
 
 @dataclass(slots=True)
@@ -129,7 +97,7 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
 def _checkpoint(ctx: StepContext, state: JobState, trees_done: int) -> None:
     """Keep the job after ``trees_done`` trees: lookup records and bins, no tree in progress."""
     run: PassiveTraining = state.role_state
-    checkpoint.save_job(ctx.model_dir, trees_done, state, _require_key(run).n,
+    checkpoint.save_job(ctx.model_dir, trees_done, state, require_key(run).n,
                         key=checkpoint.key_of(ctx.party), growing=False, chunks=(),
                         tree_ciphertexts=[], tree_digest=b"", level=None, tree=-1, depth=-1)
 
@@ -160,54 +128,12 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=state.data.x.shape[1])
 
 
-def gradients_arrived(ctx: StepContext, sender: str,
-                      body: TreeStart | EncryptedGradients) -> None:
-    """As a tree's gradients arrive (its start, then chunks): pass each chunk on to the helpers,
-    and once all are here start the tree, before its first histograms are asked for. Whatever
-    fails here fails again, and is answered, in that step."""
-    state: JobState | None = ctx.state
-    run = None if state is None else state.role_state
-    if (not isinstance(run, PassiveTraining) or sender != state.active
-            or run.tree >= body.tree or run.growing):
-        return  # not training, this tree started already, or the previous one is not finished
-    if isinstance(body, EncryptedGradients):
-        _pass_on_chunk(ctx, state, run, body)
-    try:
-        _start_tree(ctx, state, run, body.tree)
-    except NotReady:
-        return  # more chunks to come
-
-
-def _pass_on_chunk(ctx: StepContext, state: JobState, run: PassiveTraining,
-                   chunk: EncryptedGradients) -> None:
-    """With one helper, pass a gradient chunk on to it, sealed and published beside this
-    thread; the tree's levels queue after it. With more, copies of a chunk on the shared work
-    queue could all go to one helper (each takes whatever comes while it is free), so they get
-    the tree with its first level instead (``_hand_out``)."""
-    starts = ctx.mailbox.items.get((MsgType.TREE_START, state.active, chunk.tree, -1))
-    if not starts or run.public is None or ctx.helpers() != 1:
-        return
-    _HAND_OUT.submit(_hand_out_chunk, ctx, TreeCiphertexts(
-        tree=chunk.tree, chunk=chunk.chunk, n_chunks=starts[0].n_chunks,
-        n=run.public.n_bytes, ciphertexts=chunk.ciphertexts))
-
-
-def _hand_out_chunk(ctx: StepContext, chunk: TreeCiphertexts) -> None:
-    """Not waited for: a helper without the whole tree answers its shards empty, and this
-    process sums what it left."""
-    try:
-        ctx.submit_work(MsgType.TREE_CIPHERTEXTS, chunk, before_ack=False)
-    except Exception as exc:  # noqa: BLE001 - a failed hand-out costs time, never a result
-        log.warning("%s: could not hand tree %d's chunk %d to the helpers: %r", ctx.party.name,
-                    chunk.tree, chunk.chunk, exc)
-
-
-def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: int) -> None:
+def start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: int) -> None:
     """Take the tree's encrypted gradients (all chunks), parse and range-check them, and reset
     node positions. Checks everything before taking."""
     ctx.mailbox.require((MsgType.TREE_START, state.active, tree, -1))
     start: TreeStart = ctx.mailbox.items[(MsgType.TREE_START, state.active, tree, -1)][0]
-    public = _require_key(run)
+    public = require_key(run)
     n_train = state.require_bins().shape[0]
     # the shape the active party declares is the one honest gradients of this party's rows
     # have: it sets how wide each bin sum is, so how much of each a decryption shows
@@ -255,13 +181,13 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     run.level = None
 
 
-def _require_key(run: PassiveTraining) -> PaillierPublicKey:
+def require_key(run: PassiveTraining) -> PaillierPublicKey:
     if run.public is None:
         raise StageError("the active party's public key has not arrived")
     return run.public
 
 
-def _apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
+def apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
                      tree: int, depth: int) -> list[int]:
     """Route rows by the previous level's splits; return the nodes to build (smaller children)."""
     ctx.mailbox.require((MsgType.NODE_POSITIONS, state.active, tree, depth - 1))
@@ -325,132 +251,6 @@ def _check_choices(party: str, run: PassiveTraining, msg: SplitChoices, n_featur
         if not (0 <= choice.feature < n_features and 0 <= choice.bin < run.params.max_bin):
             raise ProtocolError(f"{party}: split on feature {choice.feature} bin {choice.bin} "
                                 f"is out of range")
-
-
-def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
-    """Alg. 1 lines 4-9: per node and feature, sum E(g, h, 1) per bin (smaller children only).
-
-    With helper processes, the features are claimed one at a time by this process and the
-    helpers (workers.shards); the step completes when every helper has answered.
-    """
-    state: JobState = ctx.state
-    run: PassiveTraining = state.role_state
-    level = (body.tree, body.depth)
-    if run.level is None or run.level.key != level:
-        run.level = _start_level(ctx, state, run, body)
-    work = run.level
-    public, packing = _require_key(run), work.data.packing
-    answers = (MsgType.SHARD_HISTOGRAM, ctx.party.name, *level)
-    if not work.gives_up_on_helpers(time.monotonic()):
-        ctx.mailbox.require(answers, counts=[work.tickets - len(work.answered)])
-    for part in ctx.mailbox.take_all(*answers):
-        work.add_answer(part, packing, public.ciphertext_bytes)
-    run.level = None
-    if work.pool:
-        ctx.close_claims(work.pool)
-    if len(work.answered) < work.tickets:
-        log.warning("%s t%d d%d: %d of %d helpers did not answer; their features are summed "
-                    "here", ctx.party.name, body.tree, body.depth,
-                    work.tickets - len(work.answered), work.tickets)
-    for feature in work.missing():  # claimed by a helper that never answered
-        work.features[feature] = work.data.sum_features([feature])
-    log.debug("%s t%d d%d: %d of %d features summed by helpers (in up to %.3fs), %d here",
-              ctx.party.name, body.tree, body.depth, work.by_helpers, work.n_features,
-              work.helper_seconds, work.n_features - work.by_helpers)
-    _send_histograms(ctx, state, body, work.built, work.data, *work.merged())
-    return MsgType.ACK, Ack(count=len(work.built))
-
-
-def _send_histograms(ctx: StepContext, state: JobState, body: Step, built: list[int],
-                     data: LevelData, widths: list[int], filled: np.ndarray,
-                     ciphertexts: bytes) -> None:
-    """Alg. 1 line 9: the level's encrypted histograms go to the active party."""
-    ctx.send(state.active, MsgType.ENCRYPTED_HISTOGRAMS, EncryptedHistograms(
-        tree=body.tree, depth=body.depth, nodes=built, n_features=data.codes.shape[1],
-        n_bins=data.n_bins, shard_features=widths, filled=encode_mask(filled),
-        per_ciphertext=data.packing.per_ciphertext, ciphertexts=ciphertexts))
-
-
-def _start_level(ctx: StepContext, state: JobState, run: PassiveTraining,
-                 body: Step) -> LevelWork:
-    """Position the rows; hand the level to the helpers and claim features here too."""
-    started = time.perf_counter()
-    if body.depth == 0:
-        if run.tree != body.tree:  # its gradients came while another step ran, or just now
-            _start_tree(ctx, state, run, body.tree)
-        elif run.depth != 0:
-            raise StageError(f"build_histograms t{body.tree} d0: party is at t{run.tree} "
-                             f"d{run.depth}")
-        built = [0]
-    else:
-        if run.tree != body.tree or run.depth != body.depth - 1:
-            raise StageError(f"build_histograms t{body.tree} d{body.depth}: party is at "
-                             f"t{run.tree} d{run.depth}")
-        built = _apply_positions(ctx, state, run, body.tree, body.depth)
-    public, bins, packing = _require_key(run), state.require_bins(), run.packing
-    if packing is None:
-        raise StageError(f"build_histograms t{body.tree}: the tree's gradients have not arrived")
-    node_rows = [np.flatnonzero((run.node_of_row == node) & run.in_tree) for node in built]
-    rows, counts = np.concatenate(node_rows), [int(r.size) for r in node_rows]
-    helpers = ctx.helpers()
-    pool = ctx.open_claims(bins.shape[1]) if helpers else ""
-    # gathering, sealing and publishing the level's data runs beside this thread's summing
-    handing_out = _HAND_OUT.submit(_hand_out, ctx, run, body, helpers, pool, packing, bins,
-                                   rows, counts)
-    data = LevelData(bins[rows], [run.tree_ciphertexts[i] for i in run.enc_index[rows].tolist()],
-                     counts, run.params.max_bin + 1, public, packing)
-    work = LevelWork(key=(body.tree, body.depth), built=built, n_bins=data.n_bins,
-                     n_features=bins.shape[1], pool=pool, tickets=helpers, data=data)
-    summing = time.monotonic()
-    if helpers:
-        work.features = sum_claimed(data, lambda: ctx.claim(pool))
-    else:
-        work.together = data.sum_features(list(range(data.codes.shape[1])))
-    summed = time.monotonic()
-    work.summed_here = summed, summed - summing
-    handed_out = handing_out.result()  # its errors are this step's; acks wait for it
-    log.debug("%s t%d d%d: %d helpers; handed out at %.3fs, %d features done here at %.3fs",
-              ctx.party.name, body.tree, body.depth, helpers, handed_out - started,
-              len(work.features), time.perf_counter() - started)
-    return work
-
-
-def _hand_out(ctx: StepContext, run: PassiveTraining, body: Step, helpers: int, pool: str,
-              packing: BinSumPacking, bins: np.ndarray, rows: np.ndarray,
-              counts: list[int]) -> float:
-    """Queue the level's data for each helper: every bin code of its rows and where their
-    ciphertexts are in the tree's; with several helpers, the tree's first level also brings the
-    tree's ciphertexts (one helper got them chunk by chunk as they arrived).
-    Returns when it was done (``time.perf_counter``)."""
-    if helpers:
-        shard = HistogramShard(
-            tree=body.tree, depth=body.depth, shard=0, n=_require_key(run).n_bytes,
-            n_bins=run.params.max_bin + 1, n_features=bins.shape[1], rows=counts,
-            bins=np.ascontiguousarray(bins[rows]).tobytes(),
-            index=run.enc_index[rows].astype("<u4").tobytes(),
-            tree_digest=run.tree_digest,
-            tree_ciphertexts=b"".join(run.chunks) if body.depth == 0 and helpers > 1 else b"",
-            cell_bits=packing.cell_bits,
-            per_ciphertext=packing.per_ciphertext, claims=pool)
-        for k in range(1, helpers + 1):
-            ctx.submit_work(MsgType.HISTOGRAM_SHARD, replace(shard, shard=k))
-    return time.perf_counter()
-
-
-def histogram_shard(ctx: StepContext, body: HistogramShard) -> tuple[MsgType, Any]:
-    """Work step (a helper process of this party): sum the features it can claim."""
-    started = time.perf_counter()
-    data = shard_data(body)
-    if data is None:  # this process does not hold the tree's ciphertexts: nothing to sum with
-        return MsgType.SHARD_HISTOGRAM, shard_result(body, {}, started)
-    done = sum_claimed(data, lambda: ctx.claim(body.claims))
-    return MsgType.SHARD_HISTOGRAM, shard_result(body, done, started)
-
-
-def tree_ciphertexts(_: StepContext, body: TreeCiphertexts) -> None:
-    """Work step (a helper process of this party): keep a chunk of a tree's ciphertexts for
-    its shards. Nothing is answered: a helper without the whole tree answers its shards empty."""
-    hold_tree_chunk(body)
 
 
 def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
@@ -517,31 +317,3 @@ def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=len(run.records))
 
 
-def lookup_to_dict(party: str, job: str, names: tuple[str, ...],
-                   records: dict[int, LookupRecord]) -> dict[str, Any]:
-    """Versioned JSON form of a lookup table."""
-    return {"format": LOOKUP_FORMAT, "version": LOOKUP_VERSION, "party": party, "job": job,
-            "features": list(names),
-            "records": {str(k): record_to_dict(r) for k, r in records.items()}}
-
-
-def record_to_dict(r: LookupRecord) -> dict[str, Any]:
-    """A lookup record as its file (and a forest's kept tree) holds it."""
-    return {"feature": r.feature, "bin": r.bin, "threshold": r.threshold,
-            "missing_left": r.missing_left, "flip": r.flip, "tree": r.tree, "depth": r.depth}
-
-
-def record_from_dict(v: dict[str, Any]) -> LookupRecord:
-    """A lookup record from its file form (files without tree and depth: -1)."""
-    return LookupRecord(feature=int(v["feature"]), bin=int(v["bin"]),
-                        threshold=float(v["threshold"]), missing_left=bool(v["missing_left"]),
-                        flip=bool(v.get("flip", False)), tree=int(v.get("tree", -1)),
-                        depth=int(v.get("depth", -1)))
-
-
-def lookup_from_dict(raw: dict[str, Any]) -> tuple[tuple[str, ...], dict[int, LookupRecord]]:
-    """Feature names and records of a lookup file."""
-    if raw.get("format") != LOOKUP_FORMAT or raw.get("version") != LOOKUP_VERSION:
-        raise ProtocolError(f"not a {LOOKUP_FORMAT} v{LOOKUP_VERSION} file")
-    records = {int(k): record_from_dict(v) for k, v in raw["records"].items()}
-    return tuple(raw["features"]), records

@@ -32,7 +32,7 @@ from workers.handlers import StepContext
 from workers.vertical.active import ActiveTraining
 from workers.vertical.alignment import receive_alignment
 from workers.vertical.explain import keeps_stages
-from workers.vertical.passive import LookupRecord
+from workers.vertical.lookup import LookupRecord
 from workers.vertical.scoring import (lookup_records, model_of, score_x, store_margin,
                                       store_staged)
 from workers.state import JobState

@@ -36,7 +36,7 @@ from workers.policy import PolicyError
 from workers.state import JobState
 from workers.vertical.active import ActiveTraining
 from workers.vertical.alignment import receive_alignment
-from workers.vertical.passive import LookupRecord, lookup_from_dict
+from workers.vertical.lookup import LookupRecord, lookup_from_dict
 
 
 SCORES_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")

@@ -34,7 +34,7 @@ from workers.data import PartyData
 from workers.handlers import StepContext
 from workers.policy import PolicyError
 from workers.state import JobState
-from workers.vertical.passive import lookup_from_dict
+from workers.vertical.lookup import lookup_from_dict
 from workers.vertical.scoring import LookupArrays, decision_bits, model_folder, rows_to_score
 
 STALE_ROUNDS = 256

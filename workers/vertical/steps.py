@@ -6,7 +6,8 @@ from __future__ import annotations
 from messages.envelope import MsgType
 from workers import crypto_shards
 from workers.handlers import Arrival, Handler, Protocol, RoleSteps
-from workers.vertical import active, alignment, passive, paths, scoring, serving
+from workers.vertical import (active, alignment, histograms, passive, paths, scoring,
+                              serving)
 
 
 ACTIVE_HANDLERS: dict[MsgType, Handler] = {
@@ -35,7 +36,7 @@ PASSIVE_HANDLERS: dict[MsgType, Handler] = {
     MsgType.PSI_BLIND: alignment.psi_blind,
     MsgType.PSI_REBLIND: alignment.psi_reblind,
     MsgType.BIN_FEATURES: passive.bin_features,
-    MsgType.BUILD_HISTOGRAMS: passive.build_encrypted_histograms,
+    MsgType.BUILD_HISTOGRAMS: histograms.build_encrypted_histograms,
     MsgType.APPLY_SPLITS: passive.apply_splits,
     MsgType.FINISH_TREE: passive.finish_tree,
     MsgType.SAVE_MODEL: passive.save_model_part,
@@ -48,14 +49,14 @@ PASSIVE_HANDLERS: dict[MsgType, Handler] = {
 
 PASSIVE_ARRIVALS: dict[MsgType, Arrival] = {
     # a tree starts as soon as its gradients are in: helpers get them before its first level
-    MsgType.TREE_START: passive.gradients_arrived,
-    MsgType.ENCRYPTED_GRADIENTS: passive.gradients_arrived,
+    MsgType.TREE_START: histograms.gradients_arrived,
+    MsgType.ENCRYPTED_GRADIENTS: histograms.gradients_arrived,
 }
 
 WORK: dict[MsgType, Handler] = {
     # a passive party's helper processes sum shards of its encrypted histograms
-    MsgType.HISTOGRAM_SHARD: passive.histogram_shard,
-    MsgType.TREE_CIPHERTEXTS: passive.tree_ciphertexts,
+    MsgType.HISTOGRAM_SHARD: histograms.histogram_shard,
+    MsgType.TREE_CIPHERTEXTS: histograms.tree_ciphertexts,
     # the active party's helper processes encrypt a tree's gradients and decrypt histograms
     MsgType.CRYPTO_SHARD: crypto_shards.crypto_shard,
 }
