@@ -190,7 +190,7 @@ def test_the_party_decides_whether_obfuscators_are_made_ahead(make_ahead: bool) 
     """A worker's make_ahead (its file, or --no-make-ahead) decides; the active party's state
     follows it and makes none after the last tree."""
     from boosting.params import BoostParams
-    from workers.vertical.active import ActiveTraining
+    from workers.vertical.active_state import ActiveTraining
 
     run = ActiveTraining(params=BoostParams(n_trees=2), public=PUBLIC, private=PRIVATE,
                          crypto_processes=1, make_ahead=make_ahead)

@@ -22,7 +22,7 @@ import pytest
 from boosting.params import BoostParams
 from crypto.paillier import ciphertexts_from_bytes
 from crypto.pool import PREPARE_BATCH, KeyHolderPool
-from workers.vertical.active import ActiveTraining
+from workers.vertical.active_state import ActiveTraining
 
 BUSY_SECONDS = 90
 """Each busy loop ends by itself after this, even if the test is killed."""

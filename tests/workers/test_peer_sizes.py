@@ -21,7 +21,8 @@ from messages.envelope import Envelope, MsgType
 from messages.instance_space import GAPS, InstanceSpace, encode_mask
 from tests.workers.test_tree_start import ROWS, SEALERS, _host
 from workers import ProtocolError
-from workers.vertical.active import ActiveTraining, _decrypt_histograms
+from workers.vertical.active_state import ActiveTraining
+from workers.vertical.decryption import decrypt_histograms
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def test_a_declared_feature_count_beyond_the_bin_sums_is_refused_before_allocati
     tracemalloc.start()
     try:
         with pytest.raises(ProtocolError, match=f"declared {n_features} features at the root"):
-            _decrypt_histograms(run, msg, [0], "host")
+            decrypt_histograms(run, msg, [0], "host")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -61,10 +62,10 @@ def test_a_declared_feature_count_beyond_the_bin_sums_is_refused_before_allocati
 def test_later_levels_must_declare_the_roots_feature_count(run: ActiveTraining) -> None:
     run.passive_features.clear()
     with pytest.raises(ProtocolError, match="at depth 1, None at the tree's root"):
-        _decrypt_histograms(run, _histograms(run, 1, depth=1), [0], "host")
+        decrypt_histograms(run, _histograms(run, 1, depth=1), [0], "host")
     run.passive_features["host"] = 1
     with pytest.raises(ProtocolError, match="declared 5 features at depth 1, 1 at the"):
-        _decrypt_histograms(run, _histograms(run, 5, depth=1, ciphertexts=5), [0], "host")
+        decrypt_histograms(run, _histograms(run, 5, depth=1, ciphertexts=5), [0], "host")
 
 
 @pytest.mark.parametrize("n_chunks, max_rows", [(10**9, ROWS), (1, 10**12), (0, ROWS)])

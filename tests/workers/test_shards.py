@@ -135,7 +135,8 @@ def test_a_tree_is_held_only_once_all_its_chunks_came(
 
 def _decrypt(private: PaillierPrivateKey, widths: list[int], filled: np.ndarray,
              ciphertexts: bytes, nodes: int, packing: BinSumPacking) -> np.ndarray:
-    """What the key holder reads (workers.vertical.active._decrypt_histograms, without gradients)."""
+    """What the key holder reads (workers.vertical.decryption.decrypt_histograms, without
+    gradients)."""
     plain = private.decrypt_batch(ciphertexts_from_bytes(ciphertexts, private.public_key))
     blocks, first, start = [], 0, 0
     for features in widths:

@@ -29,7 +29,7 @@ from messages.bodies import Ack, DecisionRequest, PathDecisions, Step
 from messages.envelope import MsgType
 from workers import ProtocolError, StageError
 from workers.handlers import StepContext
-from workers.vertical.active import ActiveTraining
+from workers.vertical.active_state import ActiveTraining
 from workers.vertical.alignment import receive_alignment
 from workers.vertical.explain import keeps_stages
 from workers.vertical.lookup import LookupRecord

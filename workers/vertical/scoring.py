@@ -34,7 +34,7 @@ from workers.handlers import StepContext
 from workers.party import DataSet
 from workers.policy import PolicyError
 from workers.state import JobState
-from workers.vertical.active import ActiveTraining
+from workers.vertical.active_state import ActiveTraining
 from workers.vertical.alignment import receive_alignment
 from workers.vertical.lookup import LookupRecord, lookup_from_dict
 

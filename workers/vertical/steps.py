@@ -6,8 +6,8 @@ from __future__ import annotations
 from messages.envelope import MsgType
 from workers import crypto_shards
 from workers.handlers import Arrival, Handler, Protocol, RoleSteps
-from workers.vertical import (active, alignment, histograms, passive, paths, scoring,
-                              serving)
+from workers.vertical import (active, alignment, encryption, histograms, passive, paths,
+                              scoring, serving)
 
 
 ACTIVE_HANDLERS: dict[MsgType, Handler] = {
@@ -16,7 +16,7 @@ ACTIVE_HANDLERS: dict[MsgType, Handler] = {
     MsgType.PSI_BLIND: alignment.psi_blind,
     MsgType.PSI_INTERSECT: alignment.psi_intersect,
     MsgType.BIN_FEATURES: active.bin_features,
-    MsgType.ENCRYPT_GRADIENTS: active.encrypt_gradients,
+    MsgType.ENCRYPT_GRADIENTS: encryption.encrypt_gradients,
     MsgType.FIND_BEST_SPLITS: active.find_best_splits,
     MsgType.BROADCAST_NODES: active.broadcast_nodes,
     MsgType.FINISH_TREE: active.finish_tree,
