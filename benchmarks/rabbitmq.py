@@ -102,9 +102,9 @@ def _rabbit_run(url: str, bits: int, trees: int, host_processes: int, work: Path
 
 
 def _memory_run(bits: int, trees: int, work: Path) -> dict[str, float]:
+    from benchmarks.job_files import config_with
     from fedboost.embedded import party_specs, run_embedded
     from flows.secureboost import vertical_secureboost
-    from tests.scenarios import config_with
 
     config = config_with("default_credit.yaml", crypto={"key_bits": bits}, params={"n_trees": trees})
     return _measure(lambda: run_embedded(config.job, party_specs(config, work / "memory"),

@@ -102,8 +102,8 @@ def write_fedtree_data(folder: Path) -> dict[str, Path]:
 def workload_config(workload: str, folder: Path, bits: int, trees: int,
                     pack_bin_sums: str = "key_holder") -> object:
     """The job a workload runs, with ``bits``-bit keys and ``trees`` trees."""
+    from benchmarks.job_files import config_with
     from flows.config import parse_config
-    from tests.scenarios import config_with
 
     crypto = {"key_bits": bits, "pack_bin_sums": pack_bin_sums}
     if workload == "default_credit":

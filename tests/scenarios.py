@@ -3,7 +3,6 @@ centrally, and view trees in a form both trainers can be compared in."""
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -21,6 +20,7 @@ import httpx
 import numpy as np
 import yaml
 
+from benchmarks.job_files import CONFIGS, config_with  # noqa: F401  tests import it from here
 from boosting.params import BoostParams
 from boosting.train import predict_blocks, train
 from boosting.tree import Model, load_model
@@ -33,20 +33,7 @@ from workers.policy import PartyPolicy
 REPO = Path(__file__).resolve().parents[1]
 TEST_POLICY = PartyPolicy(min_key_bits=1024)
 """Workers driven directly by tests accept the tests' 1024-bit keys (the default needs 2048)."""
-CONFIGS = REPO / "configs"
 DATA = REPO.parent / "shared" / "data"
-
-
-def config_with(name: str, **overrides: Any) -> JobConfig:
-    """A shipped config with sections deep-merged from ``overrides`` (e.g. params={...})."""
-    raw = yaml.safe_load((CONFIGS / name).read_text())
-    raw = copy.deepcopy(raw)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(raw.get(key), dict):
-            raw[key] = {**raw[key], **value}
-        else:
-            raw[key] = value
-    return parse_config(raw, base=CONFIGS, source=name)
 
 
 NodeView = tuple[Any, ...]
