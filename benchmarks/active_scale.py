@@ -30,9 +30,10 @@ from typing import Any
 
 import yaml
 
-from benchmarks.rabbitmq import _job, start_workers, stop_workers
+from benchmarks.rabbitmq import _job, start_workers
 from benchmarks.train import step_seconds
 from fedboost import _prefect_env
+from fedboost.local_workers import stop_workers
 from messages.rabbit_queues import delete_party_queues
 
 

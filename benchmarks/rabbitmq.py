@@ -15,10 +15,7 @@ all and split into the tree's first level and the deeper ones.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import subprocess
-import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -28,6 +25,7 @@ import yaml
 
 from benchmarks.train import step_seconds
 from fedboost import _prefect_env
+from fedboost.local_workers import start_worker, stop_workers
 from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
 
@@ -54,21 +52,11 @@ def start_workers(job_file: Path, models: Path, work: Path, processes: dict[str,
                   extra: tuple[str, ...] = (), log_level: str = "WARNING",
                   ) -> list[subprocess.Popen[bytes]]:
     """One 'fedboost worker' per party (``processes``: party -> its --processes), as an
-    operator would start them; this checkout's code on their path."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return [subprocess.Popen(
-        [sys.executable, "-m", "fedboost.cli", "worker", "--party", party, "--config",
-         str(job_file), "--models", str(models), "--processes", str(n), *extra,
-         "--log-level", log_level], env=env, cwd=work)
-        for party, n in processes.items()]
-
-
-def stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every worker and wait for it (a worker forwards the signal to its processes)."""
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        proc.wait(timeout=60)
+    operator would start them (``fedboost.local_workers``); this checkout's code on their path."""
+    return [start_worker(party, job_file, cwd=work,
+                         args=["--models", str(models), "--processes", str(n), *extra,
+                               "--log-level", log_level])
+            for party, n in processes.items()]
 
 
 def _measure(run: Any) -> dict[str, float]:

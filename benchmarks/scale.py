@@ -36,9 +36,10 @@ from typing import Any
 
 import yaml
 
-from benchmarks.rabbitmq import start_workers, stop_workers
+from benchmarks.rabbitmq import start_workers
 from benchmarks.train import JOB_STEPS, TREE_STEPS, step_seconds
 from fedboost import _prefect_env
+from fedboost.local_workers import stop_workers
 from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
 

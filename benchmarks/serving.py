@@ -49,6 +49,7 @@ import yaml
 
 from benchmarks.serving_load import (BATCH, Clients, Sample, batches, make_keys, make_tls,
                                      single_rows, summary)
+from fedboost.local_workers import start_worker, stop_workers, worker_env
 from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
 
@@ -111,18 +112,13 @@ def _worker_files(work: Path, url: str, bits: int, protocols: list[str]) -> list
 
 @contextmanager
 def _workers(work: Path, files: list[Path], url: str) -> Iterator[None]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "FEDBOOST_AMQP_URL": url}
-    procs = [subprocess.Popen([*FEDBOOST, "worker", "--party", f.stem.removeprefix("worker-"),
-                               "--config", str(f), "--log-level", "WARNING"],
-                              stdout=(work / f"{f.stem}.log").open("a"),
-                              stderr=subprocess.STDOUT, env=env, cwd=work) for f in files]
+    procs = [start_worker(f.stem.removeprefix("worker-"), f, log=work / f"{f.stem}.log",
+                          append=True, cwd=work, env=worker_env(FEDBOOST_AMQP_URL=url),
+                          args=["--log-level", "WARNING"]) for f in files]
     try:
         yield
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(timeout=120)
+        stop_workers(procs, timeout=120)
         delete_party_queues(url, [f.stem.removeprefix("worker-") for f in files])
 
 
