@@ -25,6 +25,7 @@ from boosting.params import BoostParams
 from boosting.train import predict_blocks, train
 from boosting.tree import Model, load_model
 from fedboost.joined import JoinedData, join_parties
+from fedboost.local_workers import start_worker, stop_workers, worker_env
 from flows.config import JobConfig, parse_config
 from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
@@ -197,8 +198,7 @@ def cli_workers(root: Path, url: str, names: dict[str, str],
     every name in ``names`` (role -> party) and the flow, one worker per role of ``files`` (its
     worker file), logging to ``root/<role>.log``; yields them once each serves. On the way out
     each gets SIGTERM and must exit 0, and the parties' queues are deleted."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("PREFECT_API_URL", None)
+    env = worker_env()
     made = subprocess.run([sys.executable, "-m", "fedboost.cli", "keys", "--out",
                            str(root / "keys"), "--local-trial",
                            *(f"--name={n}" for n in [*names.values(), "flow"])],
@@ -208,18 +208,14 @@ def cli_workers(root: Path, url: str, names: dict[str, str],
     for role, worker_file in files.items():
         path = root / f"{role}.worker.yaml"
         path.write_text(yaml.safe_dump(worker_file))
-        procs[role] = subprocess.Popen(
-            [sys.executable, "-m", "fedboost.cli", "worker", "--party", names[role], "--config",
-             str(path), "--health-file", str(root / f"{role}.alive")],
-            stdout=(root / f"{role}.log").open("w"), stderr=subprocess.STDOUT, env=env, cwd=root)
+        procs[role] = start_worker(names[role], path, log=root / f"{role}.log", cwd=root, env=env,
+                                   args=["--health-file", str(root / f"{role}.alive")])
     try:
         for role in procs:  # a worker touches its health file once it serves (queues declared)
             wait_until((root / f"{role}.alive").exists, 120, f"the {role} worker")
         yield procs
     finally:
-        for proc in procs.values():
-            proc.send_signal(signal.SIGTERM)
-        codes = {role: proc.wait(timeout=60) for role, proc in procs.items()}
+        codes = dict(zip(procs, stop_workers(procs.values())))
         delete_party_queues(url, list(names.values()))
         assert set(codes.values()) == {0}, f"workers did not stop cleanly on SIGTERM: {codes}"
 

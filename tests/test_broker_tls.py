@@ -17,9 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ import pytest
 import yaml
 
 from fedboost.embedded import train_embedded
+from fedboost.local_workers import start_worker
 from flows.config import ConfigError, load_config, load_worker_config
 from flows.secureboost import vertical_secureboost
 from messages import TransportError
@@ -37,7 +36,6 @@ from messages.signing import write_key_pair
 from messages.tls import TlsOptions
 from tests.scenarios import DATA, REPO, unavailable, wait_until
 
-FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
 SERVER_NAME = "localhost"
 """The only name in the broker's certificate (``make-certs.sh -s localhost``)."""
 
@@ -207,11 +205,7 @@ def test_a_worker_refuses_a_broker_with_another_name(tls_node: TlsNode, tmp_path
 
 def _start_worker(party: str, config: Path, cwd: Path, log: Path) -> subprocess.Popen[bytes]:
     """``fedboost worker`` in a session of its own, so that ``_stop`` reaches its processes."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("PREFECT_API_URL", None)
-    return subprocess.Popen([*FEDBOOST, "worker", "--party", party, "--config", str(config)],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                            start_new_session=True)
+    return start_worker(party, config, log=log, cwd=cwd, new_session=True)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> int:

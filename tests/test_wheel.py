@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fedboost.local_workers import start_worker
 from messages.rabbit_queues import delete_party_queues
 from tests.scenarios import DATA, wait_until
 
@@ -115,10 +116,9 @@ def test_the_wheel_runs_a_worker_on_rabbitmq(installed: Path, tmp_path: Path,
         "models": str(tmp_path / "models"), "transport": {"kind": "rabbitmq"},
         "signing": {"key_dir": str(tmp_path / "keys")}}))
     alive = tmp_path / "alive"
-    log = (tmp_path / "worker.log").open("w")
-    proc = subprocess.Popen([fedboost, "worker", "--party", party, "--config", str(worker),
-                             "--health-file", str(alive)], cwd=tmp_path, stdout=log,
-                            stderr=subprocess.STDOUT, env={**_env(), "FEDBOOST_AMQP_URL": rabbit_url})
+    proc = start_worker(party, worker, log=tmp_path / "worker.log", cwd=tmp_path,
+                        command=[fedboost], args=["--health-file", str(alive)],
+                        env={**_env(), "FEDBOOST_AMQP_URL": rabbit_url})
     try:
         # the worker touches its health file once it consumes its queue
         wait_until(lambda: alive.exists() or proc.poll() is not None, 120, "the worker serving")

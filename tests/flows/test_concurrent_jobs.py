@@ -5,10 +5,6 @@ model of the same job run alone (the embedded default), so jobs share nothing th
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +14,7 @@ import pytest
 import yaml
 
 from fedboost.embedded import train_embedded
+from fedboost.local_workers import start_worker, stop_workers
 from flows.config import JobConfig, load_config
 from flows.secureboost import vertical_secureboost
 from messages.rabbit_queues import delete_party_queues
@@ -25,7 +22,6 @@ from messages.signing import write_key_pair
 from tests.scenarios import REPO
 
 pytestmark = [pytest.mark.usefixtures("prefect_harness"), pytest.mark.slow]
-FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
 
 VARIANTS: list[dict[str, Any]] = [
     # different shapes, so a message filed under the wrong job would change some model
@@ -72,20 +68,14 @@ def test_four_jobs_at_once_each_equal_their_solo_run(rabbit_url: str, tmp_path: 
     job_file = _job_file(tmp_path, tag, rabbit_url)
     base = load_config(job_file)
     models = tmp_path / "models"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("PREFECT_API_URL", None)
-    procs = [subprocess.Popen(
-        [*FEDBOOST, "worker", "--party", party, "--config", str(job_file), "--models",
-         str(models)], stdout=(tmp_path / f"{party}.log").open("w"), stderr=subprocess.STDOUT,
-        env=env, cwd=tmp_path) for party in base.parties]
+    procs = [start_worker(party, job_file, log=tmp_path / f"{party}.log", cwd=tmp_path,
+                          args=["--models", str(models)]) for party in base.parties]
     jobs = [_variant(base, k) for k in range(len(VARIANTS))]
     try:
         with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
             results = list(pool.map(vertical_secureboost, jobs))
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        codes = [proc.wait(timeout=60) for proc in procs]
+        codes = stop_workers(procs)
         delete_party_queues(rabbit_url, list(base.parties))
     assert codes == [0, 0], f"workers did not stop cleanly: {codes}"
 

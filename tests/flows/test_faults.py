@@ -9,12 +9,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pika
@@ -22,70 +22,30 @@ import pytest
 import yaml
 
 from fedboost.embedded import train_embedded
+from fedboost.local_workers import FEDBOOST
 from flows.coordinator import StepTimeout
 from flows.config import load_config
 from flows.secureboost import vertical_secureboost
 from messages.rabbit_queues import INBOX_ARGUMENTS, delete_party_queues, queue_of
-from messages.signing import write_key_pair
-from tests.scenarios import REPO, create_flow_run, rabbitmqctl, served_deployment, wait_until
+from tests.cli_federation import CliFederation
+from tests.scenarios import create_flow_run, rabbitmqctl, served_deployment, wait_until
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
 N_TREES = 4
 
 
-class Federation:
-    """Guest and host workers as CLI processes, restartable, with their logs kept."""
+class Federation(CliFederation):
+    """Guest and host workers as CLI processes, restartable, with their logs kept
+    (``tests.cli_federation``): default_credit, 1024-bit, a few trees."""
 
-    def __init__(self, root: Path, url: str) -> None:
-        self.root, self.url, self.tag = root, url, uuid.uuid4().hex[:6]
-        self.guest, self.host = f"guest{self.tag}", f"host{self.tag}"
-        self.models = root / "models"
-        self.env = {**os.environ, "PYTHONPATH": str(REPO)}
-        self.env.pop("PREFECT_API_URL", None)
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.logs: dict[str, list[Path]] = {self.guest: [], self.host: []}
-        self.job_file = self.write_job("base")
-
-    def write_job(self, name: str) -> Path:
-        """default_credit between this federation's parties, 1024-bit, a few trees."""
-        raw = yaml.safe_load((REPO / "configs" / "default_credit.yaml").read_text())
-        guest, host = raw["parties"]["guest"], raw["parties"]["host"]
-        for party in (guest, host):
-            party["data"] = str((REPO / "configs" / party["data"]).resolve())
-            party["policy"] = {"min_key_bits": 1024}  # the workers' own policy allows test keys
-        raw["parties"] = {self.guest: guest, self.host: host}
-        raw["job"] = f"faults-{self.tag}-{name}"
-        raw["params"]["n_trees"] = N_TREES
-        raw["crypto"]["key_bits"] = 1024
-        raw["transport"] = {"kind": "rabbitmq", "url": self.url, "step_timeout": 600}
-        raw["signing"] = {"key_dir": str(self.root / "keys")}
-        for identity in (self.guest, self.host, "flow"):
-            write_key_pair(self.root / "keys", identity)
-        path = self.root / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(raw))
-        return path
-
-    def start(self, party: str) -> None:
-        log = self.root / f"{party}-{len(self.logs[party])}.log"
-        self.logs[party].append(log)
-        self.procs[party] = subprocess.Popen(
-            [*FEDBOOST, "worker", "--party", party, "--config", str(self.job_file), "--models",
-             str(self.models), "--processes", "1"],
-            stdout=log.open("w"), stderr=subprocess.STDOUT, env=self.env, cwd=self.root)
-
-    def log(self, party: str) -> str:
-        return "".join(path.read_text() for path in self.logs[party])
+    def __init__(self, root: Path, url: str, **job: Any) -> None:
+        super().__init__(root, url, **{"prefix": "faults", "params": {"n_trees": N_TREES}, **job})
 
     def start_helper(self) -> tuple[subprocess.Popen[bytes], Path]:
         """Another host process, started after the host's: it stands by for the inbox and
         takes histogram shards (a helper)."""
         log = self.root / f"{self.host}-helper-{uuid.uuid4().hex[:4]}.log"
-        proc = subprocess.Popen(
-            [*FEDBOOST, "worker", "--party", self.host, "--config", str(self.job_file),
-             "--models", str(self.models), "--processes", "1"],
-            stdout=log.open("w"), stderr=subprocess.STDOUT, env=self.env, cwd=self.root)
-        return proc, log
+        return self.start(self.host, log=log, helper=True), log
 
     def train(self, job_file: Path, command: str = "train") -> subprocess.Popen[str]:
         """The flow in its own process (and process group: its Prefect server goes with it)."""
@@ -97,11 +57,6 @@ class Federation:
         return subprocess.Popen([*FEDBOOST, command, str(target), "--out", str(out)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, cwd=self.root, start_new_session=True)
-
-    def stop(self) -> list[int]:
-        for proc in self.procs.values():
-            proc.send_signal(signal.SIGTERM)
-        return [proc.wait(timeout=60) for proc in self.procs.values()]
 
 
 @pytest.fixture(scope="module")

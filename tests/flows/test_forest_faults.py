@@ -18,9 +18,7 @@ import yaml
 from fedboost.embedded import train_embedded
 from flows.config import load_config
 from messages.rabbit_queues import delete_party_queues
-from messages.signing import write_key_pair
 from tests.flows.test_faults import Federation, _finish, _wait_for
-from tests.scenarios import REPO
 from workers.checkpoint import KEY_FILE
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -30,23 +28,10 @@ N_TREES = 6
 class ForestFederation(Federation):
     """Guest and host workers serving forest jobs on default_credit."""
 
-    def write_job(self, name: str) -> Path:
-        raw = yaml.safe_load((REPO / "configs" / "default_credit_forest.yaml").read_text())
-        guest, host = raw["parties"]["guest"], raw["parties"]["host"]
-        for party in (guest, host):
-            party["data"] = str((REPO / "configs" / party["data"]).resolve())
-            party["policy"] = {"min_key_bits": 1024, "protocols": ["vertical_random_forest"]}
-        raw["parties"] = {self.guest: guest, self.host: host}
-        raw["job"] = f"forest-faults-{self.tag}-{name}"
-        raw["params"].update(n_trees=N_TREES, max_depth=5, parallel_trees=2)
-        raw["crypto"]["key_bits"] = 1024
-        raw["transport"] = {"kind": "rabbitmq", "url": self.url, "step_timeout": 120}
-        raw["signing"] = {"key_dir": str(self.root / "keys")}
-        for identity in (self.guest, self.host, "flow"):
-            write_key_pair(self.root / "keys", identity)
-        path = self.root / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(raw))
-        return path
+    def __init__(self, root: Path, url: str) -> None:
+        super().__init__(root, url, prefix="forest-faults", job_file="default_credit_forest.yaml",
+                         params={"n_trees": N_TREES, "max_depth": 5, "parallel_trees": 2},
+                         step_timeout=120, protocols=["vertical_random_forest"])
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from urllib.parse import quote, unquote, urlsplit
 import pytest
 import yaml
 
+from fedboost.local_workers import start_worker
 from messages.rabbit_queues import delete_party_queues
 from tests.scenarios import DATA, REPO, rabbitmqctl, served_deployment, wait_until
 
@@ -132,10 +133,9 @@ def test_no_password_in_any_file_after_a_rabbitmq_run(broker_user: BrokerUser,
     logs.mkdir()
     try:
         for party, worker_file in workers.items():
-            procs.append(subprocess.Popen(
-                [*FEDBOOST, "worker", "--party", party, "--config", str(worker_file),
-                 "--health-file", str(tmp_path / f"{party}.alive")], env=_env(), cwd=tmp_path,
-                stdout=(logs / f"{party}.log").open("w"), stderr=subprocess.STDOUT))
+            procs.append(start_worker(party, worker_file, log=logs / f"{party}.log",
+                                      cwd=tmp_path, env=_env(), args=[
+                                          "--health-file", str(tmp_path / f"{party}.alive")]))
         for party in workers:  # serving: connected as the user, its key loaded
             wait_until(lambda: (tmp_path / f"{party}.alive").exists(), 120, f"worker {party}")
         prefect_home = tmp_path / "prefect-home"

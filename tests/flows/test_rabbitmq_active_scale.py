@@ -4,83 +4,51 @@ one-process model byte for byte; a helper killed mid-tree costs time, not the mo
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from fedboost.embedded import train_embedded
 from flows.config import JobConfig, load_config
 from flows.secureboost import vertical_secureboost
-from messages.rabbit_queues import delete_party_queues
-from messages.signing import write_key_pair
-from tests.scenarios import REPO
+from tests.cli_federation import CliFederation
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
 
 
-class Federation:
-    """A guest of several worker processes and a one-process host, as CLI processes."""
+class Federation(CliFederation):
+    """A guest of several worker processes and a one-process host, as CLI processes
+    (``tests.cli_federation``): default_credit, 1024-bit, 2 trees; 64 bins and depth 4, so
+    levels have histograms enough to share their decryption."""
 
     def __init__(self, root: Path, url: str) -> None:
-        self.root, self.url, self.tag = root, url, uuid.uuid4().hex[:6]
-        self.guest, self.host = f"guest{self.tag}", f"host{self.tag}"
-        self.models = root / "models"
-        self.env = {**os.environ, "PYTHONPATH": str(REPO)}
-        self.env.pop("PREFECT_API_URL", None)
-        self.procs: list[subprocess.Popen[bytes]] = []
+        super().__init__(root, url, prefix="scale",
+                         params={"n_trees": 2, "max_bin": 64, "max_depth": 4})
 
     def job(self, name: str) -> JobConfig:
-        """default_credit, 1024-bit, 2 trees; 64 bins and depth 4, so levels have histograms
-        enough to share their decryption."""
-        raw = yaml.safe_load((REPO / "configs" / "default_credit.yaml").read_text())
-        guest, host = raw["parties"]["guest"], raw["parties"]["host"]
-        for party in (guest, host):
-            party["data"] = str((REPO / "configs" / party["data"]).resolve())
-            party["policy"] = {"min_key_bits": 1024}
-        raw["parties"] = {self.guest: guest, self.host: host}
-        raw["job"] = f"scale-{self.tag}-{name}"
-        raw["params"].update(n_trees=2, max_bin=64, max_depth=4)
-        raw["crypto"]["key_bits"] = 1024
-        raw["transport"] = {"kind": "rabbitmq", "url": self.url, "step_timeout": 600}
-        raw["signing"] = {"key_dir": str(self.root / "keys")}
-        for identity in (self.guest, self.host, "flow"):
-            write_key_pair(self.root / "keys", identity)
-        path = self.root / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(raw))
-        return load_config(path)
+        return load_config(self.write_job(name))
 
-    def start(self, party: str, processes: int, log: Path) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [*FEDBOOST, "worker", "--party", party, "--config", str(self.root / "base.yaml"),
-             "--models", str(self.models), "--processes", str(processes),
-             "--crypto-processes", "1"],
-            stdout=log.open("w"), stderr=subprocess.STDOUT, env=self.env, cwd=self.root)
-        self.procs.append(proc)
-        return proc
+    def start_processes(self, party: str, processes: int, log: Path) -> subprocess.Popen[bytes]:
+        """A worker of ``party`` with ``processes`` processes of one crypto core each (a
+        further one of the same party is a helper of the first)."""
+        return self.start(party, processes=processes, log=log, args=["--crypto-processes", "1"],
+                          helper=party in self.procs)
 
 
 @pytest.fixture(scope="module")
 def federation(rabbit_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
     fed = Federation(tmp_path_factory.mktemp("active-scale"), rabbit_url)
-    fed.job("base")
     try:
         yield fed
     finally:
-        for proc in fed.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        codes = [proc.wait(timeout=60) for proc in fed.procs]
-        delete_party_queues(rabbit_url, [fed.guest, fed.host])
+        fed.stop()
+        codes = fed.exit_codes()
+        fed.delete_queues()
         assert all(code in (0, -signal.SIGKILL) for code in codes), codes
 
 
@@ -115,8 +83,8 @@ def _same_model(federation: Federation, job: str, reference: Path) -> None:
 def test_two_guest_processes_share_encryption_and_decryption(federation: Federation,
                                                              reference: Path) -> None:
     guest_log = federation.root / "guest.log"
-    federation.start(federation.guest, 2, guest_log)
-    federation.start(federation.host, 1, federation.root / "host.log")
+    federation.start_processes(federation.guest, 2, guest_log)
+    federation.start_processes(federation.host, 1, federation.root / "host.log")
     config = federation.job("two")
     vertical_secureboost(config)
     _same_model(federation, config.job, reference)
@@ -134,7 +102,7 @@ def test_a_guest_helper_killed_mid_tree_costs_time_not_the_model(federation: Fed
     tree 1's encryption and is killed in the middle of it: the coordinating process encrypts
     the chunks it never returned, and the job ends with the same model."""
     helper_log = federation.root / "helper.log"
-    helper = federation.start(federation.guest, 1, helper_log)
+    helper = federation.start_processes(federation.guest, 1, helper_log)
     _wait_for(lambda: "serving" in helper_log.read_text(), "the extra guest process to serve")
     config = federation.job("kill")
     from threading import Thread

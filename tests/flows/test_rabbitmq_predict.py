@@ -5,11 +5,7 @@ file; the scores equal the embedded prediction's, in both modes."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -17,12 +13,12 @@ import pytest
 import yaml
 
 from fedboost.cli import main
+from fedboost.local_workers import start_worker, stop_workers
 from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
 from tests.scenarios import REPO
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
 
 
 def _job_file(root: Path, tag: str, url: str) -> Path:
@@ -58,14 +54,9 @@ def test_predict_over_rabbitmq_equals_the_embedded_prediction(
     tag = uuid.uuid4().hex[:6]
     job_file = _job_file(tmp_path, tag, rabbit_url)
     models, runs = tmp_path / "models", tmp_path / "runs"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("PREFECT_API_URL", None)
     guest, host = f"guest{tag}", f"host{tag}"
-    procs = [subprocess.Popen([*FEDBOOST, "worker", "--party", party, "--config", str(job_file),
-                               "--models", str(models)],
-                              stdout=(tmp_path / f"{party}.log").open("w"),
-                              stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
-             for party in (guest, host)]
+    procs = [start_worker(party, job_file, log=tmp_path / f"{party}.log", cwd=tmp_path,
+                          args=["--models", str(models)]) for party in (guest, host)]
     try:
         assert main(["train", str(job_file), "--out", str(runs)]) == 0
         trained = models / f"breast-{tag}" / guest
@@ -83,9 +74,7 @@ def test_predict_over_rabbitmq_equals_the_embedded_prediction(
             got[mode] = _scores(trained)[name]
         assert got["path"] == got["batched"]
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        codes = [proc.wait(timeout=60) for proc in procs]
+        codes = stop_workers(procs)
         delete_party_queues(rabbit_url, [guest, host])
     assert codes == [0, 0]
 

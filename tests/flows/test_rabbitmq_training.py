@@ -5,29 +5,21 @@ Prefect deployment triggered through a real Prefect server's API."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from fedboost.embedded import train_embedded
 from flows.config import JobConfig
 from flows.secureboost import vertical_secureboost
-from messages.rabbit_queues import delete_party_queues
-from messages.signing import write_key_pair
+from tests.cli_federation import CliFederation
 from tests.scenarios import REPO, create_flow_run, served_deployment, wait_until
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
 
 
 @dataclass
@@ -38,52 +30,24 @@ class Federation:
     logs: dict[str, Path]
 
 
-def _job(tag: str, url: str, keys: Path, **params: int) -> dict:
-    """default_credit with this run's own party names (own queues), fewer trees, 1024-bit."""
-    raw = yaml.safe_load((REPO / "configs" / "default_credit.yaml").read_text())
-    guest, host = raw["parties"]["guest"], raw["parties"]["host"]
-    for party in (guest, host):
-        party["data"] = str((REPO / "configs" / party["data"]).resolve())
-        party["policy"] = {"min_key_bits": 1024}  # the workers' own policy allows test keys
-    raw["parties"] = {f"guest{tag}": guest, f"host{tag}": host}
-    raw["job"] = f"dc-{tag}"
-    raw["params"].update(n_trees=2, **params)
-    raw["crypto"]["key_bits"] = 1024
-    raw["transport"] = {"kind": "rabbitmq", "url": url}
-    raw["signing"] = {"key_dir": str(keys)}
-    for name in (*raw["parties"], "flow"):
-        write_key_pair(keys, name)
-    return raw
-
-
 @pytest.fixture(scope="module")
 def federation(rabbit_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
-    """guest: one process; host: two processes (one coordinates, one takes shards)."""
-    tag = uuid.uuid4().hex[:6]
-    root = tmp_path_factory.mktemp("federation")
-    job_file = root / "job.yaml"
-    job_file.write_text(yaml.safe_dump(_job(tag, rabbit_url, root / "keys")))
-    models = root / "models"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("PREFECT_API_URL", None)
-    procs, logs = [], {}
-    for party, processes in ((f"guest{tag}", 1), (f"host{tag}", 2)):
-        logs[party] = root / f"{party}.log"
-        procs.append(subprocess.Popen(
-            [*FEDBOOST, "worker", "--party", party, "--config", str(job_file), "--models",
-             str(models), "--processes", str(processes), "--health-file", str(root / party)],
-            stdout=logs[party].open("w"), stderr=subprocess.STDOUT, env=env, cwd=root))
+    """guest: one process; host: two processes (one coordinates, one takes shards):
+    default_credit with this run's own party names (own queues), 2 trees, 1024-bit."""
+    fed = CliFederation(tmp_path_factory.mktemp("federation"), rabbit_url, prefix="dc",
+                        params={"n_trees": 2}, step_timeout=None)
+    for party, processes in ((fed.guest, 1), (fed.host, 2)):
+        fed.start(party, processes=processes, args=["--health-file", str(fed.root / party)])
     from flows.config import load_config
 
     try:
-        yield Federation(job_file, models, load_config(job_file), logs)
-        for party in logs:  # the workers kept their health files fresh while serving
-            assert time.time() - (root / party).stat().st_mtime < 30, party
+        yield Federation(fed.job_file, fed.models, load_config(fed.job_file),
+                         {party: logs[0] for party, logs in fed.logs.items()})
+        for party in fed.logs:  # the workers kept their health files fresh while serving
+            assert time.time() - (fed.root / party).stat().st_mtime < 30, party
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        codes = [proc.wait(timeout=60) for proc in procs]
-        delete_party_queues(rabbit_url, [f"guest{tag}", f"host{tag}"])
+        codes = fed.stop()
+        fed.delete_queues()
         assert codes == [0, 0], f"workers did not stop cleanly on SIGTERM: {codes}"
 
 

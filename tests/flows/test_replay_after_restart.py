@@ -6,10 +6,8 @@ run resumes from them to the model of an uninterrupted run."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fedboost.local_workers import start_worker, stop_workers
 from flows.coordinator import Coordinator, align_entities, attach, detach
 from flows.config import load_config
 from flows.secureboost import bin_features, job_spec, open_job, vertical_secureboost
@@ -24,10 +23,9 @@ from messages.envelope import MsgType
 from messages.rabbit_queues import delete_party_queues
 from messages.rabbitmq import RabbitTransport
 from messages.signing import FLOW_IDENTITY, Sealer, write_key_pair
-from tests.scenarios import DATA, REPO, wait_until
+from tests.scenarios import DATA, wait_until
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
 
 
 class Tap:
@@ -65,11 +63,7 @@ def _job_file(root: Path, url: str, tag: str) -> Path:
 
 
 def _start(root: Path, job_file: Path, party: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("PREFECT_API_URL", None)
-    proc = subprocess.Popen([*FEDBOOST, "worker", "--party", party, "--config", str(job_file),
-                             "--models", str(root / "models")], stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, env=env, cwd=root)
+    proc = start_worker(party, job_file, log=log, cwd=root, args=["--models", str(root / "models")])
     wait_until(lambda: "serving" in log.read_text(), 60, f"worker {party}")
     return proc
 
@@ -135,8 +129,5 @@ def test_replayed_open_and_close_after_a_restart_are_refused(rabbit_url: str,
         for endpoint in (first.inner, second):
             endpoint.delete_inbox()
             endpoint.close()
-        for proc in procs.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            proc.wait(timeout=60)
+        stop_workers(procs.values())
         delete_party_queues(rabbit_url, [guest, host])

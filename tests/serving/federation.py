@@ -25,6 +25,7 @@ import msgpack
 import pika
 import yaml
 
+from fedboost.local_workers import start_worker
 from messages.envelope import Envelope, decode_envelope
 from tests.conftest import _free_port
 from tests.scenarios import DATA, REPO, rabbitmqctl
@@ -166,10 +167,9 @@ class Federation:
 
     def start_worker(self, party: str) -> None:
         name = self.name(party)
-        self.workers[party] = subprocess.Popen(
-            [*FEDBOOST, "worker", "--party", name, "--config", str(self.root / f"{name}.yaml")],
-            stdout=(self.root / f"{name}.log").open("a"), stderr=subprocess.STDOUT,
-            env=env(), cwd=self.root)
+        self.workers[party] = start_worker(name, self.root / f"{name}.yaml",
+                                           log=self.root / f"{name}.log", append=True,
+                                           env=env(), cwd=self.root)
 
     def serve(self, *flags: str, log_name: str = "serve") -> Service:
         """Start 'fedboost serve-model' on the trained model; wait until it listens."""

@@ -12,10 +12,10 @@ import time
 import uuid
 from pathlib import Path
 
+from fedboost.local_workers import start_worker
 from messages.rabbit_queues import delete_party_queues
 from tests.scenarios import REPO, passive_worker_file, wait_until
 
-FEDBOOST = [sys.executable, "-m", "fedboost.cli"]
 
 
 def _children(pid: int) -> list[int]:
@@ -60,10 +60,7 @@ def test_killing_the_worker_command_stops_its_processes(rabbit_url: str, tmp_pat
     party = f"host{uuid.uuid4().hex[:6]}"
     worker_file = passive_worker_file(tmp_path, party, rabbit_url)
     log = tmp_path / "worker.log"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    parent = subprocess.Popen([*FEDBOOST, "worker", "--party", party, "--config",
-                               str(worker_file)], stdout=log.open("w"),
-                              stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    parent = start_worker(party, worker_file, log=log, cwd=tmp_path)
     children: list[int] = []
     try:
         wait_until(lambda: log.read_text().count(f"worker {party} serving") == 2, 120,
