@@ -25,12 +25,9 @@ ALLOWED = {
     "benchmarks": {"benchmarks", "fedboost", "flows", "workers", "boosting", "crypto", "messages"},
 }
 FORBIDDEN_THIRD_PARTY = {"flows": {"numpy", "gmpy2", "phe", "numba"}, "workers": {"prefect"}}
-KNOWN_CYCLES = {
-    "workers": "workers.checkpoint <-> workers.vertical.{active,passive,opening} through the late "
-               "imports of checkpoint._state_types (issue 25: being broken by the protocol seam)",
-}
-"""Packages with an import cycle someone is removing: an expected failure that fails (strict)
-once the cycle is gone, so the entry goes with it."""
+KNOWN_CYCLES: dict[str, str] = {}
+"""Packages with an import cycle someone is removing (package -> why): an expected failure that
+fails (strict) once the cycle is gone, so the entry goes with it."""
 
 
 def _modules() -> dict[str, Path]:
