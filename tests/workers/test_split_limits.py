@@ -116,7 +116,7 @@ def test_positions_must_leave_the_jobs_min_samples_leaf_in_each_child(
         tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
     """A malicious active party's positions could put one chosen row in a node: the node's
     bin sums (its count slot alone) would show that row's bin of every feature."""
-    host = Host(tmp_path, keypair[0], TEST_POLICY, replace(SPEC, min_samples_leaf=5))
+    host = Host(tmp_path, keypair[0], TEST_POLICY, replace(SPEC, params=replace(SPEC.params, min_samples_leaf=5)))
     _chosen_gradients(host, keypair, tree=0, per_ciphertext=1)
     assert host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 0)).kind == MsgType.ACK
     host.histograms()
