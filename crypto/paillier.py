@@ -51,14 +51,15 @@ table of 22 x 4096 residues (about 23 MB per prime factor at 2048 bits, built on
 
 
 class _FixedBaseTable:
-    """``base^a mod modulus`` for ``a < 2**OBFUSCATOR_EXPONENT_BITS`` by fixed windows."""
+    """``base^a mod modulus`` for ``a < 2**exponent_bits`` by fixed windows."""
 
-    def __init__(self, base: mpz, modulus: mpz, window_bits: int = WINDOW_BITS) -> None:
+    def __init__(self, base: mpz, modulus: mpz, window_bits: int = WINDOW_BITS,
+                 exponent_bits: int = OBFUSCATOR_EXPONENT_BITS) -> None:
         self.modulus = modulus
         self.window_bits = window_bits
         self.rows: list[list[mpz]] = []
         step = base % modulus
-        for _ in range(-(-OBFUSCATOR_EXPONENT_BITS // window_bits)):
+        for _ in range(-(-exponent_bits // window_bits)):
             row = [mpz(1), step]
             for _ in range(2, 1 << window_bits):
                 row.append(row[-1] * step % modulus)
@@ -82,20 +83,34 @@ class PaillierPublicKey:
     """Public key ``n``; equal keys compare equal by ``n``."""
 
     n: mpz
+    scheme: str = field(init=False, default="paillier")
     nsquare: mpz = field(init=False)
     max_int: mpz = field(init=False)
+    plaintext_bits: int = field(init=False)
+    """Packed plaintexts stay below ``2**(plaintext_bits - 1)``, which is below n."""
     _table: _FixedBaseTable | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.n = mpz(self.n)
         self.nsquare = self.n * self.n
         self.max_int = self.n // 3 - 1
+        self.plaintext_bits = self.n.bit_length()
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PaillierPublicKey) and self.n == other.n
 
     def __hash__(self) -> int:
         return hash(int(self.n))
+
+    @property
+    def cipher_modulus(self) -> mpz:
+        """Ciphertexts are residues modulo n^2."""
+        return self.nsquare
+
+    @property
+    def max_plaintext(self) -> int:
+        """The largest plaintext :meth:`raw_encrypt` takes."""
+        return int(self.n) - 1
 
     @property
     def n_bytes(self) -> bytes:
@@ -128,6 +143,11 @@ class PaillierPublicKey:
     def add(self, c1: mpz, c2: mpz) -> mpz:
         """Homomorphic addition: E(a) (+) E(b) = E(a + b)."""
         return c1 * c2 % self.nsquare
+
+    def add_plain(self, c: mpz, m: int) -> mpz:
+        """E(a) (+) m = E(a + m) for a known m >= 0: a product with ``(1 + m*n)`` (no
+        obfuscator: the ciphertext's own randomness covers it)."""
+        return mpz(c) * (1 + mpz(m) * self.n) % self.nsquare
 
     def scalar_mul(self, c: mpz, k: int) -> mpz:
         """Homomorphic scalar product E(a) (x) k = E(a * k), k >= 0."""
@@ -173,6 +193,11 @@ class PaillierPrivateKey:
 
     def __repr__(self) -> str:  # never print the factors
         return f"PaillierPrivateKey(n_bits={self.public_key.n.bit_length()})"
+
+    @property
+    def obfuscator_moduli(self) -> tuple[mpz, mpz]:
+        """The moduli of an obfuscator's two residues (p^2 and q^2)."""
+        return self.psquare, self.qsquare
 
     def _h_function(self, x: mpz, xsquare: mpz) -> mpz:
         return invert(_l_function(powmod(self.public_key.n + 1, x - 1, xsquare), x), x)
@@ -286,7 +311,8 @@ def generate_keypair(n_bits: int = DEFAULT_KEY_BITS, obfuscator: str = "short"
 
 
 def ciphertexts_to_bytes(ciphertexts: Sequence[int], public_key: PaillierPublicKey) -> bytes:
-    """Fixed-width big-endian bytes, ``public_key.ciphertext_bytes`` per ciphertext."""
+    """Fixed-width big-endian bytes, ``public_key.ciphertext_bytes`` per ciphertext (any
+    scheme's key: ``crypto.schemes.PublicKey``)."""
     width = public_key.ciphertext_bytes
     return b"".join(int(c).to_bytes(width, "big") for c in ciphertexts)
 
@@ -296,12 +322,13 @@ def ciphertexts_from_bytes(blob: bytes, public_key: PaillierPublicKey) -> list[m
     width = public_key.ciphertext_bytes
     if len(blob) % width:
         raise CryptoError(f"ciphertext batch of {len(blob)} bytes is not a multiple of {width}")
-    nsquare = public_key.nsquare
+    modulus = public_key.cipher_modulus
     out = []
     for start in range(0, len(blob), width):
         c = mpz(int.from_bytes(blob[start:start + width], "big"))
-        if not 0 < c < nsquare:
-            raise CryptoError(f"ciphertext {start // width} outside (0, n^2)")
+        if not 0 < c < modulus:
+            raise CryptoError(f"ciphertext {start // width} outside (0, {public_key.scheme} "
+                              f"ciphertext modulus)")
         out.append(c)
     return out
 
