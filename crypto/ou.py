@@ -44,9 +44,42 @@ security; factoring p^2 q is no easier at this size (docs/crypto.md)."""
 MIN_KEY_BITS = 768
 """Below this, p (a third of n) is too small to hold even one packed row's sums."""
 
-PLAIN_WINDOW_BITS = 8
-"""Fixed-base windows for ``g^m``: plaintexts reach a third of n's bits (~680 at 2048), so a
-table of 12-bit windows would be 3.5x the obfuscators'; 8-bit windows keep it ~6 MB."""
+PLAIN_WINDOW_BITS = 12
+"""Fixed-base windows for ``g^m``, as for obfuscators; rows are built as plaintexts reach them
+(:class:`_PlainTable`), so packed gradients (~130 bits) need 11 rows, not the 57 that reach
+p's bits at 2048."""
+
+
+class _PlainTable:
+    """``base^m mod modulus`` by fixed windows whose rows are built on first use: the key
+    holder's plaintexts are far shorter than p, and ``g^m`` costs one product per window."""
+
+    def __init__(self, base: mpz, modulus: mpz, window_bits: int = PLAIN_WINDOW_BITS) -> None:
+        self.modulus, self.window_bits = modulus, window_bits
+        self.rows: list[list[mpz]] = []
+        self._next = base % modulus  # base^(2^(window_bits * len(rows)))
+
+    def _grow(self, rows: int) -> None:
+        while len(self.rows) < rows:
+            step, modulus = self._next, self.modulus
+            row = [mpz(1), step]
+            for _ in range(2, 1 << self.window_bits):
+                row.append(row[-1] * step % modulus)
+            self.rows.append(row)
+            self._next = row[-1] * step % modulus
+
+    def power(self, exponent: int) -> mpz:
+        bits = self.window_bits
+        self._grow(-(-int(exponent).bit_length() // bits))
+        modulus, mask, acc = self.modulus, (1 << bits) - 1, mpz(1)
+        for row in self.rows:
+            if not exponent:
+                break
+            digit = exponent & mask
+            if digit:
+                acc = acc * row[digit] % modulus
+            exponent >>= bits
+        return acc
 
 
 def _derive_g(n: mpz) -> mpz:
@@ -73,7 +106,7 @@ class OUPublicKey:
     h: mpz = field(init=False)
     plaintext_bits: int = field(init=False)
     """Packed plaintexts stay below ``2**(plaintext_bits - 1)``, which is below p."""
-    _plain_table: _FixedBaseTable | None = field(init=False, default=None, repr=False)
+    _plain_table: _PlainTable | None = field(init=False, default=None, repr=False)
     _table: _FixedBaseTable | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -117,8 +150,7 @@ class OUPublicKey:
         """``g^m mod n`` (the plaintext part of a ciphertext; a known plaintext's encryption
         without obfuscator, for adding it to a ciphertext)."""
         if self._plain_table is None:
-            self._plain_table = _FixedBaseTable(self.g, self.n, PLAIN_WINDOW_BITS,
-                                                self.plaintext_bits)
+            self._plain_table = _PlainTable(self.g, self.n)
         return self._plain_table.power(m)
 
     def _obfuscator(self) -> mpz:
@@ -166,8 +198,7 @@ class OUPrivateKey:
     gp_inverse: mpz = field(init=False)
     """``L(g^(p-1) mod p^2)^-1 mod p``, the decryption's constant."""
     _psq_inv: mpz = field(init=False)
-    _plain_tables: tuple[_FixedBaseTable, _FixedBaseTable] | None = field(init=False,
-                                                                          default=None)
+    _plain_tables: tuple[_PlainTable, _PlainTable] | None = field(init=False, default=None)
     _tables: tuple[_FixedBaseTable, _FixedBaseTable] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -239,9 +270,8 @@ class OUPrivateKey:
     def _g_power_pair(self, m: int) -> tuple[mpz, mpz]:
         """``g^m`` modulo p^2 and q, from window tables over the plaintext's bits."""
         if self._plain_tables is None:
-            g, bits = self.public_key.g, self.public_key.plaintext_bits
-            self._plain_tables = (_FixedBaseTable(g, self.psquare, PLAIN_WINDOW_BITS, bits),
-                                  _FixedBaseTable(g, self.q, PLAIN_WINDOW_BITS, bits))
+            g = self.public_key.g
+            self._plain_tables = (_PlainTable(g, self.psquare), _PlainTable(g, self.q))
         tp, tq = self._plain_tables
         return tp.power(m), tq.power(m)
 

@@ -51,15 +51,14 @@ table of 22 x 4096 residues (about 23 MB per prime factor at 2048 bits, built on
 
 
 class _FixedBaseTable:
-    """``base^a mod modulus`` for ``a < 2**exponent_bits`` by fixed windows."""
+    """``base^a mod modulus`` for ``a < 2**OBFUSCATOR_EXPONENT_BITS`` by fixed windows."""
 
-    def __init__(self, base: mpz, modulus: mpz, window_bits: int = WINDOW_BITS,
-                 exponent_bits: int = OBFUSCATOR_EXPONENT_BITS) -> None:
+    def __init__(self, base: mpz, modulus: mpz, window_bits: int = WINDOW_BITS) -> None:
         self.modulus = modulus
         self.window_bits = window_bits
         self.rows: list[list[mpz]] = []
         step = base % modulus
-        for _ in range(-(-exponent_bits // window_bits)):
+        for _ in range(-(-OBFUSCATOR_EXPONENT_BITS // window_bits)):
             row = [mpz(1), step]
             for _ in range(2, 1 << window_bits):
                 row.append(row[-1] * step % modulus)
