@@ -27,7 +27,7 @@ from boosting._typing import FloatArray
 from boosting.tree import Model, Tree, node_values, save_model, write_json_atomic
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
-from crypto.paillier import PaillierPrivateKey, PaillierPublicKey, generate_keypair
+from crypto.schemes import PrivateKey, PublicKey, generate_keypair
 from crypto.pool import KeyHolderPool
 from messages.bodies import (Ack, AppliedSplits, EncryptedGradients, EncryptedHistograms, Metric,
                              NodePositions, NodeSplit, Opened, OpenJob, ResumeJob, SplitChoice,
@@ -60,8 +60,8 @@ class ActiveTraining:
     """The active party's training state."""
 
     params: BoostParams
-    public: PaillierPublicKey
-    private: PaillierPrivateKey
+    public: PublicKey
+    private: PrivateKey
     y: np.ndarray = field(default_factory=lambda: np.empty(0))
     n_classes: int = 0
     base: np.ndarray = field(default_factory=lambda: np.empty(0))
@@ -153,12 +153,12 @@ def params_of(open_job: OpenJob) -> BoostParams:
 
 
 def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
-    """Load labels and features, make the Paillier key pair."""
+    """Load labels and features, make the key pair (of the job's scheme)."""
     state = open_active(ctx, body.spec, PROTOCOL)
     if body.spec.pack_bin_sums not in PACKERS:
         raise ProtocolError(f"pack_bin_sums {body.spec.pack_bin_sums!r} is not one of {PACKERS}")
     params = params_of(body)
-    public, private = generate_keypair(body.spec.key_bits,
+    public, private = generate_keypair(body.spec.scheme, body.spec.key_bits,
                                        obfuscator=ctx.party.policy.obfuscator)
     state.role_state = run = ActiveTraining(params=params, public=public, private=private,
                                             pack_bin_sums=body.spec.pack_bin_sums,
@@ -248,9 +248,9 @@ def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     participants = _participants(state, run, tree)
     if participants:
         packer = GradientPacker(value_bits=g.bits, max_rows=n)
-        packer.check_fits(run.public.n.bit_length())
+        packer.check_fits(run.public.plaintext_bits)
         run.packer = packer
-        most = BinSumPacking.for_key(packer.cell_bits, run.public.n.bit_length()).per_ciphertext
+        most = BinSumPacking.for_key(packer.cell_bits, run.public.plaintext_bits).per_ciphertext
         run.per_ciphertext = most if run.pack_bin_sums == "passive" else 1
         started = time.perf_counter()
         packed = packer.pack(g.ints[in_tree], h.ints[in_tree])

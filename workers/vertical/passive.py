@@ -24,7 +24,7 @@ from boosting.tree import write_json_atomic
 from crypto._gmp import mpz
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
-from crypto.paillier import PaillierPublicKey, ciphertexts_from_bytes, public_key_from_n
+from crypto.schemes import PublicKey, ciphertexts_from_bytes, public_key_from_n
 from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradients,
                              EncryptedHistograms, HistogramShard, NodePositions, Opened, OpenJob,
                              PublicKeyMsg, ResumeJob, SplitChoices, Step, TreeCiphertexts,
@@ -81,7 +81,7 @@ class PassiveTraining:
     """The passive party's training state for the tree being grown."""
 
     params: BoostParams
-    public: PaillierPublicKey | None = None
+    public: PublicKey | None = None
     tree: int = -1
     growing: bool = False
     """The tree's gradients are taken and the tree is not finished yet."""
@@ -151,8 +151,8 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     n = int.from_bytes(key.n, "big")
     # the key itself, not only the spec, must meet the policy: the active party made it
     check_key_bits(ctx.party.policy, ctx.party.name, n.bit_length(),
-                   f"the public key {state.active} sent")
-    run.public = public_key_from_n(n, expected_bits=state.key_bits)
+                   f"the public key {state.active} sent", state.scheme)
+    run.public = public_key_from_n(state.scheme, n, expected_bits=state.key_bits)
     receive_alignment(ctx)
     bin_training_rows(state, run.params.max_bin)
     checkpoint.discard(ctx.model_dir)  # a fresh start: older checkpoints are of another run
@@ -189,7 +189,7 @@ def _pass_on_chunk(ctx: StepContext, state: JobState, run: PassiveTraining,
         return
     _HAND_OUT.submit(_hand_out_chunk, ctx, TreeCiphertexts(
         tree=chunk.tree, chunk=chunk.chunk, n_chunks=starts[0].n_chunks,
-        n=run.public.n_bytes, ciphertexts=chunk.ciphertexts))
+        n=run.public.n_bytes, ciphertexts=chunk.ciphertexts, scheme=run.public.scheme))
 
 
 def _hand_out_chunk(ctx: StepContext, chunk: TreeCiphertexts) -> None:
@@ -222,7 +222,7 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     if sorted(c.chunk for c in chunks) != list(range(start.n_chunks)):
         raise ProtocolError(f"tree {tree}: gradient chunks {sorted(c.chunk for c in chunks)}")
     most = BinSumPacking.for_key(GradientPacker(start.value_bits, start.max_rows).cell_bits,
-                                 public.n.bit_length())
+                                 public.plaintext_bits)
     if start.per_ciphertext not in (1, most.per_ciphertext):
         raise ProtocolError(f"tree {tree}: asked to pack {start.per_ciphertext} bin sums per "
                             f"ciphertext; 1 (the key holder folds) or {most.per_ciphertext}")
@@ -255,7 +255,7 @@ def _start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: i
     run.level = None
 
 
-def _require_key(run: PassiveTraining) -> PaillierPublicKey:
+def _require_key(run: PassiveTraining) -> PublicKey:
     if run.public is None:
         raise StageError("the active party's public key has not arrived")
     return run.public
@@ -431,7 +431,7 @@ def _hand_out(ctx: StepContext, run: PassiveTraining, body: Step, helpers: int, 
             tree_digest=run.tree_digest,
             tree_ciphertexts=b"".join(run.chunks) if body.depth == 0 and helpers > 1 else b"",
             cell_bits=packing.cell_bits,
-            per_ciphertext=packing.per_ciphertext, claims=pool)
+            per_ciphertext=packing.per_ciphertext, claims=pool, scheme=run.public.scheme)
         for k in range(1, helpers + 1):
             ctx.submit_work(MsgType.HISTOGRAM_SHARD, replace(shard, shard=k))
     return time.perf_counter()
