@@ -47,17 +47,19 @@ class Federation:
         self.logs: dict[str, list[Path]] = {self.guest: [], self.host: []}
         self.job_file = self.write_job("base")
 
-    def write_job(self, name: str) -> Path:
+    def write_job(self, name: str, scheme: str = "paillier") -> Path:
         """default_credit between this federation's parties, 1024-bit, a few trees."""
         raw = yaml.safe_load((REPO / "configs" / "default_credit.yaml").read_text())
         guest, host = raw["parties"]["guest"], raw["parties"]["host"]
         for party in (guest, host):
             party["data"] = str((REPO / "configs" / party["data"]).resolve())
-            party["policy"] = {"min_key_bits": 1024}  # the workers' own policy allows test keys
+            # the workers' own policy allows test keys
+            party["policy"] = {"min_key_bits": 1024, "min_ou_key_bits": 1024}
         raw["parties"] = {self.guest: guest, self.host: host}
         raw["job"] = f"faults-{self.tag}-{name}"
         raw["params"]["n_trees"] = N_TREES
         raw["crypto"]["key_bits"] = 1024
+        raw["crypto"]["scheme"] = scheme
         raw["transport"] = {"kind": "rabbitmq", "url": self.url, "step_timeout": 600}
         raw["signing"] = {"key_dir": str(self.root / "keys")}
         for identity in (self.guest, self.host, "flow"):
@@ -176,6 +178,23 @@ def test_passive_worker_killed_mid_tree_and_restarted(federation: Federation,
     assert "resuming from the parties' checkpoints" in output, output[-3000:]
     _assert_same_model(federation, job, reference)
     assert not (federation.models / job / federation.host / "checkpoints").exists()
+
+
+def test_an_ou_job_resumes_after_the_passive_worker_is_killed_with_the_paillier_model(
+        federation: Federation, reference: Path) -> None:
+    """Okamoto-Uchiyama (crypto.scheme: ou): the checkpoints hold its key, the restarted host
+    reads the key as the job names it, and the model is the Paillier run's (both are exact)."""
+    job_file = federation.write_job("kill-host-ou", scheme="ou")
+    job = load_config(job_file).job
+    flow = federation.train(job_file)
+    mid_tree = re.compile(rf"job={re.escape(job)} step=BUILD_HISTOGRAMS task=\S+/t1/d1 ")
+    _wait_for(lambda: bool(mid_tree.search(federation.log(federation.host))), "tree 1, depth 1")
+    federation.procs[federation.host].send_signal(signal.SIGKILL)
+    federation.procs[federation.host].wait()
+    federation.start(federation.host)
+    output = _finish(flow)
+    assert "resuming from the parties' checkpoints" in output, output[-3000:]
+    _assert_same_model(federation, job, reference)
 
 
 def test_flow_killed_mid_run_resumes_without_retraining(federation: Federation,
