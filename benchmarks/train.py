@@ -172,14 +172,15 @@ def main() -> None:
             finally:
                 hub.close()
         result = state.result()
+        column = f"{bits} {scheme}" if counted else bits
+        breakdowns[column] = step_seconds(state.state_details.flow_run_id)
+        by_depth[column] = step_seconds(state.state_details.flow_run_id, by_depth=True)
         if counted:
             by_scheme[f"{bits}-{scheme}"] = {
                 "tree_seconds": sum(result["tree_seconds"]) / len(result["tree_seconds"]),
                 "wire_bytes_per_tree": wire / args.trees}
         if scheme != args.scheme[0]:
-            continue  # the tables below are of the first scheme; OU's ratios follow them
-        breakdowns[bits] = step_seconds(state.state_details.flow_run_id)
-        by_depth[bits] = step_seconds(state.state_details.flow_run_id, by_depth=True)
+            continue  # the first table and the JSON's top level are of the first scheme
         per_tree = result["tree_seconds"]
         tree_seconds[bits] = per_tree
         mean = sum(per_tree) / len(per_tree)
@@ -192,21 +193,22 @@ def main() -> None:
     for bits, n, setup, mean, best, baseline in rows:
         print(f"{bits:>8} {n:>6} {setup:>9.1f} {mean:>7.2f} {best:>6.2f} {baseline:>20.0f} "
               f"{baseline / mean:>14.0f}x")
+    columns = list(breakdowns)
     print("\nseconds by step (Prefect task run times; each step includes its messaging)")
-    print(f"{'per tree':<28}" + "".join(f"{b:>10}" for b in bits_list))
+    print(f"{'per tree':<28}" + "".join(f"{b:>16}" for b in columns))
     for step in TREE_STEPS:
-        cells = [breakdowns[b].get(step, 0.0) / args.trees for b in bits_list]
-        print(f"  {step:<26}" + "".join(f"{c:>10.3f}" for c in cells))
+        cells = [breakdowns[b].get(step, 0.0) / args.trees for b in columns]
+        print(f"  {step:<26}" + "".join(f"{c:>16.3f}" for c in cells))
     print("per tree and depth")
-    depth_steps = sorted({k for b in bits_list for k in by_depth[b] if re.search(r"-d\d+$", k)},
+    depth_steps = sorted({k for b in columns for k in by_depth[b] if re.search(r"-d\d+$", k)},
                          key=lambda k: (int(k.rsplit("-d", 1)[1]), k))
     for step in depth_steps:
-        cells = [by_depth[b].get(step, 0.0) / args.trees for b in bits_list]
-        print(f"  {step:<26}" + "".join(f"{c:>10.3f}" for c in cells))
+        cells = [by_depth[b].get(step, 0.0) / args.trees for b in columns]
+        print(f"  {step:<26}" + "".join(f"{c:>16.3f}" for c in cells))
     print("per job (once)")
     for step in JOB_STEPS:
-        cells = [breakdowns[b].get(step, 0.0) for b in bits_list]
-        print(f"  {step:<26}" + "".join(f"{c:>10.3f}" for c in cells))
+        cells = [breakdowns[b].get(step, 0.0) for b in columns]
+        print(f"  {step:<26}" + "".join(f"{c:>16.3f}" for c in cells))
     if by_scheme:
         print(f"\nencryption schemes, same run ({', '.join(args.scheme)}): per tree")
         print(f"{'run':<16}{'s/tree':>9}{'MB on the wire':>16}{'s ratio':>9}{'bytes ratio':>12}")
@@ -222,10 +224,11 @@ def main() -> None:
               "bytes ratio: this one's bytes over the first's")
     if args.json:
         only = bits_list[-1]  # the contract's top-level keys: the largest key size's run
+        first = f"{only} {args.scheme[0]}" if len(args.scheme) > 1 else only
         args.json.write_text(json.dumps({
             "workload": args.workload, "key_bits": only, "tree_seconds": tree_seconds[only],
-            "steps": {k: v / args.trees for k, v in breakdowns[only].items() if k in TREE_STEPS},
-            "steps_by_depth": {k: v / args.trees for k, v in by_depth[only].items()
+            "steps": {k: v / args.trees for k, v in breakdowns[first].items() if k in TREE_STEPS},
+            "steps_by_depth": {k: v / args.trees for k, v in by_depth[first].items()
                                if k in depth_steps},
             "phe_baseline_tree_seconds": rows[-1][5],
             "by_key_bits": {str(b): {"tree_seconds": tree_seconds[b]} for b in bits_list},
