@@ -31,9 +31,9 @@ import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from crypto import CryptoError, KeyMismatchError, OverflowRiskError
+from crypto import CryptoError, KeyMismatchError
 from crypto._gmp import crt_pair, invert, mpz, powmod, random_below, random_prime
-from crypto.paillier import OBFUSCATOR_EXPONENT_BITS, OBFUSCATORS, _FixedBaseTable
+from crypto.paillier import OBFUSCATOR_EXPONENT_BITS, OBFUSCATORS, _FixedBaseTable, fold_runs
 
 SCHEME = "ou"
 
@@ -241,20 +241,9 @@ class OUPrivateKey:
         """As :meth:`crypto.paillier.PaillierPrivateKey.decrypt_folded`: each run of ``run``
         ciphertexts folded by Horner's rule modulo p^2 and decrypted once; runs stay below p
         (``run * shift_bits < p.bit_length()``)."""
-        psquare = self.psquare
-        if run < 1 or shift_bits < 1 or run * shift_bits >= self.p.bit_length():
-            raise OverflowRiskError(f"runs of {run} ciphertexts shifted by {shift_bits} bits do "
-                                    f"not stay below a {self.p.bit_length()}-bit p")
-        shift = mpz(1) << shift_bits
-        out = []
-        for start in range(0, len(ciphertexts), run):
-            acc = None
-            for c in ciphertexts[start:start + run]:
-                c = mpz(c)
-                self.public_key.check_ciphertext(c)
-                acc = c % psquare if acc is None else powmod(acc, shift, psquare) * c % psquare
-            out.append(self._decrypt_mod_psquare(acc))
-        return out
+        return [self._decrypt_mod_psquare(acc)
+                for acc in fold_runs(ciphertexts, shift_bits, run, self.p, self.psquare,
+                                     self.public_key.check_ciphertext)]
 
     def fold_run(self, shift_bits: int) -> int:
         """The longest run :meth:`decrypt_folded` takes for sums of ``shift_bits`` bits."""

@@ -28,7 +28,7 @@ Either way the ciphertexts are ordinary Paillier ciphertexts: ``phe`` decrypts t
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from crypto import CryptoError, KeyMismatchError, OverflowRiskError
@@ -222,20 +222,10 @@ class PaillierPrivateKey:
         its own residue modulo p: the fold and the decryption need p^2 only, whose squarings
         cost about an eighth of the sender's modulo n^2, and no CRT.
         """
-        p, psquare = self.p, self.psquare
-        if run < 1 or shift_bits < 1 or run * shift_bits >= p.bit_length():
-            raise OverflowRiskError(f"runs of {run} ciphertexts shifted by {shift_bits} bits do "
-                                    f"not stay below a {p.bit_length()}-bit p")
-        shift = mpz(1) << shift_bits
-        out = []
-        for start in range(0, len(ciphertexts), run):
-            acc = None
-            for c in ciphertexts[start:start + run]:
-                c = mpz(c)
-                self.public_key.check_ciphertext(c)
-                acc = c % psquare if acc is None else powmod(acc, shift, psquare) * c % psquare
-            out.append(_l_function(powmod(acc, p - 1, psquare), p) * self.hp % p)
-        return out
+        p = self.p
+        return [_l_function(powmod(acc, p - 1, self.psquare), p) * self.hp % p
+                for acc in fold_runs(ciphertexts, shift_bits, run, p, self.psquare,
+                                     self.public_key.check_ciphertext)]
 
     def fold_run(self, shift_bits: int) -> int:
         """The longest run :meth:`decrypt_folded` takes for sums of ``shift_bits`` bits."""
@@ -292,6 +282,26 @@ class PaillierPrivateKey:
 
 def _l_function(x: mpz, p: mpz) -> mpz:
     return (x - 1) // p
+
+
+def fold_runs(ciphertexts: Sequence[int], shift_bits: int, run: int, p: mpz, psquare: mpz,
+              check: Callable[[int], None]) -> list[mpz]:
+    """Each run of ``run`` ciphertexts folded by Horner's rule modulo p^2 (``acc^(2**shift_bits)
+    * c``), each ciphertext checked first; runs must stay below p (``run * shift_bits <
+    p.bit_length()``). Both schemes' key holders decrypt a run's fold modulo p^2 alone."""
+    if run < 1 or shift_bits < 1 or run * shift_bits >= p.bit_length():
+        raise OverflowRiskError(f"runs of {run} ciphertexts shifted by {shift_bits} bits do "
+                                f"not stay below a {p.bit_length()}-bit p")
+    shift = mpz(1) << shift_bits
+    out = []
+    for start in range(0, len(ciphertexts), run):
+        acc = None
+        for c in ciphertexts[start:start + run]:
+            c = mpz(c)
+            check(c)
+            acc = c % psquare if acc is None else powmod(acc, shift, psquare) * c % psquare
+        out.append(acc)
+    return out
 
 
 def generate_keypair(n_bits: int = DEFAULT_KEY_BITS, obfuscator: str = "short"
