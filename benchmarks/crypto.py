@@ -9,6 +9,11 @@ phe, raw gmpy2 ``c1*c2 % n2``), decrypt (ours CRT, phe CRT), histogram accumulat
 passive party's per-bin ciphertext products on a default_credit-sized node, as multiplies/s),
 and bin sums brought back to plaintext, one decryption each or packed several per ciphertext
 (crypto.compress: pack + decrypt + unpack), as sums/s.
+
+Then the same key sizes under Okamoto-Uchiyama (``crypto.ou``, n = p^2 q) beside Paillier, in
+the same run: encrypt (key holder, and with obfuscators made ahead), add, decrypt, histogram
+accumulation, bin sums folded by the key holder, with the OU/Paillier ratio of each
+(``--schemes paillier`` skips them).
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ import phe
 
 from crypto.compress import BinSumPacking, decrypt_bin_sums
 from crypto.encoding import GradientPacker
+from crypto import ou
 from crypto.paillier import PaillierPrivateKey, generate_keypair
+from crypto.schemes import PrivateKey, PublicKey
 
 
 def rate(fn: Callable[[int], None], seconds: float) -> float:
@@ -38,7 +45,7 @@ def rate(fn: Callable[[int], None], seconds: float) -> float:
         k = max(k * 2, int(k * seconds / max(spent, 1e-6) * 1.1))
 
 
-def spare_rate(private: PaillierPrivateKey, plain: list[int], count: int = 4096) -> float:
+def spare_rate(private: PrivateKey, plain: list[int], count: int = 4096) -> float:
     """Encryptions/s once the obfuscators are made (``crypto.pool``'s ahead-of-time ones):
     making them is not timed, it happens while the key holder waits for other parties."""
     spare = private.obfuscators(count)
@@ -85,7 +92,8 @@ def histogram_rate(public, private, seconds: float) -> float:  # type: ignore[no
     index = np.arange(rows)
 
     # rate() counts calls; each call is about one multiply per row and feature
-    return rows * 10 * rate(lambda k: [_node_histogram(bins, index, cts, 33, public.nsquare)
+    return rows * 10 * rate(lambda k: [_node_histogram(bins, index, cts, 33,
+                                                       public.cipher_modulus)
                                        for _ in range(k)], seconds)
 
 
@@ -137,12 +145,62 @@ def bin_sum_rates(public, private, seconds: float) -> dict[str, float]:  # type:
     }
 
 
+SCHEME_ROWS = ("encrypt ours (key holder, CRT)", "encrypt ours (obfuscators made ahead)",
+               "encrypt ours (public key)", "add ours", "decrypt ours (CRT)",
+               "histogram accumulation (mults/s)",
+               "bin sums folded by the key holder mod p^2 (sums/s)")
+"""The rows both schemes have, measured the same way."""
+
+
+def measure_ou(bits: int, seconds: float) -> dict[str, float]:
+    """:data:`SCHEME_ROWS` under Okamoto-Uchiyama at ``bits`` (n = p^2 q)."""
+    public, private = ou.generate_keypair(bits)
+    plain = [random.getrandbits(BENCH_PACKER.cell_bits) for _ in range(64)]  # a packed row
+    cts = private.encrypt_batch(plain)
+    private.encrypt_batch([(1 << BENCH_PACKER.cell_bits) - 1])  # tables built outside the timing
+    public.raw_encrypt((1 << BENCH_PACKER.cell_bits) - 1)
+    sums = cts[:private.fold_run(BENCH_PACKER.cell_bits)]
+    return {
+        SCHEME_ROWS[0]: rate(lambda k: private.encrypt_batch(plain[i % 64] for i in range(k)), seconds),
+        SCHEME_ROWS[1]: spare_rate(private, plain),
+        SCHEME_ROWS[2]: rate(lambda k: [public.raw_encrypt(plain[i % 64]) for i in range(k)], seconds),
+        SCHEME_ROWS[3]: rate(lambda k: [public.add(cts[i % 64], cts[(i + 1) % 64]) for i in range(k)], seconds),
+        SCHEME_ROWS[4]: rate(lambda k: [private.raw_decrypt(cts[i % 64]) for i in range(k)], seconds),
+        SCHEME_ROWS[5]: histogram_rate(public, private, seconds),
+        SCHEME_ROWS[6]: len(sums) * rate(lambda k: [decrypt_bin_sums(
+            private, sums, BENCH_PACKER.cell_bits) for _ in range(k)], seconds),
+    }
+
+
+def print_schemes(paillier: dict[int, dict[str, float]], ou_rates: dict[int, dict[str, float]]
+                  ) -> None:
+    """OU beside Paillier, row by row, with OU/Paillier ratios (> 1: OU faster)."""
+    print(f"{'operation (ops/s, one core)':<44}" + "".join(
+        f"{f'P{b}':>11}{f'OU{b}':>11}{'OU/P':>7}" for b in ou_rates))
+    for name in SCHEME_ROWS:
+        print(f"{name:<44}" + "".join(
+            f"{paillier[b][name]:>11,.0f}{ou_rates[b][name]:>11,.0f}"
+            f"{ou_rates[b][name] / paillier[b][name]:>6.1f}x" for b in ou_rates))
+    for b in ou_rates:
+        width_p = 2 * b // 8
+        width_o = b // 8
+        per_p = BinSumPacking.for_key(BENCH_PACKER.cell_bits, b).per_ciphertext
+        per_o = BinSumPacking.for_key(BENCH_PACKER.cell_bits, b // 3).per_ciphertext
+        print(f"{b} bits: a ciphertext is {width_o} B under OU, {width_p} B under Paillier "
+              f"({width_o / width_p:.2f}x); {BENCH_PACKER.cell_bits}-bit bin sums per packed "
+              f"plaintext: OU {per_o}, Paillier {per_p}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--bits", type=int, nargs="+", default=[1024, 2048])
     parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument("--schemes", nargs="+", default=["paillier", "ou"],
+                        choices=["paillier", "ou"])
     args = parser.parse_args()
     results = {bits: measure(bits, args.seconds) for bits in args.bits}
+    ou_rates = ({bits: measure_ou(bits, args.seconds) for bits in args.bits}
+                if "ou" in args.schemes else {})
     print(f"{'operation (ops/s, one core)':<44}" + "".join(f"{b:>12}" for b in args.bits))
     for name in next(iter(results.values())):
         print(f"{name:<44}" + "".join(f"{results[b][name]:>12,.0f}" for b in args.bits))
@@ -169,6 +227,9 @@ def main() -> None:
               f"ciphertext {1e3 / packed:.3f} ms (passive packing {1e3 / shifts:.3f} ms, key "
               f"holder decrypting {1e3 / holder:.3f} ms); packing pays {packed / one:.1f}x "
               f"overall, {holder / one:.0f}x for the key holder")
+    if ou_rates:
+        print()
+        print_schemes(results, ou_rates)
 
 
 if __name__ == "__main__":

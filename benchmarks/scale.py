@@ -2,6 +2,7 @@
 
     python -m benchmarks.scale --rows 1000000 --features 100 --trees 1 --depth 5 [--json FILE]
                                [--bits 2048] [--passive-helpers N] [--verbose] [--url amqp://...]
+                               [--scheme paillier ou]
 
 Goals on a 2-core machine at 1,000,000 x 100: PSI <= 3 min, <= 10 min per tree, <= 4 GB peak
 RSS per party process.
@@ -19,6 +20,10 @@ The run is the real system: one 'fedboost worker' per party over RabbitMQ (the h
 Seconds per step are Prefect task run times (as benchmarks.train reads them); peak RSS is each
 worker process's VmHWM (and its children's: crypto pools), sampled from /proc every half
 second, reported per process.
+
+``--scheme paillier ou`` trains on the same data once per encryption scheme (``crypto.scheme``),
+one after the other in the same run, and prints each scheme's seconds per tree against the
+first's.
 """
 
 from __future__ import annotations
@@ -91,10 +96,11 @@ def write_data(folder: Path, rows: int, features: int, seed: int = SEED,
 
 
 def job_file(work: Path, files: dict[str, Path], tag: str, url: str, args: argparse.Namespace,
-             ) -> tuple[Path, list[str]]:
+             scheme: str = "paillier") -> tuple[Path, list[str]]:
     """The job (also each party's worker configuration), its signing keys, and its parties."""
     guest, host = f"guest{tag}", f"host{tag}"
-    policy = {"min_key_bits": min(args.bits, 2048)}  # tiny test runs use 1024-bit keys
+    policy = {"min_key_bits": min(args.bits, 2048),  # tiny test runs use 1024-bit keys
+              "min_ou_key_bits": min(args.bits, 2048)}
     raw: dict[str, Any] = {
         "job": f"scale-{tag}", "protocol": "vertical_secureboost",
         "parties": {guest: {"role": "active", "data": str(files["guest"]), "id": "id",
@@ -103,7 +109,7 @@ def job_file(work: Path, files: dict[str, Path], tag: str, url: str, args: argpa
                            "policy": policy}},
         "params": {"n_trees": args.trees, "max_depth": args.depth, "learning_rate": 0.1,
                    "max_bin": 32, "objective": "binary", "reg_lambda": 1.0, "seed": 0},
-        "crypto": {"key_bits": args.bits}, "validation": {"fraction": 0.0, "seed": 0},
+        "crypto": {"key_bits": args.bits, "scheme": scheme}, "validation": {"fraction": 0.0, "seed": 0},
         "transport": {"kind": "rabbitmq", "url": url},
         "signing": {"key_dir": str(work / "keys")}}
     for name in (guest, host, "flow"):
@@ -213,15 +219,30 @@ def _children_by_parent() -> dict[int, list[int]]:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Generate the data, train over RabbitMQ, and gather the numbers."""
-    from flows.config import load_config
-    from flows.secureboost import vertical_secureboost
-
+    """Generate the data, then train once per scheme (``--scheme``); the first scheme's
+    numbers, with every scheme's seconds per tree under ``by_scheme``."""
     started = time.perf_counter()
     files = write_data(work, args.rows, args.features)
     made = time.perf_counter() - started
+    runs = {scheme: train(args, work, files, scheme) for scheme in args.scheme}
+    numbers = {**runs[args.scheme[0]], "data_seconds": made}
+    if len(runs) > 1:
+        numbers["by_scheme"] = {scheme: {"tree_seconds": r["tree_seconds"],
+                                         "psi_seconds": r["psi_seconds"],
+                                         "steps_by_depth": r["steps_by_depth"]}
+                                for scheme, r in runs.items()}
+    return numbers
+
+
+def train(args: argparse.Namespace, work: Path, files: dict[str, Path],
+          scheme: str) -> dict[str, Any]:
+    """Train over RabbitMQ under ``scheme`` and gather the numbers."""
+    from flows.config import load_config
+    from flows.secureboost import vertical_secureboost
+
+    made = 0.0
     tag = uuid.uuid4().hex[:6]
-    path, (guest, host) = job_file(work, files, tag, args.url, args)
+    path, (guest, host) = job_file(work, files, tag, args.url, args, scheme)
     processes = {guest: 1, host: 1 + args.passive_helpers}
     procs = start_workers(path, work / "models", work, processes,
                           log_level="INFO" if args.verbose else "WARNING")
@@ -235,7 +256,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         delete_party_queues(args.url, [guest, host])
     steps = step_seconds(state.state_details.flow_run_id)
     by_depth = step_seconds(state.state_details.flow_run_id, by_depth=True)
-    return {"rows": args.rows, "features": args.features, "key_bits": args.bits,
+    return {"rows": args.rows, "features": args.features, "key_bits": args.bits, "scheme": scheme,
             "passive_helpers": args.passive_helpers, "data_seconds": made,
             "n_train": result["n_train"], "psi_seconds": steps.get("align-entities", 0.0),
             "tree_seconds": result["tree_seconds"], "steps": steps,
@@ -263,6 +284,18 @@ def report(numbers: dict[str, Any]) -> None:
     for label, peak in numbers["peak_rss_bytes"].items():
         print(f"  {label:<26}{peak / 2 ** 30:>8.3f} GB{numbers['cpu_seconds'].get(label, 0):>10.1f}"
               f" s CPU")
+    schemes = numbers.get("by_scheme", {})
+    if schemes:
+        first = next(iter(schemes.values()))["tree_seconds"]
+        base = sum(first) / len(first)
+        print("encryption schemes, same data, one after the other (peak RSS above: the first)")
+        for scheme, r in schemes.items():
+            mean = sum(r["tree_seconds"]) / len(r["tree_seconds"])
+            print(f"  {scheme:<10} {mean:>8.1f} s/tree  {base / mean:>5.2f}x the first's speed; "
+                  f"PSI {r['psi_seconds']:.1f} s")
+            for step, seconds in sorted(r["steps_by_depth"].items()):
+                if step.startswith("build-histograms"):
+                    print(f"    {step:<24}{seconds:>10.2f}")
 
 
 def main() -> None:
@@ -279,6 +312,8 @@ def main() -> None:
         "FEDBOOST_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"))
     parser.add_argument("--work", type=Path, help="folder for data, keys and models "
                         "(default: a temporary one, removed after)")
+    parser.add_argument("--scheme", nargs="+", choices=["paillier", "ou"], default=["paillier"],
+                        help="encryption schemes (crypto.scheme), one run each on the same data")
     parser.add_argument("--json", type=Path, help="write the numbers to this file")
     parser.add_argument("--verbose", action="store_true",
                         help="workers and Prefect log at INFO (PSI progress, steps)")

@@ -1,7 +1,7 @@
 """Seconds per tree of federated SecureBoost, against the phe baseline.
 
     python -m benchmarks.train [--workload default_credit|fedtree] [--trees 5] [--bits 1024 2048]
-                               [--json FILE]
+                               [--scheme paillier ou] [--json FILE]
 
 Workloads:
 - ``default_credit`` (the default): the shipped config (30,000 rows, 13 + 10 columns, depth 3,
@@ -15,6 +15,11 @@ For each key size: one embedded run (guest + host worker processes, ephemeral Pr
 (and per tree depth), and the baseline measured in the same run: phe's time to encrypt one
 tree's g and h separately for every row (a sample of encryptions, extrapolated). ``--json``
 writes the numbers (``tree_seconds`` per key size, ``steps``, ``steps_by_depth``).
+
+``--scheme paillier ou`` runs each key size under both encryption schemes in the same run
+(``crypto.scheme``) and prints OU against Paillier: seconds per tree and bytes between the
+parties per tree (every message between two parties, counted on the embedded hub; the flow's
+commands are not counted).
 """
 
 from __future__ import annotations
@@ -100,12 +105,12 @@ def write_fedtree_data(folder: Path) -> dict[str, Path]:
 
 
 def workload_config(workload: str, folder: Path, bits: int, trees: int,
-                    pack_bin_sums: str = "key_holder") -> object:
-    """The job a workload runs, with ``bits``-bit keys and ``trees`` trees."""
+                    pack_bin_sums: str = "key_holder", scheme: str = "paillier") -> object:
+    """The job a workload runs, with ``bits``-bit keys of ``scheme`` and ``trees`` trees."""
     from benchmarks.job_files import config_with
     from flows.config import parse_config
 
-    crypto = {"key_bits": bits, "pack_bin_sums": pack_bin_sums}
+    crypto = {"key_bits": bits, "pack_bin_sums": pack_bin_sums, "scheme": scheme}
     if workload == "default_credit":
         return config_with("default_credit.yaml", crypto=crypto, params={"n_trees": trees})
     files = write_fedtree_data(folder)
@@ -132,29 +137,50 @@ def main() -> None:
                         help="key sizes (default: 1024 2048; fedtree: 2048)")
     parser.add_argument("--pack-bin-sums", choices=["key_holder", "passive"], default="key_holder",
                         help="who folds bin sums into shared ciphertexts (crypto.pack_bin_sums)")
+    parser.add_argument("--scheme", nargs="+", choices=["paillier", "ou"], default=["paillier"],
+                        help="encryption schemes (crypto.scheme), each in the same run")
     parser.add_argument("--json", type=Path, help="write the numbers to this file")
     args = parser.parse_args()
     bits_list = args.bits or ([2048] if args.workload == "fedtree" else [1024, 2048])
     _prefect_env.configure()
     import logging
 
-    from fedboost.embedded import party_specs, run_embedded
+    from fedboost.embedded import FLOW_ENDPOINT, party_specs, run_embedded
     from flows.secureboost import vertical_secureboost
+    from messages.transport import MemoryHub
 
     logging.getLogger("prefect").setLevel(logging.WARNING)
     logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
     logging.getLogger("prefect.flow_runs").setLevel(logging.WARNING)
     rows = []
     breakdowns, by_depth, tree_seconds = {}, {}, {}
-    for bits in bits_list:
+    by_scheme: dict[str, dict[str, float]] = {}
+    runs = [(bits, scheme) for bits in bits_list for scheme in args.scheme]
+    for bits, scheme in runs:
+        counted = len(args.scheme) > 1
         with tempfile.TemporaryDirectory() as out:
             config = workload_config(args.workload, Path(out), bits, args.trees,
-                                     args.pack_bin_sums)
-            state = run_embedded(config.job, party_specs(config, Path(out) / "models"),
-                                 lambda: vertical_secureboost(config, return_state=True))
+                                     args.pack_bin_sums, scheme)
+            specs = party_specs(config, Path(out) / "models")
+            hub = MemoryHub([s.name for s in specs] + [FLOW_ENDPOINT], record=counted)
+            try:
+                state = run_embedded(config.job, specs,
+                                     lambda: vertical_secureboost(config, return_state=True),
+                                     hub=hub)
+                wire = sum(len(data) for sender, to, data in (hub.recorded() if counted else [])
+                           if FLOW_ENDPOINT not in (sender, to) and sender != to)
+            finally:
+                hub.close()
         result = state.result()
-        breakdowns[bits] = step_seconds(state.state_details.flow_run_id)
-        by_depth[bits] = step_seconds(state.state_details.flow_run_id, by_depth=True)
+        column = f"{bits} {scheme}" if counted else bits
+        breakdowns[column] = step_seconds(state.state_details.flow_run_id)
+        by_depth[column] = step_seconds(state.state_details.flow_run_id, by_depth=True)
+        if counted:
+            by_scheme[f"{bits}-{scheme}"] = {
+                "tree_seconds": sum(result["tree_seconds"]) / len(result["tree_seconds"]),
+                "wire_bytes_per_tree": wire / args.trees}
+        if scheme != args.scheme[0]:
+            continue  # the first table and the JSON's top level are of the first scheme
         per_tree = result["tree_seconds"]
         tree_seconds[bits] = per_tree
         mean = sum(per_tree) / len(per_tree)
@@ -167,30 +193,46 @@ def main() -> None:
     for bits, n, setup, mean, best, baseline in rows:
         print(f"{bits:>8} {n:>6} {setup:>9.1f} {mean:>7.2f} {best:>6.2f} {baseline:>20.0f} "
               f"{baseline / mean:>14.0f}x")
+    columns = list(breakdowns)
     print("\nseconds by step (Prefect task run times; each step includes its messaging)")
-    print(f"{'per tree':<28}" + "".join(f"{b:>10}" for b in bits_list))
+    print(f"{'per tree':<28}" + "".join(f"{b:>16}" for b in columns))
     for step in TREE_STEPS:
-        cells = [breakdowns[b].get(step, 0.0) / args.trees for b in bits_list]
-        print(f"  {step:<26}" + "".join(f"{c:>10.3f}" for c in cells))
+        cells = [breakdowns[b].get(step, 0.0) / args.trees for b in columns]
+        print(f"  {step:<26}" + "".join(f"{c:>16.3f}" for c in cells))
     print("per tree and depth")
-    depth_steps = sorted({k for b in bits_list for k in by_depth[b] if re.search(r"-d\d+$", k)},
+    depth_steps = sorted({k for b in columns for k in by_depth[b] if re.search(r"-d\d+$", k)},
                          key=lambda k: (int(k.rsplit("-d", 1)[1]), k))
     for step in depth_steps:
-        cells = [by_depth[b].get(step, 0.0) / args.trees for b in bits_list]
-        print(f"  {step:<26}" + "".join(f"{c:>10.3f}" for c in cells))
+        cells = [by_depth[b].get(step, 0.0) / args.trees for b in columns]
+        print(f"  {step:<26}" + "".join(f"{c:>16.3f}" for c in cells))
     print("per job (once)")
     for step in JOB_STEPS:
-        cells = [breakdowns[b].get(step, 0.0) for b in bits_list]
-        print(f"  {step:<26}" + "".join(f"{c:>10.3f}" for c in cells))
+        cells = [breakdowns[b].get(step, 0.0) for b in columns]
+        print(f"  {step:<26}" + "".join(f"{c:>16.3f}" for c in cells))
+    if by_scheme:
+        print(f"\nencryption schemes, same run ({', '.join(args.scheme)}): per tree")
+        print(f"{'run':<16}{'s/tree':>9}{'MB on the wire':>16}{'s ratio':>9}{'bytes ratio':>12}")
+        for bits in bits_list:
+            base = by_scheme[f"{bits}-{args.scheme[0]}"]
+            for scheme in args.scheme:
+                r = by_scheme[f"{bits}-{scheme}"]
+                print(f"{f'{bits} {scheme}':<16}{r['tree_seconds']:>9.2f}"
+                      f"{r['wire_bytes_per_tree'] / 1e6:>16.2f}"
+                      f"{base['tree_seconds'] / r['tree_seconds']:>8.2f}x"
+                      f"{r['wire_bytes_per_tree'] / base['wire_bytes_per_tree']:>11.2f}x")
+        print("s ratio: the first scheme's seconds per tree over this one's (> 1: faster); "
+              "bytes ratio: this one's bytes over the first's")
     if args.json:
         only = bits_list[-1]  # the contract's top-level keys: the largest key size's run
+        first = f"{only} {args.scheme[0]}" if len(args.scheme) > 1 else only
         args.json.write_text(json.dumps({
             "workload": args.workload, "key_bits": only, "tree_seconds": tree_seconds[only],
-            "steps": {k: v / args.trees for k, v in breakdowns[only].items() if k in TREE_STEPS},
-            "steps_by_depth": {k: v / args.trees for k, v in by_depth[only].items()
+            "steps": {k: v / args.trees for k, v in breakdowns[first].items() if k in TREE_STEPS},
+            "steps_by_depth": {k: v / args.trees for k, v in by_depth[first].items()
                                if k in depth_steps},
             "phe_baseline_tree_seconds": rows[-1][5],
             "by_key_bits": {str(b): {"tree_seconds": tree_seconds[b]} for b in bits_list},
+            "by_scheme": by_scheme,
         }, indent=2) + "\n")
 
 

@@ -35,13 +35,14 @@ from dataclasses import dataclass
 
 from crypto import CryptoError, OverflowRiskError
 from crypto._gmp import mpz, powmod
-from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_from_bytes,
-                             ciphertexts_to_bytes)
+from crypto.paillier import PaillierPublicKey
+from crypto.schemes import (PrivateKey, PublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
+                            public_key_from_n)
 
 BLOCK_CIPHERTEXTS = 4
 """Packed ciphertexts per pool task: ~44 sums at 2048 bits, ~70 ms, small next to task overhead."""
 
-_Block = tuple[bytes, int, int, int]
+_Block = tuple[bytes, int, int, int, str]
 BlockMap = Callable[[Callable[[_Block], bytes], list[_Block]], Iterable[bytes]]
 """``map`` or a process pool's ``map``: runs the packing of each block, results in order."""
 
@@ -73,10 +74,11 @@ class BinSumPacking:
         return -(-sums // self.per_ciphertext)
 
     def pack(self, ciphertexts: Sequence[mpz], nsquare: mpz,
-             n: int | None = None) -> list[mpz]:
+             n: int | PublicKey | None = None) -> list[mpz]:
         """Fold each run of ``per_ciphertext`` ciphertexts into one (the last run may be short).
 
-        With ``n`` (the key's modulus), the bits of each plaintext above its sums are random
+        ``nsquare`` is the ciphertext modulus (``cipher_modulus``: n^2 for Paillier, n for
+        OU). With ``n`` (the public key, or a Paillier key's modulus), the bits of each plaintext above its sums are random
         (:func:`random_above`): the key holder reads the sums as before, and nothing else. An
         honest sum fits its ``cell_bits``; a key holder that encrypted chosen values instead
         of gradients (``2**i`` for row i) would otherwise read the bins of up to ``n_bits``
@@ -110,19 +112,19 @@ class BinSumPacking:
         return out
 
 
-def random_above(ciphertext: mpz, bits: int, n: int) -> mpz:
+def random_above(ciphertext: mpz, bits: int, n: int | PublicKey) -> mpz:
     """The ciphertext plus ``r * 2**bits`` for a uniform r that keeps a plaintext below
-    ``2**bits`` from reaching n: the low ``bits`` bits decrypt as before, the ones above are
-    random. Adding a known plaintext m is a product with ``(1 + m*n)`` (no obfuscator: the
-    ciphertext's own randomness covers it)."""
-    room = (int(n) >> bits) - 1
+    ``2**bits`` within the key's plaintexts (below n for Paillier, below p for OU): the low
+    ``bits`` bits decrypt as before, the ones above are random. Adding a known plaintext needs
+    no obfuscator (``add_plain``): the ciphertext's own randomness covers it."""
+    public = n if hasattr(n, "add_plain") else PaillierPublicKey(mpz(n))
+    room = ((public.max_plaintext + 1) >> bits) - 1
     if room < 1:  # the sums fill the plaintext: nothing above them to hide
         return mpz(ciphertext)
-    nsquare = mpz(n) * n
-    return mpz(ciphertext) * (1 + mpz(secrets.randbelow(room) << bits) * n) % nsquare
+    return public.add_plain(ciphertext, secrets.randbelow(room) << bits)
 
 
-def decrypt_bin_sums(private: PaillierPrivateKey, ciphertexts: Sequence[mpz],
+def decrypt_bin_sums(private: PrivateKey, ciphertexts: Sequence[mpz],
                      cell_bits: int) -> list[int]:
     """The key holder's side of bin sums sent one per ciphertext: fold as many as stay below p
     and decrypt them modulo p (``PaillierPrivateKey.decrypt_folded``), then cut them apart: the
@@ -136,21 +138,21 @@ def decrypt_bin_sums(private: PaillierPrivateKey, ciphertexts: Sequence[mpz],
 
 def _pack_block(block: _Block) -> bytes:
     """Pool task: pack one block of fixed-width ciphertexts (module level so it pickles)."""
-    blob, n, cell_bits, per_ciphertext = block
-    public = PaillierPublicKey(mpz(n))
+    blob, n, cell_bits, per_ciphertext, scheme = block
+    public = public_key_from_n(scheme, n)
     packed = BinSumPacking(cell_bits, per_ciphertext).pack(ciphertexts_from_bytes(blob, public),
-                                                           public.nsquare)
+                                                           public.cipher_modulus)
     return ciphertexts_to_bytes(packed, public)
 
 
-def pack_bin_sums(ciphertexts: bytes, public_key: PaillierPublicKey, packing: BinSumPacking,
+def pack_bin_sums(ciphertexts: bytes, public_key: PublicKey, packing: BinSumPacking,
                   map_blocks: BlockMap = map) -> tuple[list[bool], bytes]:
     """Which bins are non-empty, and their sums packed (fixed width), from fixed-width sums.
 
     Blocks are whole runs of ``per_ciphertext`` sums, so the result does not depend on how
     ``map_blocks`` spreads them over processes.
     """
-    packing.check_fits(public_key.n.bit_length())
+    packing.check_fits(public_key.plaintext_bits)
     width = public_key.ciphertext_bytes
     if len(ciphertexts) % width:
         raise CryptoError(f"{len(ciphertexts)} bytes of bin sums are not a multiple of {width}")
@@ -160,5 +162,5 @@ def pack_bin_sums(ciphertexts: bytes, public_key: PaillierPublicKey, packing: Bi
     sums = [cell for cell, full in zip(cells, filled) if full]
     step = BLOCK_CIPHERTEXTS * packing.per_ciphertext
     blocks = [(b"".join(sums[i:i + step]), int(public_key.n), packing.cell_bits,
-               packing.per_ciphertext) for i in range(0, len(sums), step)]
+               packing.per_ciphertext, public_key.scheme) for i in range(0, len(sums), step)]
     return filled, b"".join(map_blocks(_pack_block, blocks))

@@ -28,7 +28,7 @@ Either way the ciphertexts are ordinary Paillier ciphertexts: ``phe`` decrypts t
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from crypto import CryptoError, KeyMismatchError, OverflowRiskError
@@ -82,20 +82,34 @@ class PaillierPublicKey:
     """Public key ``n``; equal keys compare equal by ``n``."""
 
     n: mpz
+    scheme: str = field(init=False, default="paillier")
     nsquare: mpz = field(init=False)
     max_int: mpz = field(init=False)
+    plaintext_bits: int = field(init=False)
+    """Packed plaintexts stay below ``2**(plaintext_bits - 1)``, which is below n."""
     _table: _FixedBaseTable | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.n = mpz(self.n)
         self.nsquare = self.n * self.n
         self.max_int = self.n // 3 - 1
+        self.plaintext_bits = self.n.bit_length()
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PaillierPublicKey) and self.n == other.n
 
     def __hash__(self) -> int:
         return hash(int(self.n))
+
+    @property
+    def cipher_modulus(self) -> mpz:
+        """Ciphertexts are residues modulo n^2."""
+        return self.nsquare
+
+    @property
+    def max_plaintext(self) -> int:
+        """The largest plaintext :meth:`raw_encrypt` takes."""
+        return int(self.n) - 1
 
     @property
     def n_bytes(self) -> bytes:
@@ -128,6 +142,11 @@ class PaillierPublicKey:
     def add(self, c1: mpz, c2: mpz) -> mpz:
         """Homomorphic addition: E(a) (+) E(b) = E(a + b)."""
         return c1 * c2 % self.nsquare
+
+    def add_plain(self, c: mpz, m: int) -> mpz:
+        """E(a) (+) m = E(a + m) for a known m >= 0: a product with ``(1 + m*n)`` (no
+        obfuscator: the ciphertext's own randomness covers it)."""
+        return mpz(c) * (1 + mpz(m) * self.n) % self.nsquare
 
     def scalar_mul(self, c: mpz, k: int) -> mpz:
         """Homomorphic scalar product E(a) (x) k = E(a * k), k >= 0."""
@@ -174,6 +193,11 @@ class PaillierPrivateKey:
     def __repr__(self) -> str:  # never print the factors
         return f"PaillierPrivateKey(n_bits={self.public_key.n.bit_length()})"
 
+    @property
+    def obfuscator_moduli(self) -> tuple[mpz, mpz]:
+        """The moduli of an obfuscator's two residues (p^2 and q^2)."""
+        return self.psquare, self.qsquare
+
     def _h_function(self, x: mpz, xsquare: mpz) -> mpz:
         return invert(_l_function(powmod(self.public_key.n + 1, x - 1, xsquare), x), x)
 
@@ -198,20 +222,10 @@ class PaillierPrivateKey:
         its own residue modulo p: the fold and the decryption need p^2 only, whose squarings
         cost about an eighth of the sender's modulo n^2, and no CRT.
         """
-        p, psquare = self.p, self.psquare
-        if run < 1 or shift_bits < 1 or run * shift_bits >= p.bit_length():
-            raise OverflowRiskError(f"runs of {run} ciphertexts shifted by {shift_bits} bits do "
-                                    f"not stay below a {p.bit_length()}-bit p")
-        shift = mpz(1) << shift_bits
-        out = []
-        for start in range(0, len(ciphertexts), run):
-            acc = None
-            for c in ciphertexts[start:start + run]:
-                c = mpz(c)
-                self.public_key.check_ciphertext(c)
-                acc = c % psquare if acc is None else powmod(acc, shift, psquare) * c % psquare
-            out.append(_l_function(powmod(acc, p - 1, psquare), p) * self.hp % p)
-        return out
+        p = self.p
+        return [_l_function(powmod(acc, p - 1, self.psquare), p) * self.hp % p
+                for acc in fold_runs(ciphertexts, shift_bits, run, p, self.psquare,
+                                     self.public_key.check_ciphertext)]
 
     def fold_run(self, shift_bits: int) -> int:
         """The longest run :meth:`decrypt_folded` takes for sums of ``shift_bits`` bits."""
@@ -270,6 +284,26 @@ def _l_function(x: mpz, p: mpz) -> mpz:
     return (x - 1) // p
 
 
+def fold_runs(ciphertexts: Sequence[int], shift_bits: int, run: int, p: mpz, psquare: mpz,
+              check: Callable[[int], None]) -> list[mpz]:
+    """Each run of ``run`` ciphertexts folded by Horner's rule modulo p^2 (``acc^(2**shift_bits)
+    * c``), each ciphertext checked first; runs must stay below p (``run * shift_bits <
+    p.bit_length()``). Both schemes' key holders decrypt a run's fold modulo p^2 alone."""
+    if run < 1 or shift_bits < 1 or run * shift_bits >= p.bit_length():
+        raise OverflowRiskError(f"runs of {run} ciphertexts shifted by {shift_bits} bits do "
+                                f"not stay below a {p.bit_length()}-bit p")
+    shift = mpz(1) << shift_bits
+    out = []
+    for start in range(0, len(ciphertexts), run):
+        acc = None
+        for c in ciphertexts[start:start + run]:
+            c = mpz(c)
+            check(c)
+            acc = c % psquare if acc is None else powmod(acc, shift, psquare) * c % psquare
+        out.append(acc)
+    return out
+
+
 def generate_keypair(n_bits: int = DEFAULT_KEY_BITS, obfuscator: str = "short"
                      ) -> tuple[PaillierPublicKey, PaillierPrivateKey]:
     """A fresh key pair whose modulus has exactly ``n_bits`` bits; the private key encrypts
@@ -286,7 +320,8 @@ def generate_keypair(n_bits: int = DEFAULT_KEY_BITS, obfuscator: str = "short"
 
 
 def ciphertexts_to_bytes(ciphertexts: Sequence[int], public_key: PaillierPublicKey) -> bytes:
-    """Fixed-width big-endian bytes, ``public_key.ciphertext_bytes`` per ciphertext."""
+    """Fixed-width big-endian bytes, ``public_key.ciphertext_bytes`` per ciphertext (any
+    scheme's key: ``crypto.schemes.PublicKey``)."""
     width = public_key.ciphertext_bytes
     return b"".join(int(c).to_bytes(width, "big") for c in ciphertexts)
 
@@ -296,12 +331,13 @@ def ciphertexts_from_bytes(blob: bytes, public_key: PaillierPublicKey) -> list[m
     width = public_key.ciphertext_bytes
     if len(blob) % width:
         raise CryptoError(f"ciphertext batch of {len(blob)} bytes is not a multiple of {width}")
-    nsquare = public_key.nsquare
+    modulus = public_key.cipher_modulus
     out = []
     for start in range(0, len(blob), width):
         c = mpz(int.from_bytes(blob[start:start + width], "big"))
-        if not 0 < c < nsquare:
-            raise CryptoError(f"ciphertext {start // width} outside (0, n^2)")
+        if not 0 < c < modulus:
+            raise CryptoError(f"ciphertext {start // width} outside (0, {public_key.scheme} "
+                              f"ciphertext modulus)")
         out.append(c)
     return out
 

@@ -1,4 +1,4 @@
-"""Paillier batches on several processes (both cores), ciphertexts crossing as bytes.
+"""Paillier or OU batches on several processes (both cores), ciphertexts crossing as bytes.
 
 The key holder's pool processes receive the private key at start-up from the party's own
 worker process (a local pipe on the party's machine, never the wire) and build their own
@@ -37,12 +37,12 @@ from multiprocessing.process import BaseProcess
 
 from crypto._gmp import mpz
 from crypto.compress import decrypt_bin_sums
-from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_from_bytes,
-                             ciphertexts_to_bytes)
+from crypto.schemes import (PrivateKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
+                            private_key_from_factors)
 
 log = logging.getLogger(__name__)
 
-_KEY: PaillierPrivateKey | None = None
+_KEY: PrivateKey | None = None
 
 SPARE_BYTES = 256 << 20
 """Memory the worker process may fill with obfuscators made ahead (~500,000 at 2048 bits)."""
@@ -55,30 +55,30 @@ READ_SECONDS = 0.5
 """How often the thread reading the preparers' pipes looks whether the pool was closed."""
 
 
-def _init(n: int, p: int, q: int, obfuscator: str,
+def _init(scheme: str, n: int, p: int, q: int, obfuscator: str,
           on_start: Callable[[], None] | None) -> None:
     global _KEY
     if on_start is not None:
         on_start()
-    _KEY = PaillierPrivateKey(PaillierPublicKey(mpz(n)), mpz(p), mpz(q), obfuscator)
+    _KEY = private_key_from_factors(scheme, mpz(n), mpz(p), mpz(q), obfuscator)
     _KEY.encrypt_batch([0])  # build the obfuscator tables now, not in the first batch
 
 
-def _init_preparer(idle: bool, n: int, p: int, q: int, obfuscator: str,
+def _init_preparer(idle: bool, scheme: str, n: int, p: int, q: int, obfuscator: str,
                    on_start: Callable[[], None] | None) -> None:
     if idle:  # only CPU time nobody else wants
         try:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         except (AttributeError, OSError):
             os.nice(19)
-    _init(n, p, q, obfuscator, on_start)
+    _init(scheme, n, p, q, obfuscator, on_start)
 
 
-def _serve_obfuscators(pipe: Connection, idle: bool, n: int, p: int, q: int, obfuscator: str,
-                       on_start: Callable[[], None] | None) -> None:
+def _serve_obfuscators(pipe: Connection, idle: bool, scheme: str, n: int, p: int, q: int,
+                       obfuscator: str, on_start: Callable[[], None] | None) -> None:
     """A preparer: at idle priority, answer each request on its own pipe (a count) with that
     many obfuscators, until asked for none or the pipe closes."""
-    _init_preparer(idle, n, p, q, obfuscator, on_start)
+    _init_preparer(idle, scheme, n, p, q, obfuscator, on_start)
     while True:
         try:
             count = int.from_bytes(pipe.recv_bytes(), "big")
@@ -89,9 +89,10 @@ def _serve_obfuscators(pipe: Connection, idle: bool, n: int, p: int, q: int, obf
             return
 
 
-def _halves(key: PaillierPrivateKey) -> tuple[int, int]:
-    """Byte widths of an obfuscator's residues modulo p^2 and q^2."""
-    return (key.psquare.bit_length() + 7) // 8, (key.qsquare.bit_length() + 7) // 8
+def _halves(key: PrivateKey) -> tuple[int, int]:
+    """Byte widths of an obfuscator's two residues (modulo p^2 and q^2; p^2 and q for OU)."""
+    mp, mq = key.obfuscator_moduli
+    return (mp.bit_length() + 7) // 8, (mq.bit_length() + 7) // 8
 
 
 def _make_obfuscators(count: int) -> bytes:
@@ -240,14 +241,15 @@ class KeyHolderPool:
     hold the private key and must not outlive it). As many preparer processes make
     obfuscators ahead when asked (module docstring)."""
 
-    def __init__(self, private: PaillierPrivateKey, processes: int | None = None,
+    def __init__(self, private: PrivateKey, processes: int | None = None,
                  on_start: Callable[[], None] | None = None, idle_preparers: bool = True) -> None:
         self.private = private
         self.idle_preparers = idle_preparers
         """Preparers at idle priority (always, in a worker); tests of the hand-off turn it off,
         since on a machine whose cores are all busy idle preparers make nothing."""
         self.processes = processes or default_processes()
-        initargs = (int(private.public_key.n), int(private.p), int(private.q),
+        initargs = (private.public_key.scheme, int(private.public_key.n), int(private.p),
+                    int(private.q),
                     private.obfuscator, on_start)
         context = mp.get_context("spawn")
         self._pool = context.Pool(self.processes, initializer=_init, initargs=initargs)

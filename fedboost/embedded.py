@@ -28,11 +28,11 @@ FLOW_ENDPOINT = "flow"
 def embedded_policy() -> PartyPolicy:
     """The policy of a party of the embedded default without a ``policy:`` of its own: every
     protocol declared. Every party runs on the operator's own machine, so no other
-    organisation sees its ciphertexts; 1024-bit keys are allowed there (tests, quick trials)
-    unless the job file gives a party a stricter ``policy:``. Workers of a real federation
-    default to ``workers.policy.MIN_KEY_BITS``. The operator sees every party's data anyway, so
-    both prediction modes are answered."""
-    return PartyPolicy(min_key_bits=1024, protocols=tuple(declared()),
+    organisation sees its ciphertexts; 1024-bit keys (of either scheme) are allowed there
+    (tests, quick trials) unless the job file gives a party a stricter ``policy:``. Workers of a
+    real federation default to ``workers.policy.MIN_KEY_BITS``. The operator sees every party's
+    data anyway, so both prediction modes are answered."""
+    return PartyPolicy(min_key_bits=1024, min_ou_key_bits=1024, protocols=tuple(declared()),
                        predict_modes=("path", "batched"))
 
 

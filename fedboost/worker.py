@@ -52,6 +52,7 @@ def policy_of(config: PolicyConfig) -> PartyPolicy:
     return PartyPolicy(min_key_bits=config.min_key_bits, protocols=tuple(config.protocols),
                        obfuscator=config.obfuscator, predict_modes=tuple(config.predict_modes),
                        pack_bin_sums=tuple(config.pack_bin_sums),
+                       schemes=tuple(config.schemes), min_ou_key_bits=config.min_ou_key_bits,
                        roles={protocol: tuple(roles) for protocol, roles in config.roles.items()})
 
 

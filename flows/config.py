@@ -52,6 +52,10 @@ class PolicyConfig(_Strict):
 
     min_key_bits: int = Field(2048, ge=1024, le=8192)
     """Smallest Paillier modulus the party generates or accepts."""
+    schemes: list[Literal["paillier", "ou"]] = ["paillier", "ou"]
+    """Encryption schemes the party generates or accepts (``crypto.scheme``; docs/crypto.md)."""
+    min_ou_key_bits: int = Field(2048, ge=1024, le=8192)
+    """Smallest Okamoto-Uchiyama modulus (n = p^2 q) the party generates or accepts."""
     protocols: list[Protocol] = ["vertical_secureboost"]
     """Protocols the party takes part in (a worker file lists each one it opts into)."""
     obfuscator: Literal["short", "full"] = "short"
@@ -121,7 +125,9 @@ class ParamsConfig(_TreeParams):
 class CryptoConfig(_Strict):
     """Homomorphic encryption settings."""
 
-    scheme: Literal["paillier"] = "paillier"
+    scheme: Literal["paillier", "ou"] = "paillier"
+    """``paillier``, or ``ou`` (Okamoto-Uchiyama: half the ciphertext bytes and cheaper
+    arithmetic at the same modulus size, docs/crypto.md). Vertical protocols only."""
     key_bits: int = Field(2048, ge=1024, le=4096)
     pack_bin_sums: Literal["key_holder", "passive"] = "key_holder"
     """Who folds several encrypted bin sums into one ciphertext (``crypto.compress``): the key

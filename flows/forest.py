@@ -42,7 +42,7 @@ def forest_spec(config: ForestJobConfig) -> ForestSpec:
         bootstrap=p.bootstrap, seed=p.seed, min_trees=p.min_trees or p.n_trees,
         complete_secure=p.complete_secure, key_bits=config.crypto.key_bits,
         valid_fraction=config.validation.fraction, valid_seed=config.validation.seed,
-        label=config.parties[config.active].label or "")
+        label=config.parties[config.active].label or "", scheme=config.crypto.scheme)
 
 
 def _step(kind: MsgType, work: int = -1, depth: int = -1) -> str:

@@ -33,7 +33,7 @@ def job_spec(config: JobConfig) -> JobSpec:
         params=p.tree_params(), complete_secure=p.complete_secure,
         key_bits=config.crypto.key_bits, valid_fraction=config.validation.fraction,
         valid_seed=config.validation.seed, label=config.parties[config.active].label or "",
-        pack_bin_sums=config.crypto.pack_bin_sums)
+        pack_bin_sums=config.crypto.pack_bin_sums, scheme=config.crypto.scheme)
 
 
 @task(name="open_job", task_run_name="open-job", cache_policy=NO_CACHE)

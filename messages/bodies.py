@@ -42,6 +42,8 @@ class JobSpec:
     """The active party's label column name: a passive party refuses a column of that name."""
     pack_bin_sums: str = "key_holder"
     """Who folds bin sums into shared ciphertexts: ``key_holder`` or ``passive``."""
+    scheme: str = "paillier"
+    """The job's encryption scheme (``crypto.schemes``): ``paillier`` or ``ou``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +268,7 @@ class TreeCiphertexts:
     n_chunks: int
     n: bytes
     ciphertexts: bytes
+    scheme: str = "paillier"
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +299,8 @@ class HistogramShard:
     per_ciphertext: int
     """How to pack the bin sums (crypto.compress.BinSumPacking)."""
     claims: str
+    scheme: str = "paillier"
+    """Which scheme's key ``n`` is (``crypto.schemes``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,8 @@ class ForestSpec:
     valid_fraction: float
     valid_seed: int
     label: str
+    scheme: str = "paillier"
+    """The job's encryption scheme (``crypto.schemes``): ``paillier`` or ``ou``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,21 +50,23 @@ class CliFederation:
         self.logs: dict[str, list[Path]] = {self.guest: [], self.host: []}
         self.job_file = self.write_job("base")
 
-    def write_job(self, name: str, **params: Any) -> Path:
+    def write_job(self, name: str, *, crypto: dict[str, Any] | None = None,
+                  **params: Any) -> Path:
         """The shipped job between this federation's parties, with ``params`` (over the
-        federation's own), written to ``root/<name>.yaml``."""
+        federation's own) and ``crypto`` (e.g. ``{"scheme": "ou"}``), written to
+        ``root/<name>.yaml``."""
         raw = yaml.safe_load((REPO / "configs" / self.shipped).read_text())
         guest, host = raw["parties"]["guest"], raw["parties"]["host"]
         for party in (guest, host):
             party["data"] = str((REPO / "configs" / party["data"]).resolve())
             # the workers' own policy allows test keys
-            party["policy"] = {"min_key_bits": 1024}
+            party["policy"] = {"min_key_bits": 1024, "min_ou_key_bits": 1024}
             if self.protocols is not None:
                 party["policy"]["protocols"] = self.protocols
         raw["parties"] = {self.guest: guest, self.host: host}
         raw["job"] = f"{self.prefix}-{self.tag}-{name}"
         raw["params"].update({**self.params, **params})
-        raw["crypto"]["key_bits"] = 1024
+        raw["crypto"].update({"key_bits": 1024, **(crypto or {})})
         raw["transport"] = {"kind": "rabbitmq", "url": self.url}
         if self.step_timeout is not None:
             raw["transport"]["step_timeout"] = self.step_timeout

@@ -62,6 +62,20 @@ def keypair_1024():  # type: ignore[no-untyped-def]
     return generate_keypair(1024)
 
 
+@pytest.fixture(scope="session")
+def ou_keypair_1024():  # type: ignore[no-untyped-def]
+    """A real 1024-bit Okamoto-Uchiyama key pair (n = p^2 q, a 341-bit p), made once."""
+    from crypto.ou import generate_keypair
+
+    return generate_keypair(1024)
+
+
+@pytest.fixture(params=["paillier", "ou"])
+def scheme_keypair(request, keypair_1024, ou_keypair_1024):  # type: ignore[no-untyped-def]
+    """The 1024-bit key pair of each scheme in turn (tests that hold for both)."""
+    return keypair_1024 if request.param == "paillier" else ou_keypair_1024
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -32,7 +32,7 @@ from messages.signing import write_key_pair
 from workers.policy import PartyPolicy
 
 REPO = Path(__file__).resolve().parents[1]
-TEST_POLICY = PartyPolicy(min_key_bits=1024)
+TEST_POLICY = PartyPolicy(min_key_bits=1024, min_ou_key_bits=1024)
 """Workers driven directly by tests accept the tests' 1024-bit keys (the default needs 2048)."""
 DATA = REPO.parent / "shared" / "data"
 

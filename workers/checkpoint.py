@@ -40,6 +40,7 @@ from boosting.params import BoostParams
 from boosting.tree import Tree, TreeNode, open_private
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
+from crypto.ou import OUPrivateKey, OUPublicKey
 from crypto.paillier import PaillierPrivateKey, PaillierPublicKey
 from messages.bodies import Checkpoint, Metric, Resumed, TreeFinished
 from messages.codec import to_wire
@@ -86,8 +87,8 @@ def register_state_types(*classes: type) -> None:
 def _state_types() -> dict[str, type]:
     """Every class a checkpoint may rebuild: the shared ones, and the protocols' own."""
     return type_names(JobState, PartyData, BoostParams, PaillierPublicKey, PaillierPrivateKey,
-                      GradientPacker, BinSumPacking, Tree, TreeNode, TreeFinished, Metric,
-                      *_REGISTERED)
+                      OUPublicKey, OUPrivateKey, GradientPacker, BinSumPacking, Tree, TreeNode,
+                      TreeFinished, Metric, *_REGISTERED)
 
 
 def party_key(private_dir: Path) -> bytes:

@@ -1,4 +1,4 @@
-"""The active party's Paillier work shared among its processes, unit by unit.
+"""The active party's Paillier (or OU) work shared among its processes, unit by unit.
 
 With ``fedboost worker --party <active> --processes N``, the coordinating process hands a
 tree's encryption (one unit per gradient chunk) and a level's decryption (units of
@@ -18,7 +18,7 @@ holds ``<party>.key`` opens it; the broker's operator and the other parties see 
 whatever ``signing.end_to_end`` says. The shard's inputs (plaintext gradients) and a decryption
 unit's result travel sealed the same way. So every machine that runs a process of the active
 party holds the private key of each job it helps with, in memory only (never written, never
-logged: ``PaillierPrivateKey`` prints no factor); a helper keeps the keys of at most
+logged: a private key prints no factor); a helper keeps the keys of at most
 ``KEPT_KEYS`` jobs, and uses a key only for shards of the job it is bound to.
 """
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from crypto._gmp import mpz
-from crypto.paillier import PaillierPrivateKey, public_key_from_n
+from crypto.schemes import PrivateKey, private_key_from_factors
 from crypto.pool import KeyHolderPool
 from messages import DecodeError
 from messages.bodies import CryptoShard, CryptoUnit
@@ -60,22 +60,24 @@ def _key(ctx: StepContext) -> bytes:
     return ctx.own_key(_PURPOSE)
 
 
-def seal_key(ctx: StepContext, private: PaillierPrivateKey) -> bytes:
+def seal_key(ctx: StepContext, private: PrivateKey) -> bytes:
     """The job's private key, sealed for the party's own processes and bound to the job."""
     n = private.public_key.n_bytes
     factors = msgpack.packb([int(private.p).to_bytes(len(n), "big"),
-                             int(private.q).to_bytes(len(n), "big"), private.obfuscator])
+                             int(private.q).to_bytes(len(n), "big"), private.obfuscator,
+                             private.public_key.scheme])
     return encrypt_body(_key(ctx), factors, _bound("key", ctx.job, n))
 
 
-def open_key(ctx: StepContext, n: bytes, sealed: bytes) -> PaillierPrivateKey:
+def open_key(ctx: StepContext, n: bytes, sealed: bytes) -> PrivateKey:
     """The private key a shard carries; ``ProtocolError`` unless this party sealed it for this
     job and modulus."""
     try:
-        p, q, obfuscator = msgpack.unpackb(decrypt_body(_key(ctx), sealed, _bound("key", ctx.job, n)))
-        public = public_key_from_n(int.from_bytes(n, "big"))
-        return PaillierPrivateKey(public, mpz(int.from_bytes(p, "big")),
-                                  mpz(int.from_bytes(q, "big")), obfuscator)
+        p, q, obfuscator, scheme = msgpack.unpackb(decrypt_body(_key(ctx), sealed,
+                                                                _bound("key", ctx.job, n)))
+        return private_key_from_factors(scheme, mpz(int.from_bytes(n, "big")),
+                                        mpz(int.from_bytes(p, "big")),
+                                        mpz(int.from_bytes(q, "big")), obfuscator)
     except DecodeError:
         raise ProtocolError(f"{ctx.party.name}: a shard's private key is not sealed by this "
                             f"party for job {ctx.job!r}: refused") from None
@@ -219,11 +221,11 @@ def encrypt_claimed(pool: KeyHolderPool, claim: Callable[[], int | None], units:
 
 
 # ---- helper processes ---------------------------------------------------------------------
-_POOLS: OrderedDict[tuple[str, bytes], tuple[PaillierPrivateKey, KeyHolderPool]] = OrderedDict()
+_POOLS: OrderedDict[tuple[str, bytes], tuple[PrivateKey, KeyHolderPool]] = OrderedDict()
 """This helper's crypto processes, by (job, modulus): at most ``KEPT_KEYS`` jobs' keys."""
 
 
-def _pool_for(ctx: StepContext, task: CryptoShard) -> tuple[PaillierPrivateKey, KeyHolderPool]:
+def _pool_for(ctx: StepContext, task: CryptoShard) -> tuple[PrivateKey, KeyHolderPool]:
     private = open_key(ctx, task.n, task.key)  # every shard's key is checked, also when kept
     ident = (ctx.job, task.n)
     kept = _POOLS.get(ident)

@@ -43,6 +43,15 @@ class PartyPolicy:
     decrypted sum shows from ``n_bits`` to ``cell_bits`` (docs/threat-model.md)."""
     roles: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Per protocol, the only roles this party takes (a protocol not named here: any)."""
+    schemes: tuple[str, ...] = ("paillier", "ou")
+    """Encryption schemes this party generates (active) or accepts (passive)."""
+    min_ou_key_bits: int = MIN_KEY_BITS
+    """Smallest Okamoto-Uchiyama modulus (n = p^2 q): its own floor, since a job's scheme
+    must not lower the party's (docs/crypto.md argues 2048 bits for 112-bit security)."""
+
+    def min_bits(self, scheme: str) -> int:
+        """This party's floor for a modulus of ``scheme``."""
+        return self.min_ou_key_bits if scheme == "ou" else self.min_key_bits
 
     def refuses_role(self, protocol: str, role: str) -> str:
         """Why this policy refuses ``role`` in a job of ``protocol`` ("" if it does not)."""
@@ -57,10 +66,11 @@ class PolicyError(ProtocolError):
     """A job asks for what the party's policy does not allow."""
 
 
-def check_job(policy: PartyPolicy, party: str, protocol: str, key_bits: int) -> None:
+def check_job(policy: PartyPolicy, party: str, protocol: str, key_bits: int,
+              scheme: str = "paillier") -> None:
     """Refuse a job below the party's policy, in one line naming the party, asked and allowed."""
     check_protocol(policy, party, protocol)
-    check_key_bits(policy, party, key_bits, "the job asks for")
+    check_key_bits(policy, party, key_bits, "the job asks for", scheme)
 
 
 def check_protocol(policy: PartyPolicy, party: str, protocol: str) -> None:
@@ -79,8 +89,13 @@ def check_bin_sum_packer(policy: PartyPolicy, party: str, packer: str, why: str)
                           f"crypto.pack_bin_sums: passive")
 
 
-def check_key_bits(policy: PartyPolicy, party: str, key_bits: int, what: str) -> None:
-    """Refuse a Paillier modulus smaller than the policy's minimum."""
-    if key_bits < policy.min_key_bits:
-        raise PolicyError(f"party {party} refuses a {key_bits}-bit Paillier key ({what}): its "
-                          f"policy requires at least {policy.min_key_bits} bits")
+def check_key_bits(policy: PartyPolicy, party: str, key_bits: int, what: str,
+                   scheme: str = "paillier") -> None:
+    """Refuse a scheme the policy does not list, or a modulus below its floor for that scheme."""
+    name = {"paillier": "Paillier", "ou": "Okamoto-Uchiyama"}.get(scheme, repr(scheme))
+    if scheme not in policy.schemes:
+        raise PolicyError(f"party {party} refuses {name} encryption ({what}): its policy "
+                          f"allows {', '.join(policy.schemes)}")
+    if key_bits < policy.min_bits(scheme):
+        raise PolicyError(f"party {party} refuses a {key_bits}-bit {name} key ({what}): its "
+                          f"policy requires at least {policy.min_bits(scheme)} bits")

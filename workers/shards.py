@@ -6,7 +6,7 @@ data take one feature at a time until none is left, so a process that started la
 had to travel to it) or runs slower simply takes fewer. Each feature's bin sums are packed by
 the process that summed them; the coordinating process sums any feature a helper claimed but
 never returned (a helper that died), so a level never waits on a lost unit.
-Products modulo n^2 do not depend on which process summed what, so the decrypted sums, and the
+Products modulo the ciphertext modulus (n^2 for Paillier, n for OU) do not depend on which process summed what, so the decrypted sums, and the
 model, are the same however the work was shared.
 """
 
@@ -21,8 +21,8 @@ import numpy as np
 
 from crypto._gmp import mpz
 from crypto.compress import BinSumPacking
-from crypto.paillier import (PaillierPublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
-                             public_key_from_n)
+from crypto.schemes import (PublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
+                            public_key_from_n)
 from messages.bodies import HistogramShard, ShardHistogram, TreeCiphertexts
 from messages.instance_space import decode_mask, encode_mask
 from workers import ProtocolError
@@ -47,7 +47,7 @@ class LevelData:
     ciphertexts: list[mpz]
     node_rows: list[int]
     n_bins: int
-    public: PaillierPublicKey
+    public: PublicKey
     packing: BinSumPacking
 
     def sum_features(self, features: list[int]) -> tuple[np.ndarray, bytes]:
@@ -57,12 +57,12 @@ class LevelData:
         sums: list[mpz] = []
         for lo, hi in zip(offsets, offsets[1:]):
             sums += _node_histogram(self.codes[lo:hi][:, features], np.arange(lo, hi),
-                                    self.ciphertexts, self.n_bins, self.public.nsquare)
+                                    self.ciphertexts, self.n_bins, self.public.cipher_modulus)
         filled = np.array([c != 1 for c in sums], dtype=bool)  # 1 is the trivial E(0): empty
         # folded here, the bits above the sums are random; one per ciphertext, the key holder
         # folds them and needs them whole
-        packed = self.packing.pack([c for c in sums if c != 1], self.public.nsquare,
-                                   self.public.n if self.packing.per_ciphertext > 1 else None)
+        packed = self.packing.pack([c for c in sums if c != 1], self.public.cipher_modulus,
+                                   self.public if self.packing.per_ciphertext > 1 else None)
         return filled, ciphertexts_to_bytes(packed, self.public)
 
 
@@ -91,7 +91,7 @@ def hold_tree_chunk(task: TreeCiphertexts) -> None:
     if len(task.n) > MAX_KEY_BYTES or not 0 <= task.chunk < task.n_chunks <= MAX_TREE_CHUNKS:
         raise ProtocolError(f"tree {task.tree}: chunk {task.chunk} of {task.n_chunks}, or key "
                             f"size out of range")
-    public = public_key_from_n(int.from_bytes(task.n, "big"))
+    public = public_key_from_n(task.scheme, int.from_bytes(task.n, "big"))
     key = (task.n, task.tree, task.n_chunks)
     if key not in _TREE_CHUNKS:  # another tree: what came of an earlier one will not be used
         _TREE_CHUNKS.clear()
@@ -126,9 +126,9 @@ def shard_data(task: HistogramShard) -> LevelData | None:
     if any(r < 0 for r in task.rows):
         raise ProtocolError("histogram shard: negative row count")
     total = sum(task.rows)
-    public = public_key_from_n(int.from_bytes(task.n, "big"))
+    public = public_key_from_n(task.scheme, int.from_bytes(task.n, "big"))
     packing = BinSumPacking(task.cell_bits, task.per_ciphertext)
-    packing.check_fits(int(public.n).bit_length())
+    packing.check_fits(public.plaintext_bits)
     if len(task.bins) != total * task.n_features or len(task.index) != 4 * total:
         raise ProtocolError(f"histogram shard: {len(task.bins)} bin codes and "
                             f"{len(task.index)} index bytes for {total} rows x "

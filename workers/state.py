@@ -26,6 +26,8 @@ class JobState:
     valid_fraction: float = 0.0
     valid_seed: int = 0
     key_bits: int = 2048
+    scheme: str = "paillier"
+    """The job's encryption scheme (``crypto.schemes``)."""
     predict_batch: int = VALIDATION_BATCH
     psi: PsiKey | None = field(default_factory=PsiKey)
     """This party's PSI secret; checkpoints drop it (alignment is over by then)."""

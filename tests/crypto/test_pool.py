@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from crypto import CryptoError
-from crypto.paillier import ciphertexts_from_bytes, ciphertexts_to_bytes
+from crypto.schemes import ciphertexts_from_bytes, ciphertexts_to_bytes
 from crypto.pool import KeyHolderPool
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_pool_encrypts_and_decrypts_like_the_key(keypair_1024) -> None:  # type: ignore[no-untyped-def]
-    pub, priv = keypair_1024
+def test_pool_encrypts_and_decrypts_like_the_key(scheme_keypair) -> None:  # type: ignore[no-untyped-def]
+    pub, priv = scheme_keypair
     pool = KeyHolderPool(priv, processes=2)
     try:
         plain = list(range(1000, 1101))
@@ -33,21 +33,21 @@ def test_pool_encrypts_and_decrypts_like_the_key(keypair_1024) -> None:  # type:
 
 
 @pytest.mark.parametrize("count", [0, 1, 5, 6, 7, 13])
-def test_pool_folds_and_decrypts_bin_sums_like_the_key(keypair_1024, count: int) -> None:  # type: ignore[no-untyped-def]
-    pub, priv = keypair_1024
-    sums = [(k * 7919) % (1 << 150) for k in range(count)]  # runs of 3 below a 512-bit p
+def test_pool_folds_and_decrypts_bin_sums_like_the_key(scheme_keypair, count: int) -> None:  # type: ignore[no-untyped-def]
+    pub, priv = scheme_keypair
+    sums = [(k * 7919) % (1 << 150) for k in range(count)]  # runs of 3 (2 for OU) below p
     blob = ciphertexts_to_bytes(priv.encrypt_batch(sums), pub)
     pool = KeyHolderPool(priv, processes=2)
     try:
-        assert priv.fold_run(150) == 3
+        assert priv.fold_run(150) == (3 if pub.scheme == "paillier" else 2)
         assert pool.decrypt_sums(blob, 150) == sums
     finally:
         pool.close()
 
 
 @pytest.mark.parametrize("count", [0, 1, 7, 8, 9, 23])
-def test_chunks_come_in_order_and_whole(keypair_1024, count: int) -> None:  # type: ignore[no-untyped-def]
-    pub, priv = keypair_1024
+def test_chunks_come_in_order_and_whole(scheme_keypair, count: int) -> None:  # type: ignore[no-untyped-def]
+    pub, priv = scheme_keypair
     pool = KeyHolderPool(priv, processes=2)
     try:
         plain = list(range(5000, 5000 + count))
@@ -82,17 +82,17 @@ def test_obfuscators_made_ahead_are_each_used_once(keypair_1024) -> None:  # typ
 
 
 @pytest.mark.parametrize("obfuscator", ["short", "full"])
-def test_pool_encrypts_with_obfuscators_made_ahead(keypair_1024, obfuscator: str) -> None:  # type: ignore[no-untyped-def]
+def test_pool_encrypts_with_obfuscators_made_ahead(scheme_keypair, obfuscator: str) -> None:  # type: ignore[no-untyped-def]
     import time
 
     from crypto import pool as pool_module
-    from crypto.paillier import PaillierPrivateKey
+    from crypto.schemes import private_key_from_factors
 
-    pub, short = keypair_1024
+    pub, short = scheme_keypair
     # at normal priority: idle preparers make nothing while every core is busy (tests on a
     # loaded machine), and this test is about the hand-off (test_key_holder_under_load: idle)
-    pool = KeyHolderPool(PaillierPrivateKey(pub, short.p, short.q, obfuscator), processes=2,
-                         idle_preparers=False)
+    pool = KeyHolderPool(private_key_from_factors(pub.scheme, pub.n, short.p, short.q,
+                                                  obfuscator), processes=2, idle_preparers=False)
     try:
         pool.prepare(3 * pool_module.PREPARE_BATCH)
         deadline = time.monotonic() + 120

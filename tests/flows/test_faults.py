@@ -133,6 +133,23 @@ def test_passive_worker_killed_mid_tree_and_restarted(federation: Federation,
     assert not (federation.models / job / federation.host / "checkpoints").exists()
 
 
+def test_an_ou_job_resumes_after_the_passive_worker_is_killed_with_the_paillier_model(
+        federation: Federation, reference: Path) -> None:
+    """Okamoto-Uchiyama (crypto.scheme: ou): the checkpoints hold its key, the restarted host
+    reads the key as the job names it, and the model is the Paillier run's (both are exact)."""
+    job_file = federation.write_job("kill-host-ou", crypto={"scheme": "ou"})
+    job = load_config(job_file).job
+    flow = federation.train(job_file)
+    mid_tree = re.compile(rf"job={re.escape(job)} step=BUILD_HISTOGRAMS task=\S+/t1/d1 ")
+    _wait_for(lambda: bool(mid_tree.search(federation.log(federation.host))), "tree 1, depth 1")
+    federation.procs[federation.host].send_signal(signal.SIGKILL)
+    federation.procs[federation.host].wait()
+    federation.start(federation.host)
+    output = _finish(flow)
+    assert "resuming from the parties' checkpoints" in output, output[-3000:]
+    _assert_same_model(federation, job, reference)
+
+
 def test_flow_killed_mid_run_resumes_without_retraining(federation: Federation,
                                                         reference: Path) -> None:
     job_file = federation.write_job("kill-flow")

@@ -131,18 +131,21 @@ def _federated_predict(run_dir: Path, config: ForestJobConfig) -> tuple[np.ndarr
     return model.predict(decide, y.size), y
 
 
-@pytest.mark.parametrize("name", ["default_credit_forest", "vehicle", "student"])
-def test_one_tree_without_sampling_is_the_exact_cart_tree(name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name, scheme", [("default_credit_forest", "paillier"),
+                                          ("vehicle", "paillier"), ("student", "paillier"),
+                                          ("vehicle", "ou")])
+def test_one_tree_without_sampling_is_the_exact_cart_tree(name: str, scheme: str,
+                                                          tmp_path: Path) -> None:
     """With all features at every node and no bootstrap, a one-tree forest is a CART tree:
     the same predictions as scikit-learn's DecisionTree on the identically binned joined data
-    (Gini for binary and multiclass, squared error for regression)."""
+    (Gini for binary and multiclass, squared error for regression), under either scheme."""
     from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
     raw = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
     objective = {"default_credit_forest": "binary", "vehicle": "multiclass",
                  "student": "regression"}[name]
     raw.update(protocol="vertical_random_forest", job=f"cart-{name.replace('_', '-')}",
-               crypto={"key_bits": 1024})
+               crypto={"key_bits": 1024, "scheme": scheme})
     raw["params"] = {"n_trees": 1, "max_depth": 5, "max_features": 1.0, "bootstrap": False,
                      "min_samples_leaf": 3, "objective": objective}
     config = parse_config(raw, base=REPO / "configs", source=name)

@@ -68,8 +68,9 @@ def _leaves(value: Any) -> list[Any]:
     return [value]
 
 
-def test_privacy_of_every_message(tmp_path: Path) -> None:
-    config = config_with("breast.yaml", crypto={"key_bits": 1024})
+@pytest.mark.parametrize("scheme", ["paillier", "ou"])
+def test_privacy_of_every_message(tmp_path: Path, scheme: str) -> None:
+    config = config_with("breast.yaml", crypto={"key_bits": 1024, "scheme": scheme})
     hub = MemoryHub(["guest", "host", FLOW_ENDPOINT], record=True, helpers={"host": 1})
     train_embedded(config, tmp_path, hub=hub)
     recorded = hub.recorded()
@@ -84,11 +85,13 @@ def test_privacy_of_every_message(tmp_path: Path) -> None:
         raw = msgpack.unpackb(msgpack.unpackb(data)["envelope"], raw=False)["body"]
         values = _leaves(raw)
         # no message carries a factor of n (the private key), whole or as a 64/128-byte word
+        # (or, under OU, a word as wide as p: n = p^2 q, p of a third of n's bits)
+        widths = (64, 128) if scheme == "paillier" else (64, 128, (n.bit_length() // 3 + 7) // 8)
         for v in values:
             candidates = [v] if isinstance(v, int) and not isinstance(v, bool) else []
             if isinstance(v, bytes):
                 candidates.append(int.from_bytes(v, "big"))
-                for width in (64, 128):
+                for width in widths:
                     candidates += [int.from_bytes(v[i:i + width], "big")
                                    for i in range(0, len(v) - width + 1, width)]
             for c in candidates:
@@ -104,8 +107,13 @@ def test_privacy_of_every_message(tmp_path: Path) -> None:
         assert not leaf_values & {v for v in values if isinstance(v, float)}, "leaf value leaked"
         if env.kind == MsgType.ENCRYPTED_GRADIENTS:
             blob = env.body.ciphertexts
-            cts = [int.from_bytes(blob[i:i + 256], "big") for i in range(0, len(blob), 256)]
-            assert all(n < c < n * n for c in cts), "gradients must travel as ciphertexts"
+            if scheme == "paillier":
+                cts = [int.from_bytes(blob[i:i + 256], "big") for i in range(0, len(blob), 256)]
+                assert all(n < c < n * n for c in cts), "gradients must travel as ciphertexts"
+            else:  # residues modulo n, not plaintexts (those stay below p, 341 bits)
+                cts = [int.from_bytes(blob[i:i + 128], "big") for i in range(0, len(blob), 128)]
+                assert len(blob) % 128 == 0 and all(2**512 < c < n for c in cts), \
+                    "gradients must travel as ciphertexts"
     assert {MsgType.ENCRYPTED_GRADIENTS, MsgType.NODE_POSITIONS} <= kinds_to_host
     assert MsgType.TREE_FINISHED not in kinds_to_host
     assert MsgType.DECISION_REQUEST in kinds_to_host  # validation scored in path mode

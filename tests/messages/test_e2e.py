@@ -78,8 +78,10 @@ def test_the_recipient_named_in_the_seal_is_signed() -> None:
 
 
 @pytest.mark.usefixtures("prefect_harness")
-def test_training_with_end_to_end_bodies_gives_the_same_model(tmp_path: Path) -> None:
-    plain_config = config_with("breast.yaml", crypto={"key_bits": 1024}, params={"n_trees": 3})
+@pytest.mark.parametrize("scheme", ["paillier", "ou"])
+def test_training_with_end_to_end_bodies_gives_the_same_model(tmp_path: Path, scheme: str) -> None:
+    plain_config = config_with("breast.yaml", crypto={"key_bits": 1024, "scheme": scheme},
+                               params={"n_trees": 3})
     config = plain_config.model_copy(update={"signing": SigningConfig(key_dir=tmp_path,
                                                                       end_to_end=True)})
     hub = MemoryHub(["guest", "host", FLOW_ENDPOINT], record=True, helpers={"host": 1})

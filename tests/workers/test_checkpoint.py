@@ -194,8 +194,8 @@ def _job_state(role_state: object) -> JobState:
 
 
 def test_an_active_state_with_its_private_key_round_trips(tmp_path: Path,
-                                                          keypair_1024) -> None:  # type: ignore[no-untyped-def]
-    public, private = keypair_1024
+                                                          scheme_keypair) -> None:  # type: ignore[no-untyped-def]
+    public, private = scheme_keypair  # Paillier, then Okamoto-Uchiyama
     node = TreeNode(0, 1, 2, "host", 1, 3, np.float64(0.25), True, 0, 0.0)
     run = ActiveTraining(params=BoostParams(n_trees=3, objective="multiclass"), public=public,
                          private=private, y=np.arange(16.0), n_classes=3,
@@ -213,6 +213,7 @@ def test_an_active_state_with_its_private_key_round_trips(tmp_path: Path,
     got: ActiveTraining = back.role_state
     assert got.private.raw_decrypt(public.raw_encrypt(123456789)) == 123456789  # it works
     assert (got.private.p, got.private.q) == (private.p, private.q)
+    assert type(got.private) is type(private) and got.public == public
     assert repr(got.trees) == repr(run.trees)  # leaves' thresholds are NaN: compare the text
     assert got.history == run.history and got.packer == run.packer
     assert type(got.trees[0].nodes[0].threshold) is np.float64

@@ -139,3 +139,56 @@ def test_a_role_the_policy_does_not_allow_for_the_protocol_is_refused(tmp_path: 
     assert reply.body.message == ("party guest: the job gives it role 'active' in "
                                   "vertical_secureboost; its policy allows passive")
     assert "job" not in worker.jobs  # nothing opened; the worker goes on serving
+
+
+def test_each_scheme_has_its_own_floor_and_a_policy_can_refuse_a_scheme(tmp_path: Path) -> None:
+    """Okamoto-Uchiyama (crypto.scheme: ou): a job cannot get under the party's OU floor by
+    naming the scheme, and a party that lists only Paillier refuses it; a worker file says so
+    with ``schemes`` and ``min_ou_key_bits``."""
+    hub = MemoryHub(["guest", "host", "flow"])
+    guest = PartySpec("guest", "active", str(DATA / "breast_hetero_guest.csv"), "id", "y",
+                      str(tmp_path), policy=PartyPolicy(min_key_bits=1024))  # OU floor: 2048
+    worker = Worker(guest, hub.endpoint("guest"), PROTOCOLS, SEALERS["guest"])
+    ou_spec = replace(SPEC, scheme="ou")
+    worker.handle_bytes(_command("guest", MsgType.OPEN_JOB, OpenJob(ou_spec), "open-ou"))
+    assert _reply(hub).body.message == ("party guest refuses a 1024-bit Okamoto-Uchiyama key "
+                                        "(the job asks for): its policy requires at least 2048 "
+                                        "bits")
+    only_paillier = policy_of(PolicyConfig(min_key_bits=1024, min_ou_key_bits=1024,
+                                           schemes=["paillier"]))
+    worker.party = replace(guest, policy=only_paillier)
+    worker.handle_bytes(_command("guest", MsgType.OPEN_JOB, OpenJob(ou_spec), "open-ou-2"))
+    assert _reply(hub).body.message == ("party guest refuses Okamoto-Uchiyama encryption (the "
+                                        "job asks for): its policy allows paillier")
+    assert worker.jobs["job"].state is None  # nothing was loaded or generated
+    worker.party = replace(guest, policy=TEST_POLICY)
+    worker.handle_bytes(_command("guest", MsgType.OPEN_JOB, OpenJob(ou_spec), "open-ou-3"))
+    assert _reply(hub).kind == MsgType.OPENED
+    run = worker.jobs["job"].state.role_state
+    assert run.public.scheme == "ou" and run.public.n.bit_length() == 1024
+    assert run.private.p ** 2 * run.private.q == run.public.n
+
+
+def test_a_passive_party_reads_the_key_as_the_job_names_it_and_checks_that_schemes_floor(
+        tmp_path: Path) -> None:
+    from crypto.ou import generate_keypair as ou_keypair
+
+    hub = MemoryHub(["guest", "host", "flow"])
+    host = PartySpec("host", "passive", str(DATA / "breast_hetero_host.csv"), "id", None,
+                     str(tmp_path), policy=replace(TEST_POLICY, min_ou_key_bits=1536))
+    worker = Worker(host, hub.endpoint("host"), PROTOCOLS, SEALERS["host"])
+    spec = replace(SPEC, scheme="ou", key_bits=1536)
+    worker.handle_bytes(_command("host", MsgType.OPEN_JOB, OpenJob(spec), "open"))
+    assert _reply(hub).kind == MsgType.OPENED
+    public, _ = ou_keypair(1024)  # smaller than the spec and the floor
+    for kind, body in ((MsgType.PUBLIC_KEY, PublicKeyMsg(public.n_bytes, 1536)),
+                       (MsgType.ALIGNED_ROWS, AlignedRows(
+                           np.arange(569, dtype="<i4").tobytes(),
+                           encode_mask(np.zeros(569, dtype=bool))))):
+        worker.handle_bytes(SEALERS["guest"].seal(Envelope("job", "s/psi", "guest", "host",
+                                                           kind, body)))
+    worker.handle_bytes(_command("host", MsgType.BIN_FEATURES, Step(), "bin"))
+    assert _reply(hub).body.message == ("party host refuses a 1024-bit Okamoto-Uchiyama key (the "
+                                        "public key guest sent): its policy requires at least "
+                                        "1536 bits")
+    assert worker.jobs["job"].state.role_state.public is None

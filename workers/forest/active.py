@@ -31,8 +31,7 @@ from boosting.params import BoostParams
 from boosting.tree import Model, Tree, TreeNode, save_model, write_json_atomic
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
-from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_to_bytes,
-                             generate_keypair)
+from crypto.schemes import PrivateKey, PublicKey, ciphertexts_to_bytes, generate_keypair
 from messages.bodies import Ack, NodeSplit, SplitChoice, SplitsFound
 from messages.envelope import MsgType
 from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestApplied,
@@ -94,8 +93,8 @@ class ActiveForest:
 
     spec: ForestSpec
     params: BoostParams
-    public: PaillierPublicKey
-    private: PaillierPrivateKey
+    public: PublicKey
+    private: PrivateKey
     n_classes: int = 0
     y: FloatArray = field(default_factory=lambda: np.empty(0))
     channels: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
@@ -146,7 +145,8 @@ def open_job(ctx: StepContext, body: OpenForest) -> tuple[MsgType, Any]:
     """Load labels and features, make the Paillier key pair; report the trees kept."""
     spec = body.spec
     state = open_active(ctx, spec, PROTOCOL)
-    public, private = generate_keypair(spec.key_bits, obfuscator=ctx.party.policy.obfuscator)
+    public, private = generate_keypair(spec.scheme, spec.key_bits,
+                                       obfuscator=ctx.party.policy.obfuscator)
     state.role_state = ActiveForest(spec=spec, params=params_of(spec), public=public,
                                     private=private,
                                     node_keys=(_secret(ctx, state, "draws"),
@@ -193,8 +193,8 @@ def _bin_and_encrypt(ctx: StepContext, state: JobState, run: ActiveForest,
     started = time.perf_counter()
     integers, value_bits = _fixed_point(run)
     run.packer = GradientPacker(value_bits, max(1, y.size))
-    run.packer.check_fits(run.public.n.bit_length())
-    run.packing = BinSumPacking.for_key(run.packer.cell_bits, run.public.n.bit_length())
+    run.packer.check_fits(run.public.plaintext_bits)
+    run.packing = BinSumPacking.for_key(run.packer.cell_bits, run.public.plaintext_bits)
     groups = -(-integers.shape[1] // 2)
     plaintexts: list[int] = []
     for g in range(groups):  # group-major: the passive party splits them by group

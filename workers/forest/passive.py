@@ -24,8 +24,8 @@ from boosting.tree import write_json_atomic
 from crypto._gmp import mpz
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
-from crypto.paillier import (PaillierPublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
-                             public_key_from_n)
+from crypto.schemes import (PublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
+                            public_key_from_n)
 from messages.bodies import Ack, PublicKeyMsg
 from messages.envelope import MsgType
 from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestApplied,
@@ -71,7 +71,7 @@ class PassiveForest:
 
     spec: ForestSpec
     features_sent: bool = False
-    public: PaillierPublicKey | None = None
+    public: PublicKey | None = None
     labels: list[list[mpz]] = field(default_factory=list)
     """Per label group, per training row, the encrypted packed channels."""
     packing: BinSumPacking | None = None
@@ -104,8 +104,8 @@ def prepare(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     key: PublicKeyMsg = ctx.mailbox.take(MsgType.PUBLIC_KEY, state.active)
     n = int.from_bytes(key.n, "big")
     check_key_bits(ctx.party.policy, ctx.party.name, n.bit_length(),
-                   f"the public key {state.active} sent")
-    run.public = public_key_from_n(n, expected_bits=state.key_bits)
+                   f"the public key {state.active} sent", state.scheme)
+    run.public = public_key_from_n(state.scheme, n, expected_bits=state.key_bits)
     receive_alignment(ctx)
     n_train = state.train_rows.size
     labels: EncryptedLabels = ctx.mailbox.take(MsgType.F_LABELS, state.active)
@@ -116,7 +116,7 @@ def prepare(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
                             f"{labels.groups} groups")
     run.labels = [parsed[g * n_train:(g + 1) * n_train] for g in range(labels.groups)]
     packer = GradientPacker(labels.value_bits, labels.max_rows)
-    run.packing = BinSumPacking.for_key(packer.cell_bits, n.bit_length())
+    run.packing = BinSumPacking.for_key(packer.cell_bits, run.public.plaintext_bits)
     bin_training_rows(state, run.spec.max_bin)
     for tree in body.keep:
         raw = kept.load_tree(ctx.model_dir, checkpoint.key_of(ctx.party), state.digest, tree)
@@ -241,10 +241,10 @@ def _histograms(party: str, run: PassiveForest, work: TreeWork, request: LevelRe
         drawn = np.repeat(rows, work.weights[rows])  # a row drawn k times is summed k times
         codes = bins[drawn][:, features]
         for g, labels in enumerate(run.labels):
-            sums[g] += _node_histogram(codes, drawn, labels, n_bins, public.nsquare)
+            sums[g] += _node_histogram(codes, drawn, labels, n_bins, public.cipher_modulus)
     filled = np.array([c != 1 for c in sums[0]], dtype=bool) if sums else np.zeros(0, bool)
     blobs = [ciphertexts_to_bytes(packing.pack([c for c, full in zip(group, filled) if full],
-                                               public.nsquare, public.n), public)
+                                               public.cipher_modulus, public), public)
              for group in sums] if request.requests else []
     return LevelHistograms(tree=request.tree, depth=request.depth,
                            filled=np.packbits(filled).tobytes(),

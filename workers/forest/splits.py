@@ -21,7 +21,7 @@ from boosting._typing import FloatArray
 from boosting.forest import ForestSplit, allowed_splits, best_bin_split
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
-from crypto.paillier import PaillierPrivateKey, ciphertexts_from_bytes
+from crypto.schemes import PrivateKey, ciphertexts_from_bytes
 from messages.forest import LevelHistograms
 from workers import ProtocolError
 
@@ -51,7 +51,7 @@ def own_options(owner: str, objective: str, codes: np.ndarray, weights: FloatArr
 class Decryption:
     """How the active party reads a passive party's histograms."""
 
-    private: PaillierPrivateKey
+    private: PrivateKey
     packer: GradientPacker
     packing: BinSumPacking
     scale: float

@@ -22,7 +22,7 @@ from boosting.metrics import evaluate
 from boosting.params import BoostParams
 from boosting.train import allowed_blocks
 from boosting.tree import node_values, save_model, write_json_atomic
-from crypto.paillier import generate_keypair
+from crypto.schemes import generate_keypair
 from messages.bodies import (Ack, AppliedSplits, Metric, NodePositions, NodeSplit, Opened, OpenJob,
                              ResumeJob, SplitChoice, SplitChoices, SplitsFound, Step,
                              TreeFinished)
@@ -56,7 +56,7 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     if body.spec.pack_bin_sums not in PACKERS:
         raise ProtocolError(f"pack_bin_sums {body.spec.pack_bin_sums!r} is not one of {PACKERS}")
     params = params_of(body)
-    public, private = generate_keypair(body.spec.key_bits,
+    public, private = generate_keypair(body.spec.scheme, body.spec.key_bits,
                                        obfuscator=ctx.party.policy.obfuscator)
     state.role_state = run = ActiveTraining(params=params, public=public, private=private,
                                             pack_bin_sums=body.spec.pack_bin_sums,

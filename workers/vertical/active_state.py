@@ -16,7 +16,7 @@ from boosting.split import SplitCandidate
 from boosting.train import allowed_blocks
 from boosting.tree import Model, Tree
 from crypto.encoding import GradientPacker
-from crypto.paillier import PaillierPrivateKey, PaillierPublicKey
+from crypto.schemes import PrivateKey, PublicKey
 from crypto.pool import KeyHolderPool
 from messages.bodies import TreeFinished
 from workers import StageError, checkpoint
@@ -35,8 +35,8 @@ class ActiveTraining:
     """Its name in checkpoints (it was defined in ``workers.vertical.active``)."""
 
     params: BoostParams
-    public: PaillierPublicKey
-    private: PaillierPrivateKey
+    public: PublicKey
+    private: PrivateKey
     y: np.ndarray = field(default_factory=lambda: np.empty(0))
     n_classes: int = 0
     base: np.ndarray = field(default_factory=lambda: np.empty(0))

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from crypto.paillier import PaillierPublicKey
+from crypto.schemes import PublicKey
 from crypto.psi import POINT_BYTES, split_points
 from messages.bodies import Ack, Aligned, AlignedRows, PsiPoints, PublicKeyMsg, Step
 from messages.envelope import MsgType
@@ -137,8 +137,8 @@ def psi_intersect(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
                                     n_valid=int(valid.sum()))
 
 
-def send_public_key(ctx: StepContext, state: JobState, public: PaillierPublicKey) -> None:
-    """Give every passive party the Paillier public key."""
+def send_public_key(ctx: StepContext, state: JobState, public: PublicKey) -> None:
+    """Give every passive party the public key (its modulus: the job names the scheme)."""
     msg = PublicKeyMsg(n=public.n_bytes, bits=int(public.n).bit_length())
     for passive in state.passives:
         ctx.send(passive, MsgType.PUBLIC_KEY, msg)

@@ -50,9 +50,9 @@ def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     participants = participants_of(state, run, tree)
     if participants:
         packer = GradientPacker(value_bits=g.bits, max_rows=n)
-        packer.check_fits(run.public.n.bit_length())
+        packer.check_fits(run.public.plaintext_bits)
         run.packer = packer
-        most = BinSumPacking.for_key(packer.cell_bits, run.public.n.bit_length()).per_ciphertext
+        most = BinSumPacking.for_key(packer.cell_bits, run.public.plaintext_bits).per_ciphertext
         run.per_ciphertext = most if run.pack_bin_sums == "passive" else 1
         started = time.perf_counter()
         packed = packer.pack(g.ints[in_tree], h.ints[in_tree])

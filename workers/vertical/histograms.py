@@ -59,7 +59,7 @@ def _pass_on_chunk(ctx: StepContext, state: JobState, run: PassiveTraining,
         return
     _HAND_OUT.submit(_hand_out_chunk, ctx, TreeCiphertexts(
         tree=chunk.tree, chunk=chunk.chunk, n_chunks=starts[0].n_chunks,
-        n=run.public.n_bytes, ciphertexts=chunk.ciphertexts))
+        n=run.public.n_bytes, ciphertexts=chunk.ciphertexts, scheme=run.public.scheme))
 
 
 def _hand_out_chunk(ctx: StepContext, chunk: TreeCiphertexts) -> None:
@@ -176,7 +176,7 @@ def _hand_out(ctx: StepContext, run: PassiveTraining, body: Step, helpers: int, 
             tree_digest=run.tree_digest,
             tree_ciphertexts=b"".join(run.chunks) if body.depth == 0 and helpers > 1 else b"",
             cell_bits=packing.cell_bits,
-            per_ciphertext=packing.per_ciphertext, claims=pool)
+            per_ciphertext=packing.per_ciphertext, claims=pool, scheme=run.public.scheme)
         for k in range(1, helpers + 1):
             ctx.submit_work(MsgType.HISTOGRAM_SHARD, replace(shard, shard=k))
     return time.perf_counter()

@@ -23,14 +23,14 @@ def open_active(ctx: StepContext, spec: Any, protocol: str) -> JobState:
     actives = [p.name for p in spec.parties if p.role == "active"]
     if actives != [ctx.party.name]:
         raise ProtocolError(f"job names {actives} as active party, this worker is {ctx.party.name}")
-    check_job(ctx.party.policy, ctx.party.name, protocol, spec.key_bits)
+    check_job(ctx.party.policy, ctx.party.name, protocol, spec.key_bits, spec.scheme)
     own = ctx.party.dataset_in(spec.parties)
     data = load_party_data(ctx.party.name, own.path, own.id_column, own.label,
                            require_label=True, columns=own.columns, categorical=own.categorical)
     return JobState(kind="train", party=ctx.party.name, active=ctx.party.name,
                     passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
                     valid_fraction=spec.valid_fraction, valid_seed=spec.valid_seed,
-                    key_bits=spec.key_bits, data_file=own.path,
+                    key_bits=spec.key_bits, scheme=spec.scheme, data_file=own.path,
                     digest=checkpoint.job_digest(spec, own.path, own.columns, own.categorical))
 
 
@@ -41,7 +41,7 @@ def open_passive(ctx: StepContext, spec: Any, protocol: str) -> JobState:
         raise ProtocolError(f"job needs exactly one active party, names {actives}")
     if ctx.party.name not in [p.name for p in spec.parties if p.role == "passive"]:
         raise ProtocolError(f"job does not list {ctx.party.name} as a passive party")
-    check_job(ctx.party.policy, ctx.party.name, protocol, spec.key_bits)
+    check_job(ctx.party.policy, ctx.party.name, protocol, spec.key_bits, spec.scheme)
     own = ctx.party.dataset_in(spec.parties)
     data = load_party_data(ctx.party.name, own.path, own.id_column, None,
                            require_label=False, columns=own.columns, categorical=own.categorical)
@@ -52,7 +52,7 @@ def open_passive(ctx: StepContext, spec: Any, protocol: str) -> JobState:
                         f"labels: remove it, or list this party's features with 'columns:'")
     return JobState(kind="train", party=ctx.party.name, active=actives[0],
                     passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
-                    key_bits=spec.key_bits, data_file=own.path,
+                    key_bits=spec.key_bits, scheme=spec.scheme, data_file=own.path,
                     digest=checkpoint.job_digest(spec, own.path, own.columns, own.categorical))
 
 

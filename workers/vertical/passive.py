@@ -24,7 +24,7 @@ from boosting.tree import write_json_atomic
 from crypto._gmp import mpz
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
-from crypto.paillier import PaillierPublicKey, ciphertexts_from_bytes, public_key_from_n
+from crypto.schemes import PublicKey, ciphertexts_from_bytes, public_key_from_n
 from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradients,
                              NodePositions, Opened, OpenJob, PublicKeyMsg, ResumeJob,
                              SplitChoices, Step, TreeStart)
@@ -49,7 +49,7 @@ class PassiveTraining:
     """The passive party's training state for the tree being grown."""
 
     params: BoostParams
-    public: PaillierPublicKey | None = None
+    public: PublicKey | None = None
     tree: int = -1
     growing: bool = False
     """The tree's gradients are taken and the tree is not finished yet."""
@@ -119,8 +119,8 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     n = int.from_bytes(key.n, "big")
     # the key itself, not only the spec, must meet the policy: the active party made it
     check_key_bits(ctx.party.policy, ctx.party.name, n.bit_length(),
-                   f"the public key {state.active} sent")
-    run.public = public_key_from_n(n, expected_bits=state.key_bits)
+                   f"the public key {state.active} sent", state.scheme)
+    run.public = public_key_from_n(state.scheme, n, expected_bits=state.key_bits)
     receive_alignment(ctx)
     bin_training_rows(state, run.params.max_bin)
     checkpoint.discard(ctx.model_dir)  # a fresh start: older checkpoints are of another run
@@ -148,7 +148,7 @@ def start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: in
     if sorted(c.chunk for c in chunks) != list(range(start.n_chunks)):
         raise ProtocolError(f"tree {tree}: gradient chunks {sorted(c.chunk for c in chunks)}")
     most = BinSumPacking.for_key(GradientPacker(start.value_bits, start.max_rows).cell_bits,
-                                 public.n.bit_length())
+                                 public.plaintext_bits)
     if start.per_ciphertext not in (1, most.per_ciphertext):
         raise ProtocolError(f"tree {tree}: asked to pack {start.per_ciphertext} bin sums per "
                             f"ciphertext; 1 (the key holder folds) or {most.per_ciphertext}")
@@ -181,7 +181,7 @@ def start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: in
     run.level = None
 
 
-def require_key(run: PassiveTraining) -> PaillierPublicKey:
+def require_key(run: PassiveTraining) -> PublicKey:
     if run.public is None:
         raise StageError("the active party's public key has not arrived")
     return run.public
