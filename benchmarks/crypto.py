@@ -30,7 +30,7 @@ from crypto.compress import BinSumPacking, decrypt_bin_sums
 from crypto.encoding import GradientPacker
 from crypto import ou
 from crypto.paillier import PaillierPrivateKey, generate_keypair
-from crypto.schemes import PrivateKey, PublicKey
+from crypto.schemes import PrivateKey
 
 
 def rate(fn: Callable[[int], None], seconds: float) -> float:
