@@ -1,5 +1,5 @@
-"""The ``fedboost`` command: train, predict, inspect, report, centralized, worker, serve; a thin layer
-over the Python API (``fedboost.api``) where one exists.
+"""The ``fedboost`` command: train, predict, inspect, report, export, centralized, worker,
+serve; a thin layer over the Python API (``fedboost.api``) where one exists.
 
 User errors (bad config, bad data, empty intersection) end with one line on stderr naming the
 party and file, and exit status 1 (2 for command-line usage); faults keep their traceback.
@@ -109,6 +109,16 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--party", help="only this party's part")
     inspect.add_argument("--json", action="store_true", help="one JSON object, for tools")
     inspect.set_defaults(run=_inspect)
+    export = sub.add_parser("export", help="write a model a party holds whole (a horizontal or "
+                            "SimFL member's, an active party's without passive splits) in "
+                            "another format: xgboost-json, XGBoost's JSON model")
+    export.add_argument("model_dir", type=Path, help="a run folder, or one party's folder")
+    export.add_argument("--format", default="xgboost-json", choices=["xgboost-json"],
+                        help="xgboost-json (default): xgboost.Booster(model_file=OUT) reads it")
+    export.add_argument("--out", type=Path, required=True, help="file to write")
+    export.add_argument("--party", help="whose model (default: the active party, or the first "
+                        "member)")
+    export.set_defaults(run=_export)
     central = sub.add_parser("centralized", help="train the same model on the joined data")
     central.add_argument("config", type=Path, help="job file (YAML)")
     central.add_argument("--out", type=Path, help="output folder (default runs/<job>-centralized)")
@@ -410,6 +420,17 @@ def _report(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     found = api.inspect(args.model_dir, args.party)
     print(json.dumps(found.to_dict(), indent=1) if args.json else found.text())
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from fedboost.export import export_model
+
+    done = export_model(args.model_dir, args.out, fmt=args.format, party=args.party)
+    codes = (f"; {', '.join(done.categorical)} as category codes (categories.json)"
+             if done.categorical else "")
+    print(f"wrote {done.out}: {done.n_trees} trees of party {done.party}'s model, reading "
+          f"{len(done.features)} columns in this order: {', '.join(done.features)}{codes}")
     return 0
 
 
