@@ -182,6 +182,8 @@ def resume(job: str, out: str | os.PathLike[str] | None = None, *,
     config = keep_password_out(validate_job(raw, str(job_file)), job_file)  # older job.json
     if config.job != job:
         raise ConfigError(f"{job_file} is job {config.job!r}, not {job!r}")
+    if stopped_early(job, folder):  # finished: training again would only start it over
+        return TrainResult.load(folder)
     return _run_training(config, folder, log_level)
 
 
@@ -251,7 +253,8 @@ def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
     if protocol.reference != "boosting":
         raise ConfigError(f"job {job.job}: {protocol.no_reference}")
     folder = Path(out) if out is not None else Path("runs") / f"{job.job}-centralized"
-    params = BoostParams.from_dict(job.params.model_dump(exclude={"lsh"}))
+    params = BoostParams.from_dict(job.params.model_dump(exclude={"lsh",
+                                                                  "early_stopping_rounds"}))
     cuts = None
     if protocol.shared_model:  # the union of the members' rows (ALL-IN)
         pooled = pool_members(job)
@@ -273,17 +276,61 @@ def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
 
     start = time.perf_counter()
     model = train_core(params, blocks, y, valid=valid, on_tree=report, cuts=cuts)
+    rounds = getattr(job.params, "early_stopping_rounds", None)
+    if rounds and valid is not None:  # the federated run's rule, on the same curve
+        model, trees, stopped = _stop_early(model, trees, rounds)
     result: dict[str, Any] = {
         "n_aligned": n_rows, "n_train": int(y.size), "n_valid": n_valid,
         "n_trees": len(model.trees),
         **{k: v for k, v in trees[-1].items() if k not in ("tree", "seconds")},
         "train_seconds": time.perf_counter() - start,
         "tree_seconds": [t["seconds"] for t in trees], "trees": trees}
+    if rounds and valid is not None:
+        result.update(stopped)
     save_model(model, folder / "model.json")
     _write_json(folder / "metrics.json", result)
     return TrainResult(job=job.job, protocol=job.protocol, run_dir=folder, metrics=result,
                        history=_history(result),
                        model_parts={"centralized": folder / "model.json"})
+
+
+def _stop_early(model: Any, trees: list[dict[str, Any]],
+                rounds: int) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
+    """The centralized model as early stopping would have left it: trained trees past the
+    stopping point and after the best round dropped (the curve to the stopping point kept)."""
+    import dataclasses
+
+    from boosting.losses import n_outputs
+    from flows.early_stopping import EarlyStopping
+
+    stopper = EarlyStopping(rounds, n_outputs(model.params.objective, model.n_classes))
+    valid = [{k: v for k, v in t.items() if k.startswith("valid_")} for t in trees]
+    grown = len(trees)
+    for end in range(stopper.outputs, grown + 1, stopper.outputs):
+        if stopper.after_round(valid[end - 1], valid[:end], end):
+            grown = end
+            break
+    keep = stopper.kept_trees(grown)
+    trees = trees[:grown]
+    summary = {**{k: v for k, v in trees[keep - 1].items() if k not in ("tree", "seconds")},
+               "n_trees": keep, **stopper.summary()}
+    return dataclasses.replace(model, trees=model.trees[:keep]), trees, summary
+
+
+def stopped_early(job: str, out: str | os.PathLike[str] | None = None) -> str | None:
+    """Why ``fedboost resume`` has nothing to do for a job that stopped early (one line), or
+    None for a job that did not."""
+    folder = Path(out) if out is not None else Path("runs") / job
+    try:
+        metrics = json.loads((folder / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(metrics, dict) or not metrics.get("stopped_early"):
+        return None
+    return (f"job {job} stopped early after {len(metrics.get('trees', []))} trees "
+            f"({metrics.get('best_metric')} did not improve for "
+            f"{metrics.get('early_stopping_rounds')} rounds after round "
+            f"{metrics.get('best_iteration')}); its model is complete: nothing to resume")
 
 
 def inspect(model_dir: str | os.PathLike[str], party: str | None = None) -> ModelInspection:

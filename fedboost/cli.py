@@ -213,6 +213,10 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
+    stopped = api.stopped_early(args.job, args.out)
+    if stopped:
+        print(stopped)
+        return 0
     return _with_progress(args, lambda: api.resume(args.job, args.out,
                                                    log_level=args.log_level),
                           lambda: f"fedboost resume {args.job} --out "
@@ -263,6 +267,12 @@ def _report_training(result: api.TrainResult) -> int:
     else:  # over RabbitMQ each party's worker wrote its own part
         where = (f"metrics in {result.run_dir}/; each party's worker keeps its model part in "
                  f"its models folder, models/{result.job}/<party>/")
+    if result.metrics.get("stopped_early"):
+        m = result.metrics
+        print(f"stopped early after {len(m['trees'])} trees: {m['best_metric']} did not "
+              f"improve for {m['early_stopping_rounds']} rounds after round "
+              f"{m['best_iteration']} ({m['best_score']:.4f}); the model keeps its "
+              f"{result.n_trees} trees")
     print(f"trained {result.n_trees} trees{f' (resumed after {resumed} trees)' if resumed else ''}"
           f" on {result.metrics['n_aligned']} {rows} in {result.metrics['train_seconds']:.1f} s: "
           f"{_metrics_summary(result.final_metrics)}; {where}")

@@ -196,7 +196,8 @@ def feature_importance(view: PartyView) -> list[tuple[str, int, float | None]]:
 def render(job: dict[str, Any], metrics: dict[str, Any], view: PartyView) -> str:
     """The report page."""
     history: list[dict[str, Any]] = metrics.get("trees") or []
-    sections = [_summary(job, metrics, view), _learning(history), _timing(metrics, history),
+    sections = [_summary(job, metrics, view), _learning(history, metrics),
+                _timing(metrics, history),
                 _importance(view), _purity(job, history), _trees(view)]
     name = escape(str(job.get("job", "")))
     notes = "".join(f"<li>{escape(n)}</li>" for n in view.notes)
@@ -249,12 +250,26 @@ def _summary(job: dict[str, Any], metrics: dict[str, Any], view: PartyView) -> s
             ["Paillier key bits", metrics.get("key_bits")],
             ["Completely SecureBoost", "yes" if params.get("complete_secure") else "no"],
             ["training seconds", metrics.get("train_seconds")],
-            ["resumed after trees", metrics.get("resumed_after")], *final]
+            ["resumed after trees", metrics.get("resumed_after")], *_stopping(metrics),
+            *final]
     return _section("summary", "Run", _table([], rows))
 
 
-def _learning(history: list[dict[str, Any]]) -> str:
-    charts = run_charts.learning_curves(history)
+def _stopping(metrics: dict[str, Any]) -> list[list[Any]]:
+    """The summary's early-stopping rows, when the job set ``early_stopping_rounds``."""
+    if "best_iteration" not in metrics:
+        return []
+    grown = len(metrics.get("trees") or [])
+    return [["early stopping",
+             f"{metrics.get('best_metric')}: best round {metrics.get('best_iteration')} "
+             f"({metrics.get('best_score', float('nan')):.4f}), "
+             + (f"stopped after {grown} trees (no improvement in "
+                f"{metrics.get('early_stopping_rounds')} rounds)" if metrics.get("stopped_early")
+                else f"all {grown} trees grown") + f"; the model keeps {metrics.get('n_trees')}"]]
+
+
+def _learning(history: list[dict[str, Any]], metrics: dict[str, Any]) -> str:
+    charts = run_charts.learning_curves(history, metrics)
     if not charts:
         return _section("learning-curves", "Learning curves", "<p>No metrics per tree.</p>")
     note = "" if any(k.startswith("valid_") for e in history for k in e) else (

@@ -46,8 +46,10 @@ def _open(kind: str, title: str, chart_id: str | None, height: int) -> list[str]
 
 
 def line_chart(series: dict[str, Sequence[float | None]], *, title: str, x_label: str,
-               y_label: str = "", chart_id: str | None = None, x_start: int = 1) -> str:
-    """Lines over x = x_start, x_start+1, ...; ``None`` values leave gaps."""
+               y_label: str = "", chart_id: str | None = None, x_start: int = 1,
+               marker: tuple[int, str] | None = None) -> str:
+    """Lines over x = x_start, x_start+1, ...; ``None`` values leave gaps; ``marker`` (x,
+    label) draws a dashed vertical line there (e.g. where early stopping kept the model)."""
     points = [v for values in series.values() for v in values if v is not None]
     n = max((len(v) for v in series.values()), default=0)
     if not points or n == 0:
@@ -100,6 +102,12 @@ def line_chart(series: dict[str, Sequence[float | None]], *, title: str, x_label
         lx = left + 130 * index  # the legend: one row between the title and the plot
         out.append(f'<rect x="{lx}" y="{top - 18}" width="10" height="10" fill="{colour}"/>')
         out.append(f'<text x="{lx + 14}" y="{top - 9}">{escape(name)}</text>')
+    if marker is not None and x_start <= marker[0] < x_start + n:
+        x = sx(marker[0] - x_start)
+        out.append(f'<line class="marker" x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" '
+                   f'stroke="#444" stroke-dasharray="4 3"/>')
+        out.append(f'<text class="marker" x="{x - 4:.1f}" y="{top + 12}" text-anchor="end">'
+                   f'{escape(marker[1])}</text>')
     out.append("</svg>")
     return "".join(out)
 

@@ -11,7 +11,7 @@ import os
 import re
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -120,6 +120,24 @@ class ParamsConfig(_TreeParams):
 
     complete_secure: bool = False
     """Completely SecureBoost: the first round's trees grow on the active party alone."""
+    early_stopping_rounds: int | None = Field(None, ge=1)
+    """Stop once the first validation metric has not improved for this many rounds (as
+    XGBoost's); the model keeps the rounds up to the best one (``flows.early_stopping``).
+    Needs ``validation.fraction``."""
+
+
+class _NoEarlyStopping:
+    """Protocols without a validation set refuse ``early_stopping_rounds`` with the reason."""
+
+    why_no_early_stopping: ClassVar[str] = "its label holders hold out no validation rows"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_early_stopping(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and "early_stopping_rounds" in raw:
+            raise ValueError(f"early_stopping_rounds: not available in this protocol: "
+                             f"{cls.why_no_early_stopping}")
+        return raw
 
 
 class CryptoConfig(_Strict):
@@ -319,6 +337,9 @@ class JobConfig(_Strict):
             raise ValueError("at least one party must have role passive")
         if self.parties[actives[0]].label is None:
             raise ValueError(f"parties.{actives[0]}.label: the active party needs a label column")
+        if getattr(self.params, "early_stopping_rounds", None) and not self.validation.fraction:
+            raise ValueError("params.early_stopping_rounds stops on validation rows: set "
+                             "validation.fraction (e.g. 0.2)")
         for name in self.passives:
             if self.parties[name].label is not None:
                 raise ValueError(f"parties.{name}.label: only the active party holds labels")
@@ -377,7 +398,7 @@ def _check_row_partitioned(parties: dict[str, HorizontalPartyConfig], fewest: in
             raise ValueError(f"parties.{name}.label: every member needs the label column")
 
 
-class HorizontalParamsConfig(_TreeParams):
+class HorizontalParamsConfig(_NoEarlyStopping, _TreeParams):
     """Boosting parameters of the horizontal protocol."""
 
     objective: Literal["binary", "regression"] = "binary"  # type: ignore[assignment]
@@ -481,7 +502,7 @@ class SimflPrivacyConfig(_Strict):
     """The delta of the (epsilon, delta) the job reports (``metrics.json``: ``privacy``)."""
 
 
-class SimflParamsConfig(_TreeParams):
+class SimflParamsConfig(_NoEarlyStopping, _TreeParams):
     """Boosting parameters of SimFL, with its LSH."""
 
     objective: Literal["binary", "regression"] = "binary"  # type: ignore[assignment]
@@ -508,8 +529,11 @@ class SimflJobConfig(_MembersAndAggregator, _Strict):
         return self
 
 
-class ForestParamsConfig(_Strict):
+class ForestParamsConfig(_NoEarlyStopping, _Strict):
     """The vertical random forest's parameters (seed 002)."""
+
+    why_no_early_stopping: ClassVar[str] = ("a forest's trees are independent and averaged, grown in "
+                              "parallel: none is a stage to stop after")
 
     n_trees: int = Field(50, ge=1, le=10_000)
     max_depth: int = Field(10, ge=1, le=16)

@@ -52,12 +52,13 @@ def finish_traversal(job: str, active: str, batch: int) -> int:
 
 
 def traverse_level_once(coord: Coordinator, active: str, passives: list[str], batch: int,
-                        depth: int) -> int:
+                        depth: int, walk: str = "") -> int:
     """One path-mode round: the active party asks each owner for the decisions on the rows'
     paths at level ``depth`` and moves the rows down; returns the (tree, row) pairs left at
-    internal nodes."""
+    internal nodes. ``walk`` names one of several walks of a job (their steps are distinct
+    commands, not replays)."""
     replies = coord.call([active, *passives], MsgType.TRAVERSE_LEVEL, Step(batch, depth),
-                         step_id(MsgType.TRAVERSE_LEVEL, batch, depth))
+                         step_id(MsgType.TRAVERSE_LEVEL, batch, depth) + walk)
     return int(replies[active].count)
 
 

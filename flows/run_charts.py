@@ -27,8 +27,11 @@ def _number(value: Any) -> float | None:
         else None
 
 
-def learning_curves(history: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """One line chart per metric kind (auc, logloss, ...): its train and valid lines."""
+def learning_curves(history: Sequence[dict[str, Any]],
+                    metrics: dict[str, Any] | None = None) -> dict[str, str]:
+    """One line chart per metric kind (auc, logloss, ...): its train and valid lines; where
+    early stopping kept the model (``metrics``' ``best_iteration``), a marker."""
+    marker = kept_marker(metrics or {}, len(history))
     series = metric_series(history)
     kinds = sorted({name.split("_", 1)[1] for name in series})
     charts = {}
@@ -36,8 +39,19 @@ def learning_curves(history: Sequence[dict[str, Any]]) -> dict[str, str]:
         lines = {name: values for name, values in series.items()
                  if name.split("_", 1)[1] == kind}
         charts[kind] = line_chart(lines, title=f"{kind} after each tree", x_label="trees",
-                                  y_label=kind, chart_id=f"curve-{kind}")
+                                  y_label=kind, chart_id=f"curve-{kind}", marker=marker)
     return charts
+
+
+def kept_marker(metrics: dict[str, Any], grown: int) -> tuple[int, str] | None:
+    """Early stopping's point on the learning curve: the kept model's last tree, labelled
+    with the best round and where training stopped."""
+    best, kept = metrics.get("best_iteration"), metrics.get("n_trees")
+    if not isinstance(best, int) or not isinstance(kept, int):
+        return None
+    stopped = (f"stopped after {grown} trees" if metrics.get("stopped_early")
+               else "no early stop")
+    return kept, f"best round {best} ({kept} trees kept); {stopped}"
 
 
 def step_seconds_chart(step_seconds: dict[str, float]) -> str:
@@ -67,7 +81,7 @@ def publish(job: str, result: dict[str, Any]) -> None:
 
     history = result.get("history") or []
     parts = [f"# {job}: how the model learned", ""]
-    for kind, svg in learning_curves(history).items():
+    for kind, svg in learning_curves(history, result).items():
         parts += [f"![{kind} after each tree]({svg_data_uri(svg)})", ""]
     purity = leaf_purity_chart(history)
     if purity:

@@ -19,6 +19,7 @@ from flows import run_charts
 from flows.coordinator import (PartyError, align_entities, close_job, link, record_tree, step_id,
                           train_with_recoveries)
 from flows.config import JobConfig
+from flows.early_stopping import EarlyStopping
 from flows.predict import traverse_level_once
 from messages.bodies import (VALIDATION_BATCH, Ack, Aligned, Checkpoint, JobSpec, OpenJob,
                              PartyInfo, Resumed, ResumeJob, SplitsFound, Step, TreeFinished)
@@ -119,25 +120,29 @@ def finish_tree(job: str, active: str, passives: list[str], tree: int) -> dict[s
 
 
 @task(name="evaluate_validation", task_run_name="evaluate-validation", cache_policy=NO_CACHE)
-def evaluate_validation(job: str, active: str, passives: list[str],
-                        n_valid: int) -> tuple[dict[str, float], list[dict[str, float]]]:
+def evaluate_validation(job: str, active: str, passives: list[str], n_valid: int,
+                        after: int = -1) -> tuple[dict[str, float], list[dict[str, float]]]:
     """Score the hold-out rows federatedly in path mode (one round per tree level, only the
-    decisions on each row's path) and compute metrics: of the model, and after each tree."""
+    decisions on each row's path) and compute metrics: of the model, and after each tree.
+    Early stopping scores the model ``after`` each round; each walk covers only the trees
+    added since the last one."""
     coord = link(job)
+    walk = f"/after{after}" if after >= 0 else ""
     for batch in range(-(-n_valid // VALIDATION_BATCH)):
         depth = 0
-        while traverse_level_once(coord, active, passives, batch, depth) > 0:
+        while traverse_level_once(coord, active, passives, batch, depth, walk) > 0:
             depth += 1
     done: TreeFinished = coord.call([active], MsgType.EVALUATE_VALIDATION, Step(),
-                                    step_id(MsgType.EVALUATE_VALIDATION))[active]
+                                    step_id(MsgType.EVALUATE_VALIDATION) + walk)[active]
     return ({m.name: m.value for m in done.metrics},
             [{m.name: m.value for m in tree} for tree in done.per_tree])
 
 
 @task(name="save_models", task_run_name="save-models", cache_policy=NO_CACHE)
-def save_models(job: str, parties: list[str]) -> None:
-    """Tree exchange: each party writes its own part (structure+leaves, or lookup table)."""
-    link(job).call(parties, MsgType.SAVE_MODEL, Step(), step_id(MsgType.SAVE_MODEL))
+def save_models(job: str, parties: list[str], keep: int = -1) -> None:
+    """Tree exchange: each party writes its own part (structure+leaves, or lookup table), of
+    the first ``keep`` trees (early stopping) or all (-1)."""
+    link(job).call(parties, MsgType.SAVE_MODEL, Step(keep), step_id(MsgType.SAVE_MODEL))
 
 
 @flow(name="vertical_secureboost", flow_run_name="{config.job}")
@@ -174,6 +179,8 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
     logger.info("aligned %d rows (%d train, %d validation)", aligned.n_aligned, aligned.n_train,
                 aligned.n_valid)
     n_trees = params.n_trees * per_round
+    stopper = (EarlyStopping(params.early_stopping_rounds, per_round)
+               if params.early_stopping_rounds else None)
     tree_seconds: list[float | None] = [None] * done  # trained by an earlier run
     for tree in range(done, n_trees):
         tree_start = time.perf_counter()
@@ -195,17 +202,28 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
         logger.info("tree %d done (%d/%d) in %.2f s: %s", tree, tree + 1, n_trees,
                     tree_seconds[-1], shown)
-    result: dict[str, Any] = {"n_aligned": aligned.n_aligned, "n_train": aligned.n_train,
-                              "n_valid": aligned.n_valid, "n_trees": n_trees,
-                              **{k: v for k, v in history[-1].items()
-                                 if k != run_charts.LEAF_PURITY},
-                              "resumed_after": done, "trees_trained": n_trees - done}
+        if stopper is not None and (tree + 1) % per_round == 0:
+            if stopper.after_round(*evaluate_validation(job, active, passives,
+                                                        aligned.n_valid, tree + 1), tree + 1):
+                logger.info("early stopping after %d trees: %s", tree + 1, stopper.says())
+                break
+    trained = len(history)
+    final: dict[str, float] = {}
     if aligned.n_valid:
         final, per_tree = evaluate_validation(job, active, passives, aligned.n_valid)
-        result.update(final)
+        if stopper is not None and not stopper.scored(trained):  # resumed after the last tree
+            stopper.after_round(final, per_tree, trained)
         if len(per_tree) == len(history):  # the learning curve on the hold-out rows
             history = [{**m, **valid} for m, valid in zip(history, per_tree, strict=True)]
-    save_models(job, [active, *passives])
+    keep = stopper.kept_trees(trained) if stopper is not None else trained
+    result: dict[str, Any] = {"n_aligned": aligned.n_aligned, "n_train": aligned.n_train,
+                              "n_valid": aligned.n_valid, "n_trees": keep,
+                              **{k: v for k, v in history[keep - 1].items()
+                                 if k != run_charts.LEAF_PURITY and not k.startswith("valid_")},
+                              "resumed_after": done, "trees_trained": trained - done, **final}
+    if stopper is not None:  # the kept model's metrics, and where it stopped
+        result.update(stopper.summary())
+    save_models(job, [active, *passives], keep if stopper is not None else -1)
     try:
         close_job(job, [active, *passives])
     except PartyError as exc:

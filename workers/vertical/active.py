@@ -9,7 +9,7 @@ decrypts histograms in ``workers.vertical.decryption``.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from workers.state import JobState
 from workers.vertical.active_state import ActiveTraining, participants_of
 from workers.vertical.alignment import send_public_key
 from workers.vertical.decryption import decrypt_histograms, decrypt_level
+from workers.vertical.early_stopping import kept_trees
 from workers.vertical.explain import leaf_purity, tree_splits, write_splits
 from workers.vertical.opening import bin_active_rows, open_active
 
@@ -217,16 +218,19 @@ def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack()
 
 
-def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
-    """Write the active party's model part: structure, owners, own thresholds, leaf values."""
+def save_model_part(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+    """Write the active party's model part: structure, owners, own thresholds, leaf values;
+    the first ``body.tree`` trees when early stopping keeps those (``kept_trees``)."""
     state: JobState = ctx.state
     run: ActiveTraining = state.role_state
     directory = ctx.model_dir
     features = {state.party: state.data.names, **{p: () for p in state.passives}}
-    save_model(run.model(features), Path(directory) / "model.json")
+    keep = kept_trees(body, len(run.trees))
+    model = run.model(features)
+    save_model(replace(model, trees=model.trees[:keep]), Path(directory) / "model.json")
     save_categories(Path(directory), state.data.categories)
-    write_splits(Path(directory), ctx.job, state.party, run.splits)
+    write_splits(Path(directory), ctx.job, state.party, [s for s in run.splits if s.tree < keep])
     write_json_atomic(Path(directory) / "party.json", {
         "party": state.party, "role": "active", "job": ctx.job, "saved_at": time.time(),
         "parties": [state.party, *state.passives]})
-    return MsgType.ACK, Ack(count=len(run.trees))
+    return MsgType.ACK, Ack(count=keep)

@@ -72,6 +72,8 @@ class ActiveTraining:
     """Every finished tree's splits with their gains (the run report's feature importance)."""
     staged_margin: np.ndarray | None = None
     """Validation margins after each tree (trees x rows x outputs), for the learning curve."""
+    valid_walked: int = 0
+    """Trees whose validation decisions are in ``score_margin`` (``workers.vertical.paths``)."""
 
     def crypto_pool(self) -> KeyHolderPool:
         if self.pool is None:

@@ -38,6 +38,7 @@ from workers.shards import LevelWork
 from workers.state import JobState
 from workers.vertical.active import PROTOCOL, params_of
 from workers.vertical.alignment import receive_alignment
+from workers.vertical.early_stopping import kept_records
 from workers.vertical.lookup import LookupRecord, lookup_to_dict
 from workers.vertical.opening import bin_training_rows, open_passive
 
@@ -304,16 +305,18 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=len(run.records))
 
 
-def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
-    """Write the lookup table: the only model part a passive party holds."""
+def save_model_part(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+    """Write the lookup table: the only model part a passive party holds (the records of the
+    first ``body.tree`` trees when early stopping keeps those)."""
     state: JobState = ctx.state
     run: PassiveTraining = state.role_state
+    records = kept_records(run.records, body)
     write_json_atomic(ctx.model_dir / "lookup.json", lookup_to_dict(
-        state.party, ctx.job, state.data.names, run.records))
+        state.party, ctx.job, state.data.names, records))
     save_categories(ctx.model_dir, state.data.categories)
     write_json_atomic(ctx.model_dir / "party.json", {
         "party": state.party, "role": "passive", "job": ctx.job, "saved_at": time.time(),
         "active": state.active})
-    return MsgType.ACK, Ack(count=len(run.records))
+    return MsgType.ACK, Ack(count=len(records))
 
 

@@ -89,14 +89,20 @@ class PathWalk:
     depth: int = 0
     """The level being asked (its decisions not applied yet)."""
     asked: bool = False
+    first: int = 0
+    """The model's tree ``tables[0]`` is: a training job's validation walks only the trees
+    added since its last walk (early stopping scores the model after every round), onto the
+    margins that walk left."""
 
 
 def _walk(state: JobState, model: Model, batch: int, depth: int, n_rows: int) -> PathWalk:
     """The batch's walk at ``depth``: a new one at level 0, else the one that reached it."""
     walk: PathWalk | None = state.paths
     if depth == 0 and (walk is None or walk.batch != batch or walk.depth != 0):
-        tables = [_table(tree, state.party, state.passives) for tree in model.trees]
-        walk = PathWalk(batch, tables, np.zeros((len(tables), n_rows), dtype=np.int64))
+        first = getattr(state.role_state, "valid_walked", 0)  # validation: the new trees only
+        tables = [_table(tree, state.party, state.passives) for tree in model.trees[first:]]
+        walk = PathWalk(batch, tables, np.zeros((len(tables), n_rows), dtype=np.int64),
+                        first=first)
         state.paths = walk
     if walk is None or walk.batch != batch or walk.depth != depth:
         raise StageError(f"{state.party}: level {depth} of batch {batch} is not the next one "
@@ -139,25 +145,28 @@ def traverse_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         remaining += int((table.owner[walk.position[t]] != LEAF).sum())
     walk.depth, walk.asked = depth + 1, False
     if remaining == 0:
-        margin = np.tile(np.array(model.base_score), (x.shape[0], 1))
+        first = walk.first
+        margin = (np.tile(np.array(model.base_score), (x.shape[0], 1)) if first == 0
+                  else state.role_state.score_margin[rows].copy())
         # a training job's validation keeps the margins after each tree: its learning curve
         keep = isinstance(state.role_state, ActiveTraining) and keeps_stages(
             len(model.trees), all_x.shape[0], margin.shape[1])
         staged: list[np.ndarray] = []
-        for t, tree in enumerate(model.trees):  # the order of Model.raw_predict: equal sums
+        for t, tree in enumerate(model.trees[first:]):  # Model.raw_predict's order: equal sums
             margin[:, tree.output] += tables[t].values[walk.position[t]]
             if keep:
                 staged.append(margin.copy())
         store_margin(state, rows, margin)
         if staged:
-            store_staged(state, rows, np.stack(staged))
+            store_staged(state, rows, np.stack(staged), first)
         state.paths = None
     return MsgType.ACK, Ack(count=remaining)
 
 
 def _pairs(walk: PathWalk, k: int) -> tuple[IntArray, IntArray, IntArray]:
     """(tree, row, record) of every pair at a node of passive party k, in request order."""
-    trees, rows, records = [], [], []
+    trees, rows, records = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], \
+        [np.zeros(0, dtype=np.int64)]  # a walk of no new trees asks nothing
     for t, table in enumerate(walk.tables):
         at = walk.position[t]
         hit = np.flatnonzero(table.owner[at] == k)
@@ -210,8 +219,8 @@ def answer_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     request: DecisionRequest = ctx.mailbox.take(MsgType.DECISION_REQUEST, state.active,
                                                 body.tree, body.depth)
     rows, records = _checked_pairs(state, request, x.shape[0])
-    _answer_once(state, request)
-    feature, threshold, missing_left, flip = records
+    feature, threshold, missing_left, flip, tree = records
+    _answer_once(state, request, rows, tree)
     values = x[rows, feature]
     bits = goes_left_raw(values, threshold, missing_left).astype(bool) ^ flip
     ctx.send(state.active, MsgType.PATH_DECISIONS, PathDecisions(
@@ -220,23 +229,40 @@ def answer_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=int(rows.size))
 
 
-def _answer_once(state: JobState, request: DecisionRequest) -> None:
-    """Each level of a batch is answered once (the same request again: a retry); asked again
-    with other pairs, a level would give a row's decisions at more nodes than its path has."""
+def _answer_once(state: JobState, request: DecisionRequest, rows: IntArray,
+                 trees: IntArray) -> None:
+    """Each (row, tree) of a batch is answered once per level (the same request again: a
+    retry); asked again, a level would give a row's decisions at more nodes than its path has.
+    A level may be asked again about other trees: a training job's validation walks the
+    trees added since its last walk (records of lookup files without trees count as one
+    tree)."""
     answered: dict[str, bytes] = state.paths if isinstance(state.paths, dict) else {}
     state.paths = answered  # a passive party's record of the levels it answered
     level = f"{request.batch}/{request.depth}"
     digest = hashlib.sha256(request.rows + b"|" + request.records).digest()
-    if answered.setdefault(level, digest) != digest:
+    seen = answered.get(level, b"")
+    if any(seen[k:k + len(digest)] == digest for k in range(0, len(seen), len(digest))):
+        return  # a retry: the same answer again
+    asked = np.frombuffer(answered.get(level + _PAIRS, b""), dtype="<i8")
+    pairs = np.unique((rows << 32) | (np.maximum(trees, -1) + 1))
+    # a level answered before the pairs were kept (an older checkpoint) is not asked again
+    if seen and (level + _PAIRS not in answered or np.intersect1d(asked, pairs).size):
         raise ProtocolError(f"decision request for batch {request.batch} level "
                             f"{request.depth}: that level was answered already, for other pairs")
+    answered[level] = seen + digest
+    answered[level + _PAIRS] = np.union1d(asked, pairs).astype("<i8").tobytes()
+
+
+_PAIRS = "/pairs"
+"""Beside a level's request digests: the (row, tree) pairs it answered, as sorted int64."""
 
 
 def _checked_pairs(state: JobState, request: DecisionRequest,
                    n_rows: int
-                   ) -> tuple[IntArray, tuple[IntArray, FloatArray, np.ndarray, np.ndarray]]:
-    """The request's rows and the (feature, threshold, missing_left, flip) of its records, or a
-    ``ProtocolError`` for anything outside the job."""
+                   ) -> tuple[IntArray, tuple[IntArray, FloatArray, np.ndarray, np.ndarray,
+                                              IntArray]]:
+    """The request's rows and the (feature, threshold, missing_left, flip, tree) of its
+    records, or a ``ProtocolError`` for anything outside the job."""
     own = lookup_records(state)
     where = f"decision request for batch {request.batch} level {request.depth}"
     if len(request.rows) % 4 or len(request.rows) != len(request.records):
@@ -261,7 +287,8 @@ def _checked_pairs(state: JobState, request: DecisionRequest,
     threshold = np.array([r.threshold for r in table])[index]
     missing_left = np.array([r.missing_left for r in table], dtype=bool)[index]
     flip = np.array([r.flip for r in table], dtype=bool)[index]
-    return rows, (feature, threshold, missing_left, flip)
+    tree = np.array([r.tree for r in table], dtype=np.int64)[index]
+    return rows, (feature, threshold, missing_left, flip, tree)
 
 
 def _check_path_shape(where: str, level: int, rows: IntArray, records: IntArray,

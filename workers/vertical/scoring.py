@@ -233,12 +233,18 @@ def store_margin(state: JobState, batch: slice, margin: np.ndarray) -> None:
     run.score_margin[batch] = margin
 
 
-def store_staged(state: JobState, batch: slice | np.ndarray, staged: np.ndarray) -> None:
-    """Keep one validation batch's margins after each tree (trees x rows x outputs)."""
+def store_staged(state: JobState, batch: slice | np.ndarray, staged: np.ndarray,
+                 first: int = 0) -> None:
+    """Keep one validation batch's margins after each tree (trees x rows x outputs) from tree
+    ``first`` on (a walk of the trees added since the last one extends the earlier stages)."""
     run: ActiveTraining = state.role_state
-    if run.staged_margin is None:
-        run.staged_margin = np.zeros((staged.shape[0], score_x(state).shape[0], staged.shape[2]))
-    run.staged_margin[:, batch] = staged
+    trees = first + staged.shape[0]
+    kept = run.staged_margin
+    if kept is None or kept.shape[0] < trees:
+        run.staged_margin = np.zeros((trees, score_x(state).shape[0], staged.shape[2]))
+        if kept is not None:
+            run.staged_margin[:kept.shape[0]] = kept
+    run.staged_margin[first:trees, batch] = staged
 
 
 def _scored_margin(run: ActiveTraining | ActiveScoring) -> np.ndarray:
@@ -257,6 +263,10 @@ def evaluate_validation(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     pred = run.finish(_scored_margin(run))
     metrics = evaluate(run.params.objective, y, pred, "valid")
     staged = getattr(run, "staged_margin", None)  # a forest's trees are not stages
+    if isinstance(run, ActiveTraining):  # the next validation walks only newer trees
+        run.valid_walked = len(run.trees)
+        if staged is not None and staged.shape[0] != len(run.trees):
+            staged = None  # stages of earlier trees were not kept (too many): no curve
     per_tree = [] if staged is None else [
         [Metric(k, v) for k, v in evaluate(run.params.objective, y, run.finish(m), "valid").items()]
         for m in staged]
