@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from flows import run_charts
 from flows.coordinator import (PartyError, align_entities, close_job, link, record_tree, step_id,
                           train_with_recoveries)
-from flows.config import JobConfig
+from flows.config import JobConfig, PrivacyConfig
 from flows.predict import traverse_level_once
 from messages.bodies import (VALIDATION_BATCH, Ack, Aligned, Checkpoint, JobSpec, OpenJob,
                              PartyInfo, Resumed, ResumeJob, SplitsFound, Step, TreeFinished)
@@ -33,7 +33,16 @@ def job_spec(config: JobConfig) -> JobSpec:
         params=p.tree_params(), complete_secure=p.complete_secure,
         key_bits=config.crypto.key_bits, valid_fraction=config.validation.fraction,
         valid_seed=config.validation.seed, label=config.parties[config.active].label or "",
-        pack_bin_sums=config.crypto.pack_bin_sums)
+        pack_bin_sums=config.crypto.pack_bin_sums, **privacy_fields(config.privacy))
+
+
+def privacy_fields(privacy: PrivacyConfig | None) -> dict[str, Any]:
+    """The spec's differential-privacy fields (none: zeros, the lossless protocol)."""
+    if privacy is None:
+        return {}
+    return {"dp_epsilon": privacy.epsilon, "dp_clip": privacy.clip,
+            "dp_seed": -1 if privacy.seed is None else privacy.seed,
+            "dp_per_ensemble": privacy.trees_per_ensemble or 0}
 
 
 @task(name="open_job", task_run_name="open-job", cache_policy=NO_CACHE)
@@ -200,6 +209,10 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
                               **{k: v for k, v in history[-1].items()
                                  if k != run_charts.LEAF_PURITY},
                               "resumed_after": done, "trees_trained": n_trees - done}
+    if config.privacy is not None:  # docs/privacy.md: each started ensemble its share
+        result["epsilon"] = config.privacy.epsilon
+        result["epsilon_spent"] = config.privacy.spent(len(history), n_trees)
+        result["trees_per_ensemble"] = config.privacy.per_ensemble(n_trees)
     if aligned.n_valid:
         final, per_tree = evaluate_validation(job, active, passives, aligned.n_valid)
         result.update(final)

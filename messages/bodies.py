@@ -42,6 +42,12 @@ class JobSpec:
     """The active party's label column name: a passive party refuses a column of that name."""
     pack_bin_sums: str = "key_holder"
     """Who folds bin sums into shared ciphertexts: ``key_holder`` or ``passive``."""
+    dp_epsilon: float = 0.0
+    """Differential privacy of the released model (``boosting.privacy``); 0: none (lossless)."""
+    dp_clip: float = 0.0
+    dp_seed: int = -1
+    """Seed of the active party's noise (-1: fresh randomness from the OS)."""
+    dp_per_ensemble: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from boosting._typing import FloatArray
 from boosting.grow import TreeGrower
 from boosting.losses import n_outputs, transform
 from boosting.params import BoostParams
+from boosting.privacy import PrivacyPlan
 from boosting.split import SplitCandidate
 from boosting.train import allowed_blocks
 from boosting.tree import Model, Tree
@@ -72,6 +73,11 @@ class ActiveTraining:
     """Every finished tree's splits with their gains (the run report's feature importance)."""
     staged_margin: np.ndarray | None = None
     """Validation margins after each tree (trees x rows x outputs), for the learning curve."""
+    privacy: PrivacyPlan | None = None
+    """Differential privacy of the model (``boosting.privacy``); None: lossless."""
+    noise_seed: int = 0
+    """The job's ``privacy.seed`` (experiments only), or a secret of this party's: kept in its
+    checkpoints, so a tree grown again after a restart draws the same noise."""
 
     def crypto_pool(self) -> KeyHolderPool:
         if self.pool is None:
@@ -118,7 +124,7 @@ class ActiveTraining:
                      tuple(self.trees), features)
 
 
-checkpoint.register_state_types(ActiveTraining, SplitRecord)
+checkpoint.register_state_types(ActiveTraining, SplitRecord, PrivacyPlan)
 
 
 @dataclass(slots=True)
