@@ -241,7 +241,9 @@ def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
 
 
 def private_plan(spec: HorizontalSpec, params: BoostParams, me: str) -> PrivacyPlan | None:
-    """The job's DPBoost plan (``boosting.privacy``), None without differential privacy."""
+    """The job's DPBoost plan (``boosting.privacy``), None without differential privacy.
+    Its ``n_trees`` must count every tree grown: a protocol growing one tree per class per
+    round plans ``n_trees * classes`` (as the vertical active party does)."""
     if spec.dp_epsilon <= 0:
         return None
     try:
