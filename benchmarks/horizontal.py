@@ -1,22 +1,21 @@
 """The horizontal protocol on default_credit_homo: model quality under differential privacy, and
 what secure aggregation's masks cost.
 
-    python -m benchmarks.horizontal --dp [--seeds 0 1 2] [--epsilons 0.5 1 2 4 8 none]
+    python -m benchmarks.horizontal --dp [--seeds 0 1 2] [--epsilons 1 2 4 8 none]
+        [--per-ensemble N] [--clip 1]
     python -m benchmarks.horizontal --cost [--rounds 3]
     common: [--trees 30] [--depth 3] [--lr 0.3] [--max-bin 32] [--data DIR] [--json FILE]
 
-Every run is the embedded default (``fedboost.embedded.train_embedded``): members guest,
-host_1 and host_2, each on its own file, and an aggregator, in worker processes.
+Every run is the embedded default: members guest, host_1 and host_2, each on its own file, and
+an aggregator, in worker processes.
 
-``--dp``: for each epsilon (``none``: no privacy, the lossless protocol) and seed
-(``params.seed`` = ``privacy.seed`` = the seed), the test AUC of the model guest saved, on
-default_credit_homo_test.csv; prints mean, standard deviation and the per-seed AUCs. Its
-defaults are a private model's: 5 trees, learning rate 0.5, reg_lambda 200. Each tree gets
-``epsilon / trees`` (sequential composition) and the leaves' Laplace noise has scale
-``clip / (1 + lambda) / (epsilon / (2 trees))`` before the learning rate: with the usual 30
-trees and lambda 1 it dwarfs the leaf values at epsilon <= 8 and the AUC stays near 0.5
-(measured: 0.47-0.55; 0.77 only near epsilon 1000). Fewer trees and a large lambda keep the
-noise below the leaf values (lambda shrinks a leaf of n rows only by n / (n + lambda)).
+``--dp``: for each epsilon and seed (``params.seed`` = ``privacy.seed`` = the seed), ``fedboost
+train`` of the job, then the test AUC of ``fedboost predict`` (guest's saved model) on
+default_credit_homo_test.csv; prints mean, standard deviation and the per-seed AUCs, and
+``--json FILE`` writes ``{"none": auc, "1": auc, ...}`` (FILE.detail.json: settings, per-seed
+AUCs, ``epsilon_spent``). Its defaults are a private model's (DPBoost, docs/privacy.md): 50
+trees in one ensemble, depth 3, learning rate (DPBoost's eta) 0.5, reg_lambda 100, 16 bins;
+``none`` is the shipped config's non-private model (30 trees, lr 0.3, lambda 1, 32 bins).
 
 ``--cost``: the same job with and without masks, taking turns (``--rounds`` runs each). The
 unmasked runs replace ``workers.horizontal.member.mask_vector`` inside the worker processes by
@@ -63,6 +62,8 @@ def job_config(data: Path, args: argparse.Namespace, *, seed: int = 0,
                    "reg_lambda": args.reg_lambda, "seed": seed}}
     if epsilon is not None:
         raw["privacy"] = {"epsilon": epsilon, "clip": args.clip, "seed": seed}
+        if args.per_ensemble:
+            raw["privacy"]["trees_per_ensemble"] = args.per_ensemble
     return HorizontalJobConfig.model_validate(raw)
 
 
@@ -82,33 +83,66 @@ def test_auc(model_file: Path, test_file: Path) -> float:
 
 # --- --dp -----------------------------------------------------------------------------------
 
+def predicted_auc(run: Path, test_file: Path) -> float:
+    """AUC of ``fedboost predict RUN --data guest=TEST`` (guest scores with its saved model)."""
+    from boosting.metrics import auc
+    from fedboost.cli import main
+
+    scores = run / "test-scores.csv"
+    if main(["predict", str(run), "--data", f"guest={test_file}", "--out", str(scores)]) != 0:
+        raise SystemExit(f"fedboost predict {run} failed")
+    lines = scores.read_text().splitlines()
+    header = lines[0].split(",")
+    rows = [line.split(",") for line in lines[1:]]
+    labels = dict(line.split(",")[:2] for line in test_file.read_text().splitlines()[1:])
+    score = header.index(header[-1])
+    return auc(np.array([float(labels[r[0]]) for r in rows]),
+               np.array([float(r[score]) for r in rows]))
+
+
 def dp_table(args: argparse.Namespace) -> dict[str, Any]:
-    """Test AUC per epsilon and seed."""
-    from fedboost.embedded import train_embedded
+    """Test AUC per epsilon (mean over seeds): each run ``fedboost train``, then ``fedboost
+    predict`` on default_credit_homo_test.csv; ``none`` is the shipped config's non-private
+    model (30 trees, lr 0.3, lambda 1, 32 bins)."""
+    import yaml
+
+    from fedboost.cli import main
 
     rows = []
     for epsilon in args.epsilons:
-        aucs = []
+        aucs, spent = [], []
         for seed in args.seeds:
-            config = job_config(args.data, args, seed=seed, epsilon=epsilon)
-            with tempfile.TemporaryDirectory() as out:
+            raw = job_config(args.data, args, seed=seed, epsilon=epsilon).model_dump(
+                mode="json", exclude_none=True)
+            if epsilon is None:
+                raw["params"].update(n_trees=30, learning_rate=0.3, reg_lambda=1.0, max_bin=32)
+            with tempfile.TemporaryDirectory(prefix="bench-dp-") as out:
                 started = time.perf_counter()
-                train_embedded(config, Path(out))
-                aucs.append(test_auc(Path(out) / "guest" / "model.json",
-                                     args.data / "default_credit_homo_test.csv"))
-            print(f"  epsilon {_eps(epsilon)} seed {seed}: test AUC {aucs[-1]:.4f} "
-                  f"({time.perf_counter() - started:.0f} s)", flush=True)
+                (Path(out) / "job.yaml").write_text(yaml.safe_dump(raw))
+                if main(["train", str(Path(out) / "job.yaml"), "--out",
+                         str(Path(out) / "run")]) != 0:
+                    raise SystemExit(f"fedboost train failed (epsilon {_eps(epsilon)})")
+                metrics = json.loads((Path(out) / "run" / "metrics.json").read_text())
+                spent.append(metrics.get("epsilon_spent"))
+                aucs.append(predicted_auc(Path(out) / "run",
+                                          args.data / "default_credit_homo_test.csv"))
+            print(f"  epsilon {_eps(epsilon)} seed {seed}: test AUC {aucs[-1]:.4f}, "
+                  f"epsilon_spent {spent[-1]} ({time.perf_counter() - started:.0f} s)",
+                  flush=True)
         rows.append({"epsilon": epsilon, "mean_auc": statistics.mean(aucs),
                      "std_auc": statistics.stdev(aucs) if len(aucs) > 1 else 0.0,
-                     "aucs": aucs})
-    print(f"\ndefault_credit_homo, 3 members, {args.trees} trees depth {args.depth} lr {args.lr} "
-          f"max_bin {args.max_bin}, clip {args.clip}; test AUC on default_credit_homo_test.csv")
+                     "aucs": aucs, "epsilon_spent": spent})
+    print(f"\ndefault_credit_homo, 3 members; private: {args.trees} trees in ensembles of "
+          f"{args.per_ensemble or args.trees}, depth {args.depth}, lr {args.lr}, lambda "
+          f"{args.reg_lambda}, max_bin {args.max_bin}, clip {args.clip}; test AUC of "
+          f"fedboost predict on default_credit_homo_test.csv; none: the shipped config's "
+          f"non-private model (30 trees, lr 0.3, lambda 1, 32 bins)")
     seeds = ", ".join(map(str, args.seeds))
     print(f"{'epsilon':>8} {'mean AUC':>9} {'std':>7}  per seed ({seeds})")
     for row in rows:
         print(f"{_eps(row['epsilon']):>8} {row['mean_auc']:>9.4f} {row['std_auc']:>7.4f}  "
               + "  ".join(f"{a:.4f}" for a in row["aucs"]))
-    return {"rows": rows}
+    return {_eps(row["epsilon"]): row["mean_auc"] for row in rows} | {"rows": rows}
 
 
 def _eps(epsilon: float | None) -> str:
@@ -232,23 +266,26 @@ def main() -> None:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--dp", action="store_true", help="test AUC against epsilon")
     what.add_argument("--cost", action="store_true", help="seconds per tree, masks or not")
-    parser.add_argument("--trees", type=int, help="default 30 (--dp: 5)")
+    parser.add_argument("--trees", type=int, help="default 30 (--dp: 50)")
     parser.add_argument("--depth", type=int, default=3)
-    parser.add_argument("--lr", type=float, help="default 0.3 (--dp: 0.5)")
-    parser.add_argument("--max-bin", type=int, default=32)
-    parser.add_argument("--clip", type=float, default=1.0, help="DP gradient clip")
+    parser.add_argument("--lr", type=float, help="default 0.3 (--dp: 0.5, DPBoost's eta)")
+    parser.add_argument("--max-bin", type=int, help="default 32 (--dp: 16)")
+    parser.add_argument("--clip", type=float, default=1.0, help="DP gradient bound g*")
+    parser.add_argument("--per-ensemble", type=int, default=0,
+                        help="DP trees per ensemble (default: all trees form one)")
     parser.add_argument("--reg-lambda", type=float,
-                        help="L2 regularisation, default 1 (--dp: 200, which shrinks the leaves' "
+                        help="L2 regularisation, default 1 (--dp: 100, which shrinks the leaves' "
                              "sensitivity clip / (1 + lambda))")
     parser.add_argument("--epsilons", type=_epsilon, nargs="+",
-                        default=[0.5, 1.0, 2.0, 4.0, 8.0, None])
+                        default=[1.0, 2.0, 4.0, 8.0, None])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     args = parser.parse_args()
-    for key, usual, private in (("trees", 30, 5), ("lr", 0.3, 0.5), ("reg_lambda", 1.0, 200.0)):
-        if getattr(args, key) is None:  # DP's budget buys few, strongly regularised trees
+    for key, usual, private in (("trees", 30, 50), ("lr", 0.3, 0.5), ("reg_lambda", 1.0, 100.0),
+                                ("max_bin", 32, 16)):
+        if getattr(args, key) is None:  # tuned with benchmarks.dp_core (docs/privacy.md)
             setattr(args, key, private if args.dp else usual)
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # a line per task run otherwise
     _prefect_env.configure()
@@ -256,6 +293,13 @@ def main() -> None:
     if args.json:
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                     if k != "json"}
+        if args.dp:  # {"none": auc, "1": auc, ...}, the settings and per-seed rows beside
+            args.json.with_suffix(".detail.json").write_text(json.dumps(
+                {"settings": settings, **report}, indent=2,
+                default=lambda v: None if v is None else str(v)))
+            args.json.write_text(json.dumps({k: v for k, v in report.items() if k != "rows"},
+                                            indent=2))
+            return
         args.json.write_text(json.dumps({"settings": settings, **report}, indent=2,
                                         default=lambda v: None if v is None else str(v)))
 

@@ -15,6 +15,7 @@ import numpy as np
 from boosting._typing import Histogram, IntArray
 from boosting.fixedpoint import Quantized
 from boosting.params import BoostParams
+from boosting.privacy import PrivateTree
 from boosting.split import NodeTotals, SplitCandidate, best_split, best_split_in_block, leaf_weight
 from boosting.tree import Tree, TreeNode
 
@@ -52,6 +53,8 @@ class TreeGrower:
     grad, hess : quantized g and h of every row (rows outside the tree are ignored)
     in_tree : mask of rows used by this tree (subsample)
     n_blocks : number of feature blocks whose histograms will be supplied
+    private : under differential privacy, the tree's mechanisms (``boosting.privacy``): splits
+        by the exponential mechanism over every block, clipped noisy leaves of unit hessians
     """
 
     params: BoostParams
@@ -59,6 +62,7 @@ class TreeGrower:
     hess: Quantized
     in_tree: np.ndarray
     n_blocks: int
+    private: PrivateTree | None = None
     node_of_row: IntArray = field(init=False)
     nodes: list[_Node] = field(init=False)
     frontier: list[int] = field(init=False)
@@ -114,6 +118,11 @@ class TreeGrower:
         result: dict[int, SplitCandidate | None] = {}
         for node in self.frontier:
             totals = self.nodes[node].totals
+            if self.private is not None:
+                result[node] = self.private.choose({b: self._hist[(b, node)] for b in blocks},
+                                                   totals, self.grad.scale, self.hess.scale,
+                                                   self.params)
+                continue
             result[node] = best_split([
                 best_split_in_block(self._hist[(b, node)], totals, self.grad.scale,
                                     self.hess.scale, self.params, b)
@@ -159,15 +168,27 @@ class TreeGrower:
     def finish(self, output: int) -> tuple[Tree, IntArray]:
         """Leaf weights and the finished tree; also each row's node (for prediction updates)."""
         out: list[TreeNode] = []
+        values = self._private_leaves()
         for n in self.nodes:
             if n.split is None:
-                value = leaf_weight(n.totals, self.grad.scale, self.hess.scale, self.params)
+                value = (leaf_weight(n.totals, self.grad.scale, self.hess.scale, self.params)
+                         if values is None else values[n.id])
                 out.append(TreeNode(id=n.id, value=value))
             else:
                 out.append(TreeNode(id=n.id, left=n.left, right=n.right, owner=n.owner,
                                     feature=n.feature, bin=n.bin, threshold=n.threshold,
                                     missing_left=n.split.missing_left, record_id=n.record_id))
         return Tree(nodes=tuple(out), output=output), self.node_of_row
+
+    def _private_leaves(self) -> dict[int, float] | None:
+        """Under differential privacy, each leaf's clipped noisy value times the learning
+        rate (``PrivateTree.leaves``: the row count is the hessian sum)."""
+        if self.private is None:
+            return None
+        leaves = [n for n in self.nodes if n.split is None]
+        values = self.private.leaves(np.array([n.totals.g / self.grad.scale for n in leaves]),
+                                     np.array([n.totals.count for n in leaves], dtype=np.float64))
+        return {n.id: float(v) * self.params.learning_rate for n, v in zip(leaves, values)}
 
 
 def smaller_child(left_count: int, right_count: int, left: int, right: int) -> int:

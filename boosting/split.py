@@ -52,6 +52,7 @@ def split_gains(
     g_scale: float,
     h_scale: float,
     params: BoostParams,
+    constrained: bool = True,
 ) -> npt.NDArray[np.float64]:
     """Gain of every candidate of one node's histogram (features, bins, 3), gamma subtracted.
 
@@ -59,7 +60,8 @@ def split_gains(
     missing values right, 1 sends them left; "bin" is the last bin on the left. Candidates that
     break ``min_samples_leaf`` or ``min_child_weight`` are ``-inf``. A caller that picks the
     split itself (the exponential mechanism) turns its index into a split with
-    :func:`candidate_at`.
+    :func:`candidate_at`; under differential privacy it passes ``constrained=False``, which
+    keeps every candidate (empty children too: whether one is valid would depend on the data).
     """
     value_bins = hist[:, :-1, :]
     missing = hist[:, -1, :]
@@ -76,6 +78,8 @@ def split_gains(
     h_all = totals.h / h_scale
     gain = 0.5 * (gl * gl / (hl + lam) + gr * gr / (hr + lam) - g_all * g_all / (h_all + lam))
     gain = gain - params.gamma
+    if not constrained:
+        return gain
     valid = (
         (left[..., 2] >= params.min_samples_leaf)
         & (right[..., 2] >= params.min_samples_leaf)

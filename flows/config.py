@@ -314,6 +314,42 @@ def _job_name(v: str) -> str:
 JobName = Annotated[str, AfterValidator(_job_name)]
 
 
+class PrivacyConfig(_Strict):
+    """Differential privacy of the released model, DPBoost's (``boosting.privacy``, composition
+    in docs/privacy.md): rows dealt to the trees of an ensemble, gradient-based data filtering,
+    the exponential mechanism for split choice, geometric leaf clipping and Laplace noise on
+    leaf values. The horizontal aggregator or the vertical active party applies it."""
+
+    epsilon: float = Field(gt=0.0, le=1000.0)
+    """The whole job's budget (pure epsilon-DP of the released model with respect to one row),
+    split evenly over its ensembles."""
+    clip: float = Field(1.0, gt=0.0, le=1000.0)
+    """DPBoost's g*: a row whose |gradient| exceeds it sits the tree out (bounds the
+    sensitivity); the logistic loss's |g| < 1."""
+    trees_per_ensemble: int | None = Field(None, ge=1, le=10_000)
+    """Trees that share the rows between them (parallel composition); default: all the job's
+    trees form one ensemble."""
+    seed: int | None = Field(None, ge=0)
+    """Seed of the noise, for reproducible experiments only: a known seed lets anyone who
+    knows it remove the noise. Default: fresh randomness from the OS."""
+
+    def per_ensemble(self, n_trees: int) -> int:
+        """Trees per ensemble of a job growing ``n_trees`` trees."""
+        return min(n_trees, self.trees_per_ensemble or n_trees)
+
+    def spent(self, trees_done: int, n_trees: int) -> float:
+        """Epsilon spent once ``trees_done`` trees are grown: each started ensemble its share
+        (``boosting.privacy.PrivacyPlan.spent``, restated here: a flow imports no numpy)."""
+        per = self.per_ensemble(n_trees)
+        return self.epsilon / -(-n_trees // per) * -(-trees_done // per)
+
+
+def _check_privacy(privacy: PrivacyConfig | None, params: _TreeParams) -> None:
+    if privacy is not None and not params.reg_lambda > 0:
+        raise ValueError("privacy needs params.reg_lambda > 0: the leaf sensitivity is "
+                         "clip / (1 + reg_lambda) and an empty leaf's value -G / (n + lambda)")
+
+
 class JobConfig(_Strict):
     """A whole federated training job (vertical SecureBoost)."""
 
@@ -326,10 +362,15 @@ class JobConfig(_Strict):
     transport: TransportConfig = TransportConfig()
     signing: SigningConfig | None = None
     """Signing keys (the flow signs as ``flow``); the embedded default makes its own."""
+    privacy: PrivacyConfig | None = None
+    """Optional differential privacy (SecureBoost only); without it training is lossless."""
 
     @model_validator(mode="after")
     def _roles(self) -> JobConfig:
         _check_party_names(self.parties)
+        if self.privacy is not None and self.protocol != "vertical_secureboost":
+            raise ValueError(f"privacy: {self.protocol} has no differential privacy")
+        _check_privacy(self.privacy, self.params)
         actives = [n for n, p in self.parties.items() if p.role == "active"]
         if len(actives) != 1:
             raise ValueError(f"exactly one party must have role active, found {len(actives)}")
@@ -404,19 +445,6 @@ class HorizontalParamsConfig(_NoEarlyStopping, _TreeParams):
     objective: Literal["binary", "regression"] = "binary"  # type: ignore[assignment]
 
 
-class PrivacyConfig(_Strict):
-    """Differential privacy of the released model (``workers.horizontal.privacy``): gradient
-    clipping, the exponential mechanism for split choice, Laplace noise on leaf values."""
-
-    epsilon: float = Field(gt=0.0, le=1000.0)
-    """The whole job's budget, split evenly over its trees (see the README)."""
-    clip: float = Field(1.0, gt=0.0, le=1000.0)
-    """Every gradient is clipped to [-clip, clip] (bounds the sensitivity)."""
-    seed: int | None = Field(None, ge=0)
-    """Seed of the aggregator's noise, for reproducible experiments only: a known seed lets
-    anyone who knows it remove the noise. Default: fresh randomness from the OS."""
-
-
 class HorizontalPartyConfig(_Strict):
     """A party of a horizontal job: a member (rows with labels) or the aggregator."""
 
@@ -470,6 +498,7 @@ class HorizontalJobConfig(_MembersAndAggregator, _Strict):
         _check_row_partitioned(self.parties, self.min_members,
                                f"min_members is {self.min_members}: secure aggregation needs at "
                                f"least 2")
+        _check_privacy(self.privacy, self.params)
         _check_broker_needs(self.transport, self.signing, self.parties, self.members)
         return self
 

@@ -51,7 +51,8 @@ def horizontal_spec(config: HorizontalJobConfig) -> HorizontalSpec:
         params=p.tree_params(), min_members=config.min_members,
         summary_size=summary_size(p.max_bin),
         dp_epsilon=privacy.epsilon if privacy else 0.0, dp_clip=privacy.clip if privacy else 0.0,
-        dp_seed=privacy.seed if privacy and privacy.seed is not None else -1)
+        dp_seed=privacy.seed if privacy and privacy.seed is not None else -1,
+        dp_per_ensemble=privacy.trees_per_ensemble or 0 if privacy else 0)
 
 
 def summary_size(max_bin: int) -> int:
@@ -262,9 +263,10 @@ def _train(config: HorizontalJobConfig, progress: Any, members: Membership) -> d
         "history": history, "protocol": "horizontal", "members": config.members,
         "dropped": list(members.dropped), "member_metrics": last.get("members", {}),
         "step_seconds": dict(link(job).step_seconds)}
-    if config.privacy is not None:  # every tree spends epsilon / n_trees (privacy.PrivacyBudget)
+    if config.privacy is not None:  # docs/privacy.md: each started ensemble its share
         result["epsilon"] = config.privacy.epsilon
-        result["epsilon_spent"] = config.privacy.epsilon * len(history) / config.params.n_trees
+        result["epsilon_spent"] = config.privacy.spent(len(history), config.params.n_trees)
+        result["trees_per_ensemble"] = config.privacy.per_ensemble(config.params.n_trees)
     create_table_artifact(
         [{"tree": k + 1, "seconds": None if sec is None else round(sec, 3),
           **{key: value for key, value in m.items() if key != "members"}}

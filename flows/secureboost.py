@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from flows import run_charts
 from flows.coordinator import (PartyError, align_entities, close_job, link, record_tree, step_id,
                           train_with_recoveries)
-from flows.config import JobConfig
+from flows.config import JobConfig, PrivacyConfig
 from flows.early_stopping import EarlyStopping
 from flows.predict import traverse_level_once
 from messages.bodies import (VALIDATION_BATCH, Ack, Aligned, Checkpoint, JobSpec, OpenJob,
@@ -34,7 +34,17 @@ def job_spec(config: JobConfig) -> JobSpec:
         params=p.tree_params(), complete_secure=p.complete_secure,
         key_bits=config.crypto.key_bits, valid_fraction=config.validation.fraction,
         valid_seed=config.validation.seed, label=config.parties[config.active].label or "",
-        pack_bin_sums=config.crypto.pack_bin_sums, scheme=config.crypto.scheme)
+        pack_bin_sums=config.crypto.pack_bin_sums, scheme=config.crypto.scheme,
+        **privacy_fields(config.privacy))
+
+
+def privacy_fields(privacy: PrivacyConfig | None) -> dict[str, Any]:
+    """The spec's differential-privacy fields (none: zeros, the lossless protocol)."""
+    if privacy is None:
+        return {}
+    return {"dp_epsilon": privacy.epsilon, "dp_clip": privacy.clip,
+            "dp_seed": -1 if privacy.seed is None else privacy.seed,
+            "dp_per_ensemble": privacy.trees_per_ensemble or 0}
 
 
 @task(name="open_job", task_run_name="open-job", cache_policy=NO_CACHE)
@@ -223,6 +233,10 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
                               "resumed_after": done, "trees_trained": trained - done, **final}
     if stopper is not None:  # the kept model's metrics, and where it stopped
         result.update(stopper.summary())
+    if config.privacy is not None:  # docs/privacy.md: each started ensemble its share
+        result["epsilon"] = config.privacy.epsilon
+        result["epsilon_spent"] = config.privacy.spent(trained, n_trees)
+        result["trees_per_ensemble"] = config.privacy.per_ensemble(n_trees)
     save_models(job, [active, *passives], keep if stopper is not None else -1)
     try:
         close_job(job, [active, *passives])

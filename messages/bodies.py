@@ -44,6 +44,12 @@ class JobSpec:
     """Who folds bin sums into shared ciphertexts: ``key_holder`` or ``passive``."""
     scheme: str = "paillier"
     """The job's encryption scheme (``crypto.schemes``): ``paillier`` or ``ou``."""
+    dp_epsilon: float = 0.0
+    """Differential privacy of the released model (``boosting.privacy``); 0: none (lossless)."""
+    dp_clip: float = 0.0
+    dp_seed: int = -1
+    """Seed of the active party's noise (-1: fresh randomness from the OS)."""
+    dp_per_ensemble: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from messages.kinds import (BODY_TYPES, COMMANDS, OPENERS, PEER_MAIL,  # noqa: F
                             REPLIES, TRANSIENT, UNRECORDED, WORK, MsgType, import_extra)
 from messages.names import JOB_NAME_RULE, is_job_name
 
-WIRE_VERSION = 6
+WIRE_VERSION = 7
 """2: a row's packed (g, h, count) slots are sized by what they hold (``crypto.encoding``); a
 version-1 party would cut the bin sums apart in the wrong places, so the versions refuse each other.
 3: horizontal set-up counts cells of a public grid instead of sending quantile summaries, and a

@@ -33,6 +33,8 @@ class HorizontalSpec:
     dp_clip: float
     dp_seed: int
     """Seed of the aggregator's noise (-1: fresh randomness from the OS)."""
+    dp_per_ensemble: int = 0
+    """Trees per DPBoost ensemble (``boosting.privacy.PrivacyPlan``); 0 without privacy."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,13 +119,33 @@ def test_keys_of_the_vertical_protocol_in_a_horizontal_job(
     assert f"unknown key {key}" in line and str(tmp_path / "job.yaml") in line, line
 
 
-def test_privacy_in_a_vertical_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    raw = yaml.safe_load((CONFIGS / "breast.yaml").read_text())
-    raw["privacy"] = {"epsilon": 1.0}
+def _vertical_job(name: str) -> dict[str, Any]:
+    raw = yaml.safe_load((CONFIGS / name).read_text())
     for party in raw["parties"].values():
         party["data"] = str((CONFIGS / party["data"]).resolve())
+    return raw
+
+
+@pytest.mark.parametrize(("job", "params", "privacy", "expected"), [
+    ("breast_homo", {}, {"epsilon": 0.0}, "key 'privacy.epsilon': Input should be greater than 0"),
+    ("breast_homo", {}, {"epsilon": 1.0, "clip": -1.0}, "key 'privacy.clip': Input should be greater"),
+    ("breast_homo", {}, {"epsilon": 1.0, "trees_per_ensemble": 0},
+     "key 'privacy.trees_per_ensemble': Input should be greater than or equal to 1"),
+    ("breast_homo", {}, {"epsilon": 1.0, "delta": 1e-5}, "unknown key 'privacy.delta'"),
+    ("breast_homo", {"reg_lambda": 0.0}, {"epsilon": 1.0}, "privacy needs params.reg_lambda > 0"),
+    ("breast", {"reg_lambda": 0.0}, {"epsilon": 1.0}, "privacy needs params.reg_lambda > 0"),
+    ("default_credit_forest", {}, {"epsilon": 1.0},
+     "privacy: vertical_random_forest has no differential privacy"),
+])
+def test_bad_privacy_blocks_are_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], job: str, params: dict[str, Any],
+        privacy: dict[str, Any], expected: str) -> None:
+    raw = (horizontal_job("homo-bad-privacy", "breast") if job == "breast_homo"
+           else _vertical_job(f"{job}.yaml"))
+    raw["params"].update(params)
+    raw["privacy"] = privacy
     line = _train(tmp_path, capsys, raw)
-    assert "unknown key 'privacy'" in line, line
+    assert expected in line and str(tmp_path / "job.yaml") in line, line
 
 
 def test_a_member_entry_with_a_vertical_role(tmp_path: Path) -> None:

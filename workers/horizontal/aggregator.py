@@ -20,6 +20,7 @@ import numpy as np
 from boosting._typing import FloatArray
 from boosting.fixedpoint import quantize_at
 from boosting.params import BoostParams
+from boosting.privacy import PrivacyPlan, PrivateTree, split_candidates, tree_rng
 from boosting.tree import Tree
 from messages.bodies import Ack, Opened, Resumed, ResumeJob, Step
 from messages.envelope import MsgType
@@ -29,7 +30,7 @@ from workers import NotReady, ProtocolError, StageError, checkpoint
 from workers.horizontal.grid import GridRounds
 from workers.horizontal.masking import unmask_sum, unseal_sum
 from workers.horizontal.member import (PROTOCOL, STATE_FORMAT, _take_current, aggregator_of,
-                                       load_checkpoint, members_of, params_of,
+                                       load_checkpoint, members_of, params_of, private_plan,
                                        require_current)
 from workers.handlers import StepContext
 from workers.horizontal.tree import SplitChooser, SummedTree
@@ -42,8 +43,12 @@ class AggregatorJob:
     spec: HorizontalSpec
     params: BoostParams
     digest: str
-    rng: np.random.Generator | None
-    """The differential-privacy noise source (None: no differential privacy)."""
+    plan: PrivacyPlan | None
+    """Differential privacy of the model (None: none, the lossless protocol)."""
+    noise_seed: int
+    """The job's ``privacy.seed`` (experiments only), or a secret of this aggregator's, kept in
+    its checkpoints: a tree grown again after a restart draws the same noise, so a member that
+    saw its first splits learns nothing new from the second growth."""
     grid: GridRounds | None = None
     """The set-up rounds (``workers.horizontal.grid``) until the cuts are sent."""
     stats: tuple[int, int] = (0, 0)
@@ -69,13 +74,14 @@ def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
     if len(members_of(spec)) < max(2, spec.min_members):
         raise ProtocolError(f"{me}: {len(members_of(spec))} members; secure aggregation needs "
                             f"at least {max(2, spec.min_members)}")
-    rng = None
-    if spec.dp_epsilon > 0:  # a seed only for experiments: who knows it can remove the noise
-        rng = np.random.default_rng(spec.dp_seed if spec.dp_seed >= 0
-                                    else secrets.randbits(128))
+    params = params_of(spec)
+    plan = private_plan(spec, params, me)
+    # a seed only for experiments: who knows it can remove the noise
+    noise_seed = spec.dp_seed if spec.dp_seed >= 0 else secrets.randbits(63)
     # the digest names the spec only: the aggregator has no data file
     digest = checkpoint.job_digest(spec, "/dev/null", None)
-    job = AggregatorJob(spec=spec, params=params_of(spec), digest=digest, rng=rng)
+    job = AggregatorJob(spec=spec, params=params, digest=digest, plan=plan,
+                        noise_seed=noise_seed)
     ctx.state = job
     return MsgType.OPENED, Opened(rows=0, checkpoints=checkpoint.available(
         ctx.model_dir, digest, checkpoint.key_of(ctx.party)))
@@ -117,19 +123,18 @@ def agree_scale(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     job.round, job.live = (body.tree, body.attempt), list(body.members)
     job.tree = SummedTree(job.params, job.cuts,
                           quantize_at(unit, rows, g_exp).scale, quantize_at(unit, rows, h_exp).scale)
-    job.chooser = _chooser(job)
+    job.chooser = _chooser(job, body.tree, body.attempt)
     return MsgType.ACK, Ack(count=rows)
 
 
-def _chooser(job: AggregatorJob) -> SplitChooser:
-    """Exact best splits, or the exponential mechanism under the job's privacy budget."""
-    if job.rng is None:
+def _chooser(job: AggregatorJob, tree: int, attempt: int) -> SplitChooser:
+    """Exact best splits, or DPBoost's mechanisms with this tree's own noise source (a tree
+    grown again after a dropout draws anew: its first attempt's splits were sent)."""
+    if job.plan is None:
         return SplitChooser()
-    from workers.horizontal.privacy import PrivacyBudget, gain_sensitivity
-    budget = PrivacyBudget(job.spec.dp_epsilon, job.spec.params.n_trees,
-                           job.spec.params.max_depth)
-    return SplitChooser(budget.split_epsilon(),
-                        gain_sensitivity(job.spec.dp_clip, job.params.reg_lambda), job.rng)
+    candidates = split_candidates([len(c) for c in job.cuts], job.params.max_bin)
+    return SplitChooser(PrivateTree(job.plan, tree, {0: candidates},
+                                    tree_rng(job.noise_seed, tree, attempt)))
 
 
 def _check_live(ctx: StepContext, job: AggregatorJob, body: Round) -> None:
@@ -200,21 +205,12 @@ def _check_root(ctx: StepContext, root: np.ndarray) -> None:
 
 
 def send_tree(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
-    """FedTree step 1: the finished tree's leaf values (Laplace noise under DP) to the live
+    """FedTree step 1: the finished tree's leaf values (clipped, with Laplace noise under DP) to the live
     members, who apply it to their margins."""
     job: AggregatorJob = ctx.state
     tree = _current(ctx, job, body)
-    values = tree.leaf_values()
-    if job.rng is not None:
-        from workers.horizontal.privacy import PrivacyBudget, laplace_noise, leaf_sensitivity
-        budget = PrivacyBudget(job.spec.dp_epsilon, job.spec.params.n_trees,
-                               job.spec.params.max_depth)
-        raw = tree.leaf_raw()
-        ids = sorted(raw)
-        weights = np.array([-raw[n][0] / (raw[n][1] + job.params.reg_lambda) for n in ids])
-        noisy = laplace_noise(weights, budget.leaf_epsilon(),
-                              leaf_sensitivity(job.spec.dp_clip, job.params.reg_lambda), job.rng)
-        values = {n: float(v * job.params.learning_rate) for n, v in zip(ids, noisy)}
+    private = job.chooser.private
+    values = tree.leaf_values() if private is None else tree.private_leaf_values(private)
     leaves = sorted(values)
     message = LeafValues(body.tree, body.attempt, leaves, [values[n] for n in leaves])
     for m in body.members:
@@ -229,7 +225,8 @@ def checkpoint_state(ctx: StepContext, job: AggregatorJob) -> None:
     """Save the aggregator's state after its trees (and after the cuts)."""
     checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.run,
                     {"format": STATE_FORMAT, "columns": job.columns, "cuts": job.cuts,
-                     "base": job.base, "trees": job.trees}, checkpoint.key_of(ctx.party))
+                     "base": job.base, "trees": job.trees, "noise_seed": job.noise_seed},
+                    checkpoint.key_of(ctx.party))
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
@@ -238,6 +235,7 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     saved = load_checkpoint(ctx, job.digest, body, {"columns", "cuts", "base", "trees"})
     job.columns, job.cuts = list(saved["columns"]), list(saved["cuts"])
     job.base, job.trees, job.run = float(saved["base"]), list(saved["trees"]), body.checkpoint.run
+    job.noise_seed = int(saved.get("noise_seed", job.noise_seed))
     return MsgType.RESUMED, Resumed(trees_done=len(job.trees), n_aligned=0, n_train=0,
                                     n_valid=0, outputs=1, history=[])
 

@@ -19,12 +19,14 @@ from typing import Any
 
 import numpy as np
 
+from boosting import BoostingError
 from boosting._typing import BinMatrix, FloatArray, IntArray
 from boosting.binning import apply_cuts
 from boosting.fixedpoint import peak_exponent, quantize_at
 from boosting.losses import gradients, transform
 from boosting.metrics import evaluate
 from boosting.params import BoostParams
+from boosting.privacy import PrivacyPlan, deal_rows, keep_rows
 from boosting.tree import Model, Tree, node_values
 from messages.bodies import Ack, Metric, Opened, Resumed, ResumeJob, Step, TreeFinished
 from messages.envelope import MsgType
@@ -203,8 +205,9 @@ def send_masked(ctx: StepContext, job: MemberJob, values: IntArray, purpose: str
 
 
 def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
-    """FedTree step 2, first half: g and h of every row under the model so far (clipped, with
-    unit hessians, under differential privacy); the aggregator gets their peak exponents."""
+    """FedTree step 2, first half: g and h of every row under the model so far (under
+    differential privacy: unit hessians, and only this tree's rows of its DPBoost ensemble
+    whose |g| is within the bound); the aggregator gets their peak exponents."""
     job: MemberJob = ctx.state
     me = ctx.party.name
     _check_round(job, me, body)
@@ -213,16 +216,20 @@ def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     bins = job.require_bins()
     assert job.margin is not None
     g, h = (a[:, 0] for a in gradients(job.params.objective, job.margin, job.y))
-    if job.spec.dp_epsilon > 0:
-        from workers.horizontal.privacy import clip_gradients
-        g, h = clip_gradients(g, job.spec.dp_clip), np.ones_like(h)
     n = job.y.size
+    index = members_of(job.spec).index(me)
     if job.params.subsample < 1.0:
-        index = members_of(job.spec).index(me)
         rng = np.random.default_rng([job.params.seed, body.tree, index])
         in_tree = rng.random(n) < job.params.subsample
     else:
         in_tree = np.ones(n, dtype=bool)
+    plan = private_plan(job.spec, job.params, me)
+    if plan is not None:  # DPBoost: this tree's rows of its ensemble, filtered; unit hessians
+        ensemble, position = plan.ensemble_of(body.tree)
+        dealt = deal_rows(plan, ensemble, n,
+                          np.random.default_rng([job.params.seed, index, ensemble]))
+        in_tree &= (dealt == position) & keep_rows(g, plan.bound)
+        g, h = np.where(in_tree, g, 0.0), np.ones_like(h)
     job.round, job.live = (body.tree, body.attempt), list(body.members)
     job.prefix = released.tree_prefix(job.run, job.trees)
     job.grad, job.hess, job.g_ints, job.h_ints = g, h, None, None
@@ -231,6 +238,20 @@ def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     ctx.send(job.aggregator, MsgType.H_GRADIENT_RANGE, GradientRange(
         body.tree, body.attempt, peak_exponent(g), peak_exponent(h), n))
     return MsgType.ACK, Ack(count=n)
+
+
+def private_plan(spec: HorizontalSpec, params: BoostParams, me: str) -> PrivacyPlan | None:
+    """The job's DPBoost plan (``boosting.privacy``), None without differential privacy.
+    Its ``n_trees`` must count every tree grown: a protocol growing one tree per class per
+    round plans ``n_trees * classes`` (as the vertical active party does)."""
+    if spec.dp_epsilon <= 0:
+        return None
+    try:
+        return PrivacyPlan(spec.dp_epsilon, params.n_trees, params.max_depth,
+                           spec.dp_per_ensemble or params.n_trees, spec.dp_clip,
+                           params.reg_lambda, params.learning_rate)
+    except BoostingError as exc:
+        raise ProtocolError(f"{me}: the job's privacy settings are refused: {exc}") from None
 
 
 def _check_round(job: MemberJob, me: str, body: Round) -> None:

@@ -19,8 +19,8 @@ from boosting.binning import goes_left, split_threshold
 from boosting.grow import smaller_child
 from boosting.hist import build_histograms
 from boosting.params import BoostParams
-from boosting.split import (MIN_SPLIT_GAIN, NodeTotals, SplitCandidate, best_split_in_block,
-                            candidate_at, leaf_weight, split_gains)
+from boosting.privacy import PrivateTree
+from boosting.split import NodeTotals, SplitCandidate, best_split_in_block, leaf_weight
 from boosting.tree import Tree, TreeNode
 from messages.horizontal import NodeSplit
 from workers import ProtocolError
@@ -31,23 +31,17 @@ OWNER = "members"
 
 @dataclass(slots=True)
 class SplitChooser:
-    """How the aggregator picks a node's split: the best gain (lossless), or the exponential
-    mechanism over all valid candidates (differential privacy)."""
+    """How the aggregator picks a node's split: the best gain (lossless), or, under
+    differential privacy, the exponential mechanism over every candidate of the public cuts
+    (``boosting.privacy.PrivateTree``: a node above ``max_depth`` always splits)."""
 
-    epsilon: float = 0.0
-    sensitivity: float = 0.0
-    rng: np.random.Generator | None = None
+    private: PrivateTree | None = None
 
     def choose(self, hist: Histogram, totals: NodeTotals, g_scale: float, h_scale: float,
                params: BoostParams) -> SplitCandidate | None:
-        if self.rng is None:
+        if self.private is None:
             return best_split_in_block(hist, totals, g_scale, h_scale, params, 0)
-        gains = split_gains(hist, totals, g_scale, h_scale, params)
-        if not gains.size or not np.max(gains) > MIN_SPLIT_GAIN:
-            return None  # as the lossless rule: no candidate improves the loss
-        from workers.horizontal.privacy import exponential_choice
-        picked = exponential_choice(gains, self.epsilon, self.sensitivity, self.rng)
-        return None if picked is None else candidate_at(picked, gains, 0)
+        return self.private.choose({0: hist}, totals, g_scale, h_scale, params)
 
 
 @dataclass(slots=True)
@@ -129,11 +123,13 @@ class SummedTree:
         return {n.id: leaf_weight(n.totals, self.g_scale, self.h_scale, self.params)
                 for n in self.nodes if n.split is None}
 
-    def leaf_raw(self) -> dict[int, tuple[float, float]]:
-        """Each leaf's G and H (unscaled by the learning rate): the differential-privacy noise
-        is added to ``-G / (H + lambda)`` before the learning rate."""
-        return {n.id: (n.totals.g / self.g_scale, n.totals.h / self.h_scale)
-                for n in self.nodes if n.split is None}
+    def private_leaf_values(self, private: PrivateTree) -> dict[int, float]:
+        """Each leaf's ``-G / (n + lambda)`` clipped and with Laplace noise (unit hessians:
+        ``n`` is the row count), then times the learning rate."""
+        leaves = [n for n in self.nodes if n.split is None]
+        values = private.leaves(np.array([n.totals.g / self.g_scale for n in leaves]),
+                                np.array([n.totals.count for n in leaves], dtype=np.float64))
+        return {n.id: float(v * self.params.learning_rate) for n, v in zip(leaves, values)}
 
     def tree(self, values: dict[int, float]) -> Tree:
         """The finished tree with the given leaf values."""

@@ -8,6 +8,7 @@ decrypts histograms in ``workers.vertical.decryption``.
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -15,15 +16,18 @@ from typing import Any
 
 import numpy as np
 
+from boosting import BoostingError
 from boosting.binning import goes_left, split_threshold
 from boosting.hist import build_histograms
 from boosting.losses import base_score, transform
 from boosting.metrics import evaluate
 from boosting.params import BoostParams
+from boosting.privacy import PrivacyPlan
 from boosting.train import allowed_blocks
 from boosting.tree import node_values, save_model, write_json_atomic
 from crypto.schemes import generate_keypair
-from messages.bodies import (Ack, AppliedSplits, Metric, NodePositions, NodeSplit, Opened, OpenJob,
+from messages.bodies import (Ack, AppliedSplits, JobSpec, Metric, NodePositions, NodeSplit, Opened,
+                             OpenJob,
                              ResumeJob, SplitChoice, SplitChoices, SplitsFound, Step,
                              TreeFinished)
 from messages.envelope import MsgType
@@ -57,18 +61,33 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
     if body.spec.pack_bin_sums not in PACKERS:
         raise ProtocolError(f"pack_bin_sums {body.spec.pack_bin_sums!r} is not one of {PACKERS}")
     params = params_of(body)
+    privacy = private_plan(ctx.party.name, body.spec, params)
     public, private = generate_keypair(body.spec.scheme, body.spec.key_bits,
                                        obfuscator=ctx.party.policy.obfuscator)
     state.role_state = run = ActiveTraining(params=params, public=public, private=private,
                                             pack_bin_sums=body.spec.pack_bin_sums,
                                             crypto_processes=ctx.party.crypto_processes,
-                                            make_ahead=ctx.party.make_ahead)
+                                            make_ahead=ctx.party.make_ahead,
+                                            privacy=privacy, noise_seed=body.spec.dp_seed
+                                            if body.spec.dp_seed >= 0 else secrets.randbits(63))
     run.crypto_pool()  # its processes start (and build their tables) during PSI
     run.prepare_encryption(len(state.data.ids), 0)  # on idle CPU only
     ctx.state = state
     return MsgType.OPENED, Opened(rows=len(state.data.ids),
                                   checkpoints=checkpoint.available(
                                       ctx.model_dir, state.digest, checkpoint.key_of(ctx.party)))
+
+
+def private_plan(me: str, spec: JobSpec, params: BoostParams) -> PrivacyPlan | None:
+    """The job's DPBoost plan over its rounds (``bin_features`` counts the classes in)."""
+    if spec.dp_epsilon <= 0:
+        return None
+    try:
+        return PrivacyPlan(spec.dp_epsilon, params.n_trees, params.max_depth,
+                           spec.dp_per_ensemble or params.n_trees, spec.dp_clip,
+                           params.reg_lambda, params.learning_rate)
+    except BoostingError as exc:
+        raise ProtocolError(f"{me}: the job's privacy settings are refused: {exc}") from None
 
 
 def _checkpoint(ctx: StepContext, state: JobState, trees_done: int) -> None:
@@ -100,6 +119,8 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     run: ActiveTraining = state.role_state
     y, run.n_classes = bin_active_rows(state, run.params.objective, run.params.max_bin)
     run.y = y
+    if run.privacy is not None:  # every tree grown: rounds x classes
+        run.privacy = replace(run.privacy, n_trees=run.params.n_trees * run.outputs)
     run.base = base_score(run.params.objective, y, run.n_classes)
     run.margin = np.tile(run.base, (y.size, 1))
     send_public_key(ctx, state, run.public)

@@ -12,6 +12,7 @@ from boosting._typing import FloatArray
 from boosting.grow import TreeGrower
 from boosting.losses import n_outputs, transform
 from boosting.params import BoostParams
+from boosting.privacy import PrivacyPlan
 from boosting.split import SplitCandidate
 from boosting.train import allowed_blocks
 from boosting.tree import Model, Tree
@@ -74,6 +75,11 @@ class ActiveTraining:
     """Validation margins after each tree (trees x rows x outputs), for the learning curve."""
     valid_walked: int = 0
     """Trees whose validation decisions are in ``score_margin`` (``workers.vertical.paths``)."""
+    privacy: PrivacyPlan | None = None
+    """Differential privacy of the model (``boosting.privacy``); None: lossless."""
+    noise_seed: int = 0
+    """The job's ``privacy.seed`` (experiments only), or a secret of this party's: kept in its
+    checkpoints, so a tree grown again after a restart draws the same noise."""
 
     def crypto_pool(self) -> KeyHolderPool:
         if self.pool is None:
@@ -120,7 +126,7 @@ class ActiveTraining:
                      tuple(self.trees), features)
 
 
-checkpoint.register_state_types(ActiveTraining, SplitRecord)
+checkpoint.register_state_types(ActiveTraining, SplitRecord, PrivacyPlan)
 
 
 @dataclass(slots=True)

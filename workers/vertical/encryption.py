@@ -7,9 +7,14 @@ import logging
 import time
 from typing import Any
 
+import numpy as np
+
+from boosting._typing import FloatArray
 from boosting.fixedpoint import Quantized, quantize
 from boosting.grow import TreeGrower, sample_rows
 from boosting.losses import gradients
+from boosting.privacy import (PrivacyPlan, PrivateTree, deal_rows, keep_rows, split_candidates,
+                              tree_rng)
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from messages.bodies import Ack, EncryptedGradients, Step, TreeStart
@@ -25,6 +30,21 @@ log = logging.getLogger("fedboost.worker")
 
 GRADIENT_CHUNK = 4096
 """Ciphertexts per message: 2 MiB at 2048-bit keys, well below broker message caps."""
+
+
+def _private_tree(state: JobState, run: ActiveTraining, plan: PrivacyPlan, tree: int,
+                  in_tree: np.ndarray, g: FloatArray) -> tuple[np.ndarray, FloatArray,
+                                                               PrivateTree]:
+    """DPBoost's tree ``tree``: its rows of its ensemble, gradients filtered (GDF: a row
+    beyond the bound stays in with g = 0, so the rows in a tree, which passive parties see,
+    say nothing of gradients), the tree's mechanisms and noise source."""
+    ensemble, position = plan.ensemble_of(tree)
+    dealt = deal_rows(plan, ensemble, g.size,
+                      np.random.default_rng([run.params.seed, ensemble]))
+    # the passive parties' cuts are theirs: every bin of theirs is a candidate
+    candidates = {0: split_candidates([len(c) for c in state.cuts], run.params.max_bin)}
+    return (in_tree & (dealt == position), np.where(keep_rows(g, plan.bound), g, 0.0),
+            PrivateTree(plan, tree, candidates, tree_rng(run.noise_seed, tree)))
 
 
 def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
@@ -44,9 +64,13 @@ def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         run.grads = gradients(run.params.objective, run.margin, run.y)
     n = run.y.size
     in_tree = sample_rows(n, run.params.subsample, run.params.seed, tree)
-    g: Quantized = quantize(run.grads[0][:, output], n)
-    h: Quantized = quantize(run.grads[1][:, output], n)
-    run.grower = TreeGrower(run.params, g, h, in_tree, 1 + len(state.passives))
+    grad, hess, private = run.grads[0][:, output], run.grads[1][:, output], None
+    if run.privacy is not None:
+        in_tree, grad, private = _private_tree(state, run, run.privacy, tree, in_tree, grad)
+        hess = np.ones_like(hess)
+    g: Quantized = quantize(grad, n)
+    h: Quantized = quantize(hess, n)
+    run.grower = TreeGrower(run.params, g, h, in_tree, 1 + len(state.passives), private)
     participants = participants_of(state, run, tree)
     if participants:
         packer = GradientPacker(value_bits=g.bits, max_rows=n)

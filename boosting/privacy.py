@@ -1,0 +1,326 @@
+"""Differential privacy of a released GBDT, after DPBoost (Q. Li, Z. Wu, Z. Wen, B. He,
+"Privacy-Preserving Gradient Boosting Decision Trees", AAAI 2020), FedTree's DP lineage.
+
+Pure maths, no parties: the horizontal aggregator, the vertical active party and the
+in-process benchmark all call these functions. What they protect is the released model (its
+splits and leaf values) against anyone who sees it; neighbouring data sets differ by one row
+(added or removed).
+
+Mechanisms (DPBoost section 4):
+
+* **Gradient-based data filtering (GDF)**: a row whose ``|g|`` exceeds the bound ``g*`` is left
+  out of the tree (:func:`keep_rows`), so every sensitivity below is in terms of ``g*``. The
+  decision depends on the row alone. Hessians are taken as 1 (DPBoost's analysis, the square
+  loss's): ``G^2 / (H + lambda)`` has no bounded sensitivity when ``H`` can be near 0.
+* **Exponential mechanism** for each node's split (:func:`exponential_choice`): candidate ``i``
+  is drawn with probability proportional to ``exp(eps * gain_i / (2 * dG))``, ``dG = 1.5 g*^2``
+  (:func:`gain_sensitivity`; DPBoost's ``3 g*^2``, halved because ``boosting.split`` gains are
+  half DPBoost's). Every (feature, bin, missing direction) is a candidate, empty children
+  included, and a node above ``max_depth`` is always split: which candidates exist and whether
+  a node splits are then public, not data-dependent.
+* **Laplace mechanism** on each leaf value ``-G / (n + lambda)`` (:func:`laplace_noise`), after
+  **geometric leaf clipping (GLC)** to ``g* (1 - eta)^t`` for the ``t``-th tree of an ensemble
+  (:meth:`PrivacyPlan.leaf_bound`): the sensitivity is ``min(g* / (1 + lambda), 2 g* (1 - eta)^t)``
+  (:meth:`PrivacyPlan.leaf_sensitivity`), DPBoost's Theorem 3; clipping holds whatever the data,
+  GDF is what makes it rarely bite.
+
+Composition (:class:`PrivacyPlan`): the trees form ensembles of ``trees_per_ensemble``; inside
+one ensemble every row is dealt to one tree at random before training (shares
+``eta (1 - eta)^t``, DPBoost Algorithm 2 line 8: :meth:`PrivacyPlan.row_shares`), so the trees
+of an ensemble read disjoint rows and compose in parallel; ensembles read every row again and
+compose sequentially. Each ensemble gets ``epsilon / n_ensembles``; in a tree half of it goes to
+the leaves (disjoint rows: parallel) and half to the splits, ``/ max_depth`` per level (a
+level's nodes hold disjoint rows: parallel). A root-to-leaf path thus spends ``max_depth``
+split shares and one leaf share: the ensemble's epsilon.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from boosting import BoostingError
+from boosting._typing import FloatArray, Histogram
+from boosting.params import BoostParams
+from boosting.split import NodeTotals, SplitCandidate, candidate_at, split_gains
+
+
+@dataclass(frozen=True, slots=True)
+class PrivacyPlan:
+    """Where a total ``epsilon`` goes over ``n_trees`` trees of depth ``max_depth``.
+
+    ``n_trees`` counts every tree grown (rounds x classes in multiclass); ``learning_rate``
+    is DPBoost's ``eta`` (row shares and leaf clipping); ``bound`` is ``g*``.
+    """
+
+    epsilon: float
+    n_trees: int
+    max_depth: int
+    trees_per_ensemble: int
+    bound: float
+    reg_lambda: float
+    learning_rate: float
+
+    def __post_init__(self) -> None:
+        _positive("privacy epsilon", self.epsilon)
+        _positive("gradient bound", self.bound)
+
+        if self.n_trees < 1 or self.max_depth < 1 or self.trees_per_ensemble < 1:
+            raise BoostingError(f"a privacy plan needs n_trees, max_depth and trees_per_ensemble "
+                                f">= 1, got {self.n_trees}, {self.max_depth} and "
+                                f"{self.trees_per_ensemble}")
+        if not (math.isfinite(self.reg_lambda) and self.reg_lambda > 0):
+            # an empty leaf's -G / (n + lambda) and an empty child's gain need lambda > 0
+            raise BoostingError(f"differential privacy needs reg_lambda > 0, got "
+                                f"{self.reg_lambda}")
+        if not 0 < self.learning_rate <= 1:
+            raise BoostingError(f"learning_rate must be in (0, 1], got {self.learning_rate}")
+
+    @property
+    def n_ensembles(self) -> int:
+        return -(-self.n_trees // self.trees_per_ensemble)
+
+    def ensemble_epsilon(self) -> float:
+        """Each ensemble's share (sequential composition over ensembles)."""
+        return self.epsilon / self.n_ensembles
+
+    def split_epsilon(self) -> float:
+        """Epsilon of each node's split choice: half an ensemble's share over the levels (a
+        level's nodes hold disjoint rows)."""
+        return self.ensemble_epsilon() / 2 / self.max_depth
+
+    def leaf_epsilon(self) -> float:
+        """Epsilon of each leaf's noise: the other half (leaves hold disjoint rows)."""
+        return self.ensemble_epsilon() / 2
+
+    def ensemble_of(self, tree: int) -> tuple[int, int]:
+        """(ensemble, position in it) of tree number ``tree``."""
+        self._check_tree(tree)
+        return divmod(tree, self.trees_per_ensemble)
+
+    def ensemble_size(self, ensemble: int) -> int:
+        """Trees in ensemble ``ensemble`` (the last may be shorter)."""
+        return min(self.trees_per_ensemble, self.n_trees - ensemble * self.trees_per_ensemble)
+
+    def row_shares(self, ensemble: int) -> FloatArray:
+        """Probability that a row is dealt to each tree of ``ensemble``: ``eta (1 - eta)^t``,
+        normalised (DPBoost Algorithm 2, line 8: later trees fit smaller residuals)."""
+        t = np.arange(self.ensemble_size(ensemble), dtype=np.float64)
+        shares = (1.0 - self.learning_rate) ** t
+        if not shares.sum() > 0:  # eta = 1: DPBoost's shares vanish after the first tree
+            shares = np.ones_like(t)
+        normalised: FloatArray = shares / shares.sum()
+        return normalised
+
+    def leaf_bound(self, tree: int) -> float:
+        """GLC: ``|-G / (n + lambda)|`` is clipped to ``g* (1 - eta)^t``, ``t`` the tree's
+        position in its ensemble."""
+        return self.bound * (1.0 - self.learning_rate) ** self.ensemble_of(tree)[1]
+
+    def leaf_sensitivity(self, tree: int) -> float:
+        """``min(g* / (1 + lambda), 2 g* (1 - eta)^t)``: one row changes an unclipped leaf by at
+        most the first (:func:`leaf_sensitivity`), a clipped one by at most its range."""
+        return min(leaf_sensitivity(self.bound, self.reg_lambda), 2.0 * self.leaf_bound(tree))
+
+    def gain_sensitivity(self) -> float:
+        return gain_sensitivity(self.bound, self.reg_lambda)
+
+    def spent(self, trees_trained: int) -> float:
+        """Epsilon used by the first ``trees_trained`` trees: a started ensemble has spent its
+        whole share (its trees compose in parallel), so the spend steps per ensemble.
+
+        Raises
+        ------
+        BoostingError
+            If ``trees_trained`` is negative or more than ``n_trees``.
+        """
+        if not 0 <= trees_trained <= self.n_trees:
+            raise BoostingError(f"{trees_trained} trees trained, the plan is for {self.n_trees}")
+        return self.ensemble_epsilon() * -(-trees_trained // self.trees_per_ensemble)
+
+    def _check_tree(self, tree: int) -> None:
+        if not 0 <= tree < self.n_trees:
+            raise BoostingError(f"tree {tree} outside the plan's {self.n_trees} trees")
+
+
+def deal_rows(plan: PrivacyPlan, ensemble: int, n_rows: int,
+              rng: np.random.Generator) -> npt.NDArray[np.int64]:
+    """Each row's tree (position) in ``ensemble``, drawn independently of the data: a row
+    added or removed changes one tree's rows only (parallel composition)."""
+    shares = plan.row_shares(ensemble)
+    dealt: npt.NDArray[np.int64] = rng.choice(shares.size, size=n_rows, p=shares).astype(np.int64)
+    return dealt
+
+
+def keep_rows(g: FloatArray, bound: float) -> npt.NDArray[np.bool_]:
+    """GDF: the rows whose gradient is within ``[-bound, bound]``."""
+    _positive("gradient bound", bound)
+    kept: npt.NDArray[np.bool_] = np.abs(g) <= bound
+    return kept
+
+
+def clip_leaf(value: float, bound: float) -> float:
+    """GLC: a leaf value clipped to ``[-bound, bound]``."""
+    return float(np.clip(value, -bound, bound))
+
+
+def clip_gradients(g: FloatArray, bound: float) -> FloatArray:
+    """Gradients clipped to ``[-bound, bound]`` (DPBoost's ``g*``).
+
+    Raises
+    ------
+    BoostingError
+        If ``bound`` is not a positive number.
+    """
+    _positive("gradient bound", bound)
+    clipped: FloatArray = np.clip(g, -bound, bound)
+    return clipped
+
+
+def gain_sensitivity(bound: float, reg_lambda: float) -> float:
+    """``1.5 g*^2``: how much one row can change a gain of ``boosting.split.split_gains``,
+    with unit hessians. DPBoost bounds its gain ``GL^2/(nL+l) + GR^2/(nR+l) - G^2/(n+l)`` by
+    ``3 g*^2``; ``split_gains`` is half of it (minus ``gamma``, the same for every candidate),
+    so half the bound holds (tested: a large node reaches about ``1.5 g*^2``). It holds for
+    every ``lambda >= 0``, so ``reg_lambda`` is only checked; it does NOT shrink with lambda.
+    """
+    _positive("gradient bound", bound)
+    if reg_lambda < 0:
+        raise BoostingError(f"reg_lambda must be >= 0, got {reg_lambda}")
+    return 1.5 * bound * bound
+
+
+def leaf_sensitivity(bound: float, reg_lambda: float) -> float:
+    """``g* / (1 + lambda)``: how much one row can change ``-G / (n + lambda)`` (DPBoost; the
+    worst case is an empty leaf gaining a row)."""
+    _positive("gradient bound", bound)
+    if reg_lambda < 0:
+        raise BoostingError(f"reg_lambda must be >= 0, got {reg_lambda}")
+    return bound / (1.0 + reg_lambda)
+
+
+def exponential_probabilities(gains: npt.NDArray[np.float64], epsilon: float,
+                              sensitivity: float) -> FloatArray:
+    """Probabilities of the exponential mechanism over ``gains.flat``; 0 where not finite."""
+    _positive("epsilon", epsilon)
+    _positive("sensitivity", sensitivity)
+    flat = np.asarray(gains, dtype=np.float64).ravel()
+    finite = np.isfinite(flat)
+    probs = np.zeros(flat.size)
+    if not finite.any():
+        return probs
+    scores = epsilon * flat[finite] / (2.0 * sensitivity)
+    weights = np.exp(scores - scores.max())  # the best has weight 1: no overflow
+    probs[finite] = weights / weights.sum()
+    return probs
+
+
+def exponential_choice(gains: npt.NDArray[np.float64], epsilon: float, sensitivity: float,
+                       rng: np.random.Generator) -> int | None:
+    """A flat index into ``gains`` drawn with probability proportional to
+    ``exp(epsilon * gain / (2 * sensitivity))`` among the finite entries (``-inf`` marks a
+    candidate that is not one); None if there is none.
+
+    Raises
+    ------
+    BoostingError
+        If ``epsilon`` or ``sensitivity`` is not a positive number.
+    """
+    probs = exponential_probabilities(gains, epsilon, sensitivity)
+    if not probs.any():
+        return None
+    return int(rng.choice(probs.size, p=probs))
+
+
+def split_candidates(n_cuts: list[int], max_bin: int) -> npt.NDArray[np.bool_]:
+    """The (features, 2, max_bin) mask of :func:`boosting.split.split_gains` candidates that
+    separate two bins of the public cuts (``n_cuts[f]`` bins of feature ``f``), both missing
+    directions: the same set whatever the rows."""
+    bins = np.arange(max_bin)
+    mask = np.stack([bins < n - 1 for n in n_cuts])[:, None, :]
+    return np.repeat(mask, 2, axis=1)
+
+
+def private_split(hists: dict[int, Histogram], totals: NodeTotals, g_scale: float,
+                  h_scale: float, params: BoostParams,
+                  candidates: dict[int, npt.NDArray[np.bool_] | None], epsilon: float,
+                  sensitivity: float, rng: np.random.Generator) -> SplitCandidate | None:
+    """A node's split by the exponential mechanism: one draw over the candidates of every
+    block (``hists[block]``, masked by ``candidates.get(block)``, None: every bin), gains of
+    unit hessians. None only if there is no candidate at all."""
+    gains = {b: split_gains(hist, totals, g_scale, h_scale, params, constrained=False)
+             for b, hist in hists.items()}
+    masked = [g if candidates.get(b) is None else np.where(candidates[b], g, -np.inf)
+              for b, g in gains.items()]
+    picked = exponential_choice(np.concatenate([m.ravel() for m in masked]), epsilon,
+                                sensitivity, rng)
+    if picked is None:
+        return None
+    for block, g in gains.items():
+        if picked < g.size:
+            return candidate_at(picked, g, block)
+        picked -= g.size
+    raise AssertionError("unreachable: the pick is inside the concatenated gains")
+
+
+@dataclass(slots=True)
+class PrivateTree:
+    """One tree's private choices: its splits (exponential mechanism) and leaves (GLC and
+    Laplace), with the tree's own noise source."""
+
+    plan: PrivacyPlan
+    tree: int
+    candidates: dict[int, npt.NDArray[np.bool_] | None]
+    """Per feature block, :func:`split_candidates` (absent or None: every bin)."""
+    rng: np.random.Generator
+
+    def choose(self, hists: dict[int, Histogram], totals: NodeTotals, g_scale: float,
+               h_scale: float, params: BoostParams) -> SplitCandidate | None:
+        return private_split(hists, totals, g_scale, h_scale, params, self.candidates,
+                             self.plan.split_epsilon(), self.plan.gain_sensitivity(), self.rng)
+
+    def leaves(self, g_sums: FloatArray, counts: FloatArray) -> FloatArray:
+        """Leaf values before the learning rate (:func:`private_leaves`)."""
+        return private_leaves(g_sums, counts, self.plan, self.tree, self.rng)
+
+
+def tree_rng(seed: int | None, tree: int, attempt: int = 0) -> np.random.Generator:
+    """A tree's noise source: from the job's ``privacy.seed`` (experiments only: who knows it
+    can remove the noise; a resumed job then draws the same noise) or fresh from the OS."""
+    return np.random.default_rng(None if seed is None else [seed, tree, attempt])
+
+
+def laplace_noise(values: FloatArray, epsilon: float, sensitivity: float,
+                  rng: np.random.Generator) -> FloatArray:
+    """``values`` plus independent Laplace noise of scale ``sensitivity / epsilon``.
+
+    Raises
+    ------
+    BoostingError
+        If ``epsilon`` or ``sensitivity`` is not a positive number.
+    """
+    _positive("epsilon", epsilon)
+    _positive("sensitivity", sensitivity)
+    values = np.asarray(values, dtype=np.float64)
+    noisy: FloatArray = values + rng.laplace(0.0, sensitivity / epsilon, size=values.shape)
+    return noisy
+
+
+def private_leaves(g_sums: FloatArray, counts: FloatArray, plan: PrivacyPlan, tree: int,
+                   rng: np.random.Generator) -> FloatArray:
+    """Leaf values of tree ``tree`` before the learning rate: ``-G / (n + lambda)`` (unit
+    hessians), clipped (GLC) and with Laplace noise of scale
+    ``leaf_sensitivity(tree) / leaf_epsilon``."""
+    raw = -np.asarray(g_sums, dtype=np.float64) / (
+        np.asarray(counts, dtype=np.float64) + plan.reg_lambda)  # lambda > 0: planned
+    bound = plan.leaf_bound(tree)
+    return laplace_noise(np.clip(raw, -bound, bound), plan.leaf_epsilon(),
+                         plan.leaf_sensitivity(tree), rng)
+
+
+def _positive(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise BoostingError(f"{name} must be a positive number, got {value}")
