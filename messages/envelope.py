@@ -16,7 +16,7 @@ from messages.kinds import (BODY_TYPES, COMMANDS, OPENERS, PEER_MAIL,  # noqa: F
                             REPLIES, TRANSIENT, UNRECORDED, WORK, MsgType, import_extra)
 from messages.names import JOB_NAME_RULE, is_job_name
 
-WIRE_VERSION = 5
+WIRE_VERSION = 6
 """2: a row's packed (g, h, count) slots are sized by what they hold (``crypto.encoding``); a
 version-1 party would cut the bin sums apart in the wrong places, so the versions refuse each other.
 3: horizontal set-up counts cells of a public grid instead of sending quantile summaries, and a
@@ -26,7 +26,9 @@ a secret the members exchange sealed (``S_LSH_KEY``, ``S_LSH_SECRET``); an older
 send exact sums.
 5: the openers of SecureBoost, horizontal and SimFL carry the tree parameters nested
 (``messages.params.TreeParams``) instead of as fields of their specs; checkpoints of version 4
-(format 3) are refused (``workers.checkpoint``)."""
+(format 3) are refused (``workers.checkpoint``).
+6: horizontal and SimFL train multiclass: the shared cuts (``SharedCuts.classes``) and SimFL's
+hash values and similar rows (``RowHashes.classes``, ``SimilarRows.classes``) carry the classes."""
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """Refuse to parse anything larger; transports chunk big payloads well below this."""
 import_extra("messages")

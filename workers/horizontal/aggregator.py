@@ -46,11 +46,13 @@ class AggregatorJob:
     """The differential-privacy noise source (None: no differential privacy)."""
     grid: GridRounds | None = None
     """The set-up rounds (``workers.horizontal.grid``) until the cuts are sent."""
-    stats: tuple[int, int] = (0, 0)
-    """The members' rows and label sum, summed."""
+    stats: tuple[int, ...] = (0, 0)
+    """The members' rows and label sum (multiclass: rows per class), summed."""
     columns: list[str] = field(default_factory=list)
     cuts: list[FloatArray] = field(default_factory=list)
     base: float = 0.0
+    classes: int = 1
+    """Trees per round: the union's classes in multiclass, else 1."""
     trees: list[Tree] = field(default_factory=list)
     run: str = ""
     round: tuple[int, int] = (-1, -1)
@@ -126,7 +128,7 @@ def _chooser(job: AggregatorJob) -> SplitChooser:
     if job.rng is None:
         return SplitChooser()
     from workers.horizontal.privacy import PrivacyBudget, gain_sensitivity
-    budget = PrivacyBudget(job.spec.dp_epsilon, job.spec.params.n_trees,
+    budget = PrivacyBudget(job.spec.dp_epsilon, job.spec.params.n_trees * job.classes,
                            job.spec.params.max_depth)
     return SplitChooser(budget.split_epsilon(),
                         gain_sensitivity(job.spec.dp_clip, job.params.reg_lambda), job.rng)
@@ -207,7 +209,7 @@ def send_tree(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     values = tree.leaf_values()
     if job.rng is not None:
         from workers.horizontal.privacy import PrivacyBudget, laplace_noise, leaf_sensitivity
-        budget = PrivacyBudget(job.spec.dp_epsilon, job.spec.params.n_trees,
+        budget = PrivacyBudget(job.spec.dp_epsilon, job.spec.params.n_trees * job.classes,
                                job.spec.params.max_depth)
         raw = tree.leaf_raw()
         ids = sorted(raw)
@@ -219,7 +221,7 @@ def send_tree(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     message = LeafValues(body.tree, body.attempt, leaves, [values[n] for n in leaves])
     for m in body.members:
         ctx.send(m, MsgType.H_LEAVES, message)
-    job.trees.append(tree.tree(values))
+    job.trees.append(tree.tree(values, body.tree % job.classes))
     job.tree = None
     checkpoint_state(ctx, job)
     return MsgType.ACK, Ack(count=len(leaves))
@@ -229,7 +231,8 @@ def checkpoint_state(ctx: StepContext, job: AggregatorJob) -> None:
     """Save the aggregator's state after its trees (and after the cuts)."""
     checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.run,
                     {"format": STATE_FORMAT, "columns": job.columns, "cuts": job.cuts,
-                     "base": job.base, "trees": job.trees}, checkpoint.key_of(ctx.party))
+                     "base": job.base, "classes": job.classes, "trees": job.trees},
+                    checkpoint.key_of(ctx.party))
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
@@ -238,8 +241,9 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     saved = load_checkpoint(ctx, job.digest, body, {"columns", "cuts", "base", "trees"})
     job.columns, job.cuts = list(saved["columns"]), list(saved["cuts"])
     job.base, job.trees, job.run = float(saved["base"]), list(saved["trees"]), body.checkpoint.run
+    job.classes = int(saved.get("classes", 1))  # checkpoints from before multiclass: 1
     return MsgType.RESUMED, Resumed(trees_done=len(job.trees), n_aligned=0, n_train=0,
-                                    n_valid=0, outputs=1, history=[])
+                                    n_valid=0, outputs=job.classes, history=[])
 
 
 def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
