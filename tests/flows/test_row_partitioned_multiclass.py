@@ -62,8 +62,9 @@ def job(name: str, protocol: str, files: dict[str, Path], **params: Any) -> Any:
 
 
 def scored(run: Path, member: str, test: Path, out: Path) -> np.ndarray:
-    """``fedboost predict RUN --data MEMBER=TEST``: the label and each class's probability."""
-    assert main(["predict", str(run), "--data", f"{member}={test}", "--out", str(out)]) == 0
+    """``fedboost predict RUN/MEMBER --data TEST`` (the member's own copy, as a worker keeps
+    it): the label and each class's probability."""
+    assert main(["predict", str(run / member), "--data", str(test), "--out", str(out)]) == 0
     lines = out.read_text().splitlines()
     assert lines[0] == "id,label,score_0,score_1,score_2,score_3"
     return np.array([[float(v) for v in line.split(",")[1:]] for line in lines[1:]])
