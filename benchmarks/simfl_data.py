@@ -256,9 +256,18 @@ def prepare(out: Path | str, *, partition_mode: str = "unbalanced", theta: float
     ids are ``adult-<row id in the file>``."""
     row_ids, _ = read_adult(path)
     names, x, y = encode_adult(path)
+    ids = np.array([f"adult-{r}" for r in row_ids])
+    return split_and_write(out, names, x, y, ids, partition_mode=partition_mode, theta=theta,
+                           parties=parties, seed=seed)
+
+
+def split_and_write(out: Path | str, names: list[str], x: np.ndarray, y: np.ndarray,
+                    ids: np.ndarray, *, partition_mode: str, theta: float, parties: int,
+                    seed: int) -> dict[str, Path]:
+    """Split the rows 75/25 (``seed``), partition the training rows among the members
+    (``seed``) and write the members' and the test file."""
     train, test = split_indices(y, seed)
     parts = partition(y[train], parties, partition_mode, theta, seed)
-    ids = np.array([f"adult-{r}" for r in row_ids])
     return write_member_files(out, names, x[train], y[train], parts, (x[test], y[test]),
                               ids=ids[train], test_ids=ids[test])
 

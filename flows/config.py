@@ -440,9 +440,8 @@ def _check_row_partitioned(parties: dict[str, HorizontalPartyConfig], fewest: in
 
 
 class HorizontalParamsConfig(_NoEarlyStopping, _TreeParams):
-    """Boosting parameters of the horizontal protocol."""
-
-    objective: Literal["binary", "regression"] = "binary"  # type: ignore[assignment]
+    """Boosting parameters of the horizontal protocol (multiclass: one tree per class per
+    round; members' labels 0..255)."""
 
 
 class HorizontalPartyConfig(_Strict):
@@ -532,9 +531,9 @@ class SimflPrivacyConfig(_Strict):
 
 
 class SimflParamsConfig(_NoEarlyStopping, _TreeParams):
-    """Boosting parameters of SimFL, with its LSH."""
+    """Boosting parameters of SimFL, with its LSH (multiclass: one tree per class per round,
+    grown by the round's builder; members' labels 0..255, at least two classes each)."""
 
-    objective: Literal["binary", "regression"] = "binary"  # type: ignore[assignment]
     lsh: LshConfig = LshConfig()
     privacy: SimflPrivacyConfig = SimflPrivacyConfig()
 

@@ -11,7 +11,9 @@ follows FedTree's four steps:
 4. grow: the aggregator chooses the splits, the members route their rows through them;
 
 and finally the aggregator sends the leaves, which every member applies (step 1 of the next
-tree). A member that does not answer within ``transport.step_timeout`` is dropped, and the
+tree). In multiclass a round grows one tree per class, each on the gradients the members
+computed at the round's start (as the core and the vertical protocol do); every tree is one
+pass of the steps above, under masks of its own. A member that does not answer within ``transport.step_timeout`` is dropped, and the
 aggregator never gets two sums of one tree over different members: before the root's key went
 out the tree restarts with the others (the first attempt's vectors stay sealed); after, the
 tree stops where it stands (its open nodes become leaves) and the next tree goes on without
@@ -84,11 +86,11 @@ def resume_job(job: str, parties: list[str], trees_done: int,
 
 
 @task(name="agree_bins", task_run_name="agree-bins", cache_policy=NO_CACHE)
-def agree_bins(job: str, aggregator: str, members: list[str]) -> int:
+def agree_bins(job: str, aggregator: str, members: list[str]) -> tuple[int, int]:
     """Shared cuts without pooling rows: round by round, members count their values in the
     cells of a public grid (masked, with their masked label sums in round 0), the aggregator
     sums the counts and splits the cells holding quantiles, then sends the cuts; every member
-    bins its rows. Returns all rows."""
+    bins its rows. Returns all rows and the trees per round (the classes, or 1)."""
     coord = link(job)
     round_, more = 0, 1
     while more:
@@ -97,8 +99,9 @@ def agree_bins(job: str, aggregator: str, members: list[str]) -> int:
         more = coord.call([aggregator], MsgType.H_MERGE_BINS, Round(depth=round_),
                           _step(MsgType.H_MERGE_BINS, -1, round_))[aggregator].count
         round_ += 1
-    replies = coord.call(members, MsgType.H_APPLY_BINS, Round(), _step(MsgType.H_APPLY_BINS))
-    return sum(reply.count for reply in replies.values())
+    replies = coord.call([aggregator, *members], MsgType.H_APPLY_BINS, Round(),
+                         _step(MsgType.H_APPLY_BINS))
+    return sum(replies[m].count for m in members), replies[aggregator].count
 
 
 @task(name="send_tree", task_run_name="send-tree-t{tree}-a{attempt}", cache_policy=NO_CACHE)
@@ -224,7 +227,7 @@ def _train(config: HorizontalJobConfig, progress: Any, members: Membership) -> d
     if shared:
         newest = max(shared, key=lambda c: c.trees_done)
         resumed = resume_job(job, [aggregator, *members.live], newest.trees_done, newest)
-        done = newest.trees_done
+        done, per_round = newest.trees_done, resumed[aggregator].outputs
         history = [combine_member_metrics({m: resumed[m].history[k] for m in members.live})
                    for k in range(done)]
         logger.info("resumed after %d trees from every party's checkpoint", done)
@@ -233,20 +236,21 @@ def _train(config: HorizontalJobConfig, progress: Any, members: Membership) -> d
                           f"after {', '.join(members.dropped)} dropped out; the set-up cannot "
                           f"be redone without them")
     else:
-        agree_bins(job, aggregator, members.live)
+        per_round = agree_bins(job, aggregator, members.live)[1]
     logger.info("%d members, %d rows in all; aggregator %s", len(members.live), rows, aggregator)
+    n_trees = config.params.n_trees * per_round  # one tree per class per round
     tree_seconds: list[float | None] = [None] * done
-    for tree in range(done, config.params.n_trees):
+    for tree in range(done, n_trees):
         tree_start = time.perf_counter()
         replies = _one_tree(config, members, tree, logger)
         metrics = combine_member_metrics({m: r for m, r in replies.items()
                                           if m in members.live})
         history.append(metrics)
         tree_seconds.append(time.perf_counter() - tree_start)
-        record_tree(job, progress, tree + 1, config.params.n_trees, tree_seconds[-1], metrics)
+        record_tree(job, progress, tree + 1, n_trees, tree_seconds[-1], metrics)
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
-        logger.info("tree %d done (%d/%d) in %.2f s: %s", tree, tree + 1,
-                    config.params.n_trees, tree_seconds[-1], shown)
+        logger.info("tree %d done (%d/%d) in %.2f s: %s", tree, tree + 1, n_trees,
+                    tree_seconds[-1], shown)
     save_models(job, [aggregator, *members.live])
     try:
         close_job(job, [aggregator, *members.live])
@@ -256,17 +260,17 @@ def _train(config: HorizontalJobConfig, progress: Any, members: Membership) -> d
         logger.warning("%s; its model is saved, nothing left to close", exc)
     last = history[-1] if history else {}
     result: dict[str, Any] = {
-        "n_aligned": rows, "n_train": rows, "n_valid": 0, "n_trees": config.params.n_trees,
+        "n_aligned": rows, "n_train": rows, "n_valid": 0, "n_trees": n_trees,
         **{k: v for k, v in last.items() if k != "members"},
-        "resumed_after": done, "trees_trained": config.params.n_trees - done,
+        "resumed_after": done, "trees_trained": n_trees - done,
         "train_seconds": time.perf_counter() - started, "tree_seconds": tree_seconds,
         "history": history, "protocol": "horizontal", "members": config.members,
         "dropped": list(members.dropped), "member_metrics": last.get("members", {}),
         "step_seconds": dict(link(job).step_seconds)}
     if config.privacy is not None:  # docs/privacy.md: each started ensemble its share
         result["epsilon"] = config.privacy.epsilon
-        result["epsilon_spent"] = config.privacy.spent(len(history), config.params.n_trees)
-        result["trees_per_ensemble"] = config.privacy.per_ensemble(config.params.n_trees)
+        result["epsilon_spent"] = config.privacy.spent(len(history), n_trees)
+        result["trees_per_ensemble"] = config.privacy.per_ensemble(n_trees)
     create_table_artifact(
         [{"tree": k + 1, "seconds": None if sec is None else round(sec, 3),
           **{key: value for key, value in m.items() if key != "members"}}

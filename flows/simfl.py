@@ -7,7 +7,8 @@ most similar row of every other member; a federation whose members, data and LSH
 unchanged reuses it. Training (Algorithm 2): members take turns growing trees; for each tree the
 other members send the builder the summed gradients of their rows similar to each of its rows,
 with noise (``workers.simfl.privacy``), the builder estimates them, grows the tree on its own
-rows with those weighted gradients and shares it with everyone.
+rows with those weighted gradients and shares it with everyone. In multiclass a round is one
+tree per class, all grown by the round's builder.
 """
 
 from __future__ import annotations
@@ -41,16 +42,20 @@ def simfl_spec(config: SimflJobConfig) -> SimflSpec:
         noise_tree=p.privacy.tree_noise, gradient_clip=p.privacy.clip)
 
 
-def privacy_spent(config: SimflJobConfig, trees: int) -> dict[str, Any]:
+def privacy_spent(config: SimflJobConfig, trees: int, per_round: int = 1) -> dict[str, Any]:
     """What the first ``trees`` trees' gradient messages spent, per member as a sender, toward
-    each builder (``workers.simfl.privacy``: zCDP, then (epsilon, delta)).
+    each builder (``workers.simfl.privacy``: zCDP, then (epsilon, delta)); ``per_round`` trees
+    make a round (the classes in multiclass), all sent to the round's builder.
 
     ``label_epsilon`` (binary objective): one row's label, over every tree the member sent
     that builder and its label sum, ``rho = T / (2 (sigma_tree^2 + T sigma_label^2)) +
-    1 / (2 sigma_tree^2)``. ``row_epsilon``: one row's values replaced (its gradient and
-    hessian, and the builder row it is similar to), ``rho = 2.5 T / sigma_tree^2``;
-    ``row_epsilon_per_tree`` the same for one tree. The trees a member builds are outside both
-    (every member receives them).
+    1 / (2 sigma_tree^2)``. Multiclass: a label changed from class a to class b moves the
+    sums of a's trees and of b's trees by 1 each, and each class has its own persistent
+    noise, so over the ``R`` rounds sent that builder ``rho = 2 R / (2 (sigma_tree^2 +
+    R sigma_label^2))`` (no label sum is sent). ``row_epsilon``: one row's values replaced
+    (its gradient and hessian, and the builder row it is similar to), ``rho = 2.5 T /
+    sigma_tree^2`` over every tree ``T`` of every class; ``row_epsilon_per_tree`` the same for
+    one tree. The trees a member builds are outside both (every member receives them).
     """
     members, noise = config.members, config.params.privacy
     delta = noise.delta
@@ -58,15 +63,23 @@ def privacy_spent(config: SimflJobConfig, trees: int) -> dict[str, Any]:
     def epsilon(rho: float) -> float:  # Bun and Steinke 2016, Proposition 1.3
         return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
 
-    sent = {m: max((sum(1 for t in range(trees) if t % len(members) == b)
+    def persistent(t: int) -> float:  # one class's sums over t trees, Z shared by them
+        return t / (2.0 * (noise.tree_noise ** 2 + t * noise.label_noise ** 2))
+
+    sent = {m: max((sum(1 for t in range(trees) if (t // per_round) % len(members) == b)
                     for b in range(len(members)) if members[b] != m), default=0)
             for m in members}  # to the builder it sent most trees
-    label = {m: epsilon(t / (2.0 * (noise.tree_noise ** 2 + t * noise.label_noise ** 2))
-                        + 1.0 / (2.0 * noise.tree_noise ** 2))  # and the noisy label sum
-             for m, t in sent.items()}
+    if config.params.objective == "binary":  # and the noisy label sum
+        label: dict[str, float] | None = {
+            m: epsilon(persistent(t) + 1.0 / (2.0 * noise.tree_noise ** 2))
+            for m, t in sent.items()}
+    elif config.params.objective == "multiclass":  # two classes' sums, per-class noise
+        label = {m: epsilon(2.0 * persistent(-(-t // per_round))) for m, t in sent.items()}
+    else:
+        label = None
     return {"delta": delta, "label_noise": noise.label_noise, "tree_noise": noise.tree_noise,
             "trees_sent": sent,
-            "label_epsilon": label if config.params.objective == "binary" else None,
+            "label_epsilon": label,
             "row_epsilon": {m: epsilon(2.5 * t / noise.tree_noise ** 2) for m, t in sent.items()},
             "row_epsilon_per_tree": epsilon(2.5 / noise.tree_noise ** 2)}
 
@@ -89,21 +102,29 @@ def resume_job(job: str, members: list[str], trees_done: int,
 @task(name="preprocess", task_run_name="preprocess", cache_policy=NO_CACHE)
 def preprocess(job: str, aggregator: str, members: list[str]) -> dict[str, Any]:
     """Algorithm 1: LSH values to the aggregator, most similar rows back; reused when every
-    member still holds this federation's (same members, data and LSH parameters)."""
+    member still holds this federation's (same members, data, LSH parameters and objective).
+    ``per_round``: the trees per round the members hold (the classes, or 1)."""
     coord = link(job)
     started = time.perf_counter()
     keys = coord.call(members, MsgType.S_MEMBER_KEY, Step(), step_id(MsgType.S_MEMBER_KEY))
     key = hashlib.sha256("".join(sorted(k.key for k in keys.values())).encode()).hexdigest()
     held = coord.call(members, MsgType.S_HASH_ROWS, Prepare(key, False),
                       step_id(MsgType.S_HASH_ROWS))
-    reused = all(reply.count == -1 for reply in held.values())
+    reused = all(reply.count > 0 for reply in held.values())
     if not reused:  # one member without it: all again, under the members' secret functions
         sent = coord.call(members, MsgType.S_HASH_ROWS, Prepare(key, True),
                           step_id(MsgType.S_HASH_ROWS, 1))
         coord.call([aggregator], MsgType.S_MATCH_ROWS, Step(), step_id(MsgType.S_MATCH_ROWS))
         got = coord.call(members, MsgType.S_STORE_SIMILAR, Step(),
                          step_id(MsgType.S_STORE_SIMILAR))
-    return {"reused": reused, "seconds": time.perf_counter() - started,
+        held = coord.call(members, MsgType.S_HASH_ROWS, Prepare(key, False),
+                          step_id(MsgType.S_HASH_ROWS, 2))  # now on record: its classes
+    per_round = {reply.count for reply in held.values()}
+    if len(per_round) != 1 or min(per_round) < 1:
+        raise RuntimeError(f"job {job}: the members' preprocessings disagree on the trees per "
+                           f"round {sorted(per_round)}; run the job again")
+    return {"reused": reused, "per_round": per_round.pop(),
+            "seconds": time.perf_counter() - started,
             "bytes": {m: 0 if reused else sent[m].count + got[m].count for m in members}}
 
 
@@ -158,7 +179,7 @@ def _train(config: SimflJobConfig, progress: Any) -> dict[str, Any]:
     if shared:
         newest = max(shared, key=lambda c: c.trees_done)
         resumed = resume_job(job, members, newest.trees_done, newest)
-        done = newest.trees_done
+        done, prep["per_round"] = newest.trees_done, resumed[members[0]].outputs
         history = [combine_member_metrics({m: resumed[m].history[k] for m in members})
                    for k in range(done)]
         logger.info("resumed after %d trees from every member's checkpoint", done)
@@ -166,10 +187,12 @@ def _train(config: SimflJobConfig, progress: Any) -> dict[str, Any]:
         prep = preprocess(job, aggregator, members)
         logger.info("preprocessing %s in %.2f s", "reused" if prep["reused"] else "done",
                     prep["seconds"])
+    per_round = prep["per_round"]
+    n_trees = config.params.n_trees * per_round  # one tree per class per round
     tree_seconds: list[float | None] = [None] * done
-    for tree in range(done, config.params.n_trees):
+    for tree in range(done, n_trees):
         tree_start = time.perf_counter()
-        builder = members[tree % len(members)]
+        builder = members[(tree // per_round) % len(members)]
         others = [m for m in members if m != builder]
         aggregate_similar_gradients(job, others, builder, tree)
         built = grow(job, builder, tree)
@@ -178,11 +201,11 @@ def _train(config: SimflJobConfig, progress: Any) -> dict[str, Any]:
         metrics["builder"] = builder
         history.append(metrics)
         tree_seconds.append(time.perf_counter() - tree_start)
-        record_tree(job, progress, tree + 1, config.params.n_trees, tree_seconds[-1], metrics)
+        record_tree(job, progress, tree + 1, n_trees, tree_seconds[-1], metrics)
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()
                           if k.startswith("train_") and isinstance(v, float))
         logger.info("tree %d (%s) done (%d/%d) in %.2f s: %s", tree, builder, tree + 1,
-                    config.params.n_trees, tree_seconds[-1], shown)
+                    n_trees, tree_seconds[-1], shown)
     save_models(job, members)
     close_job(job, [aggregator, *members])
     last = history[-1] if history else {}
@@ -190,16 +213,16 @@ def _train(config: SimflJobConfig, progress: Any) -> dict[str, Any]:
     per_tree = [s.get("tree_bytes", 0.0) * (len(members) - 1) + s.get("gradient_bytes", 0.0)
                 for s in sizes]
     result: dict[str, Any] = {
-        "n_aligned": rows, "n_train": rows, "n_valid": 0, "n_trees": config.params.n_trees,
+        "n_aligned": rows, "n_train": rows, "n_valid": 0, "n_trees": n_trees,
         **{k: v for k, v in last.items() if k.startswith("train_")},
-        "resumed_after": done, "trees_trained": config.params.n_trees - done,
+        "resumed_after": done, "trees_trained": n_trees - done,
         "train_seconds": time.perf_counter() - started, "tree_seconds": tree_seconds,
         "history": history, "protocol": "simfl", "members": members,
         "member_metrics": last.get("members", {}),
         "preprocess_reused": prep["reused"], "preprocess_seconds": prep["seconds"],
         "preprocess_bytes": prep["bytes"],
         "tree_bytes": sum(per_tree) / len(per_tree) if per_tree else None,
-        "privacy": privacy_spent(config, config.params.n_trees),
+        "privacy": privacy_spent(config, n_trees, per_round),
         "step_seconds": dict(link(job).step_seconds)}
     create_table_artifact(
         [{"tree": k + 1, "builder": m.get("builder"),

@@ -29,7 +29,11 @@ send exact sums.
 (format 3) are refused (``workers.checkpoint``).
 6: jobs name their encryption scheme (``JobSpec.scheme``, ``ForestSpec.scheme``: Paillier or
 Okamoto-Uchiyama), and so do a party's own histogram shards; an older party would read an
-Okamoto-Uchiyama modulus as a Paillier one."""
+Okamoto-Uchiyama modulus as a Paillier one.
+7: horizontal and SimFL train multiclass: the shared cuts (``SharedCuts.classes``) and SimFL's
+hash values and similar rows (``RowHashes.classes``, ``SimilarRows.classes``) carry the classes; SecureBoost's and horizontal
+specs carry differential privacy's settings (``dp_epsilon``, ``dp_clip``, ``dp_seed``,
+``dp_per_ensemble``)."""
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """Refuse to parse anything larger; transports chunk big payloads well below this."""
 import_extra("messages")

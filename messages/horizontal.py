@@ -125,11 +125,14 @@ class MaskedVector:
 @dataclass(frozen=True, slots=True)
 class SharedCuts:
     """Aggregator -> members: the reference columns, every feature's cuts (float64 LE; none
-    when members' columns differ) and the model's base score."""
+    when members' columns differ), the model's base score (binary, regression; 0 for every
+    class in multiclass) and its outputs: the union's classes in multiclass (its highest label
+    plus one, as the core counts them), else 1."""
 
     columns: list[str]
     cuts: list[bytes]
     base_score: float
+    classes: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,13 +70,17 @@ class MemberKey:
 @dataclass(frozen=True, slots=True)
 class RowHashes:
     """Member -> aggregator: its column names, per row an opaque handle (uint64 LE) and L hash
-    values (int32 LE, row-major), and its rows and label sum (the base score)."""
+    values (int32 LE, row-major), its label sum (the base score; 0 in multiclass) and its
+    classes."""
 
     columns: list[str]
     handles: bytes
     hashes: bytes
     functions: int
     label_sum: float
+    classes: int
+    """Multiclass: the member's highest label plus one (the union's classes are the largest);
+    else 1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,8 @@ class SimilarRows:
     handles: list[bytes]
     base_score: float
     everyone: list[bytes]
+    classes: int
+    """Trees per round: the union's classes in multiclass, else 1."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -225,3 +225,54 @@ def test_every_sum_the_aggregator_opens_is_over_at_least_min_samples_leaf_rows(
         nodes = total.view(np.int64).reshape(-1, 23, MAX_BIN + 1, 3)
         sizes += nodes[:, 0, :, 2].sum(axis=1).tolist()
     assert len(sizes) >= 8 and min(sizes) >= MIN_LEAF, sorted(sizes)[:5]
+
+
+def test_every_class_tree_of_a_multiclass_job_is_masked_and_sealed_on_its_own(
+        tmp_path: Path) -> None:
+    """Multiclass (vehicle split by rows, 4 classes, 2 rounds): the aggregator gets every
+    class's histograms masked, each tree's root under a round key of its own, which opens the
+    sum of that class's plain root histograms exactly and no other tree's; the masked set-up
+    stats sum to the union's rows per class, which no member's vector shows."""
+    from benchmarks.vehicle_data import prepare
+
+    files = prepare(tmp_path / "data", parties=2, seed=0)
+    members = ["A", "B"]
+    config = HorizontalJobConfig.model_validate({
+        "job": "secagg-multiclass", "protocol": "horizontal",
+        "parties": {**{m: {"role": "member", "data": str(files[m]), "id": "id", "label": "y"}
+                       for m in members}, "aggregator": {"role": "aggregator"}},
+        "params": {"n_trees": 2, "max_depth": 2, "max_bin": MAX_BIN, "objective": "multiclass"}})
+    hub = MemoryHub([*config.parties, FLOW_ENDPOINT], record=True)
+    train_embedded(config, tmp_path / "run", hub=hub)
+    sent = [(s, _envelope(d)) for s, r, d in hub.recorded() if r == "aggregator"]
+    masked = {(s, env.body.purpose, env.body.tree, env.body.depth):
+              np.frombuffer(env.body.values, dtype="<u8").astype(np.uint64)
+              for s, env in sent if env.kind == MsgType.H_MASKED}
+    assert {(t, d) for s, p, t, d in masked if p == "hist"} == \
+        {(t, d) for t in range(8) for d in range(2)}
+    keys = {env.body.tree: env.body.key for _, env in sent if env.kind == MsgType.H_ROUND_KEY}
+    assert sorted(keys) == list(range(8)) and len(set(keys.values())) == 8
+
+    data = {m: load_party_data(m, str(files[m]), "id", "y", require_label=True) for m in members}
+    y = np.concatenate([data[m].y for m in members])  # type: ignore[misc]
+    stats = masked[("A", "stats", -1, -1)] + masked[("B", "stats", -1, -1)]
+    assert np.array_equal(stats.view(np.int64)[:5], [y.size, *np.bincount(y.astype(int))])
+    assert not np.array_equal(masked[("A", "stats", -1, -1)].view(np.int64)[1:5],
+                              np.bincount(data["A"].y.astype(int)))  # type: ignore[union-attr]
+    shared = next(env.body for s, r, d in hub.recorded() for env in [_envelope(d)]
+                  if env.kind == MsgType.H_CUTS)
+    assert shared.classes == 4 and shared.base_score == 0.0
+    cuts = [np.frombuffer(c, dtype="<f8") for c in shared.cuts]
+    g, h = gradients("multiclass", np.zeros((y.size, 4)), y)  # round 0: every margin is 0
+    bins = np.vstack([apply_cuts(data[m].x, cuts, MAX_BIN) for m in members])
+    for k in range(4):  # tree k of round 0 grows class k
+        plain = build_histograms(bins, np.zeros(y.size, dtype=np.int64),
+                                 quantize(g[:, k], y.size).ints, quantize(h[:, k], y.size).ints,
+                                 1, MAX_BIN).ravel()
+        total = masked[("A", "hist", k, 0)] + masked[("B", "hist", k, 0)]
+        assert not np.array_equal(total.view(np.int64), plain)  # sealed
+        assert np.array_equal(unseal_sum(total, keys[k], members).view(np.int64), plain)
+        other = unseal_sum(total, keys[(k + 1) % 4], members).view(np.int64)
+        assert not np.array_equal(other, plain)  # another class's key opens nothing
+    guest = np.concatenate([v for (s, p, _, _), v in masked.items() if s == "A" and p == "hist"])
+    assert _chi_square_p(guest) > 0.001

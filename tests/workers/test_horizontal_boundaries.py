@@ -133,7 +133,7 @@ def set_up(fed: Federation, x: np.ndarray) -> tuple[list[np.ndarray], list[Envel
     cuts = rounds.cuts(counts)
     columns = next(e.body.columns for e in sent if e.kind == MsgType.H_COLUMNS)
     fed.peer("agg", MsgType.H_CUTS, SharedCuts(columns, [np.asarray(c, "<f8").tobytes()
-                                                         for c in cuts], -0.5))
+                                                         for c in cuts], -0.5, 1))
     assert fed.command(MsgType.H_APPLY_BINS, Round()).count == x.shape[0]
     return cuts, sent
 
@@ -159,10 +159,29 @@ def test_cuts_that_are_not_edges_of_the_grid_are_refused(tmp_path: Path) -> None
     data = load_party_data("a", DATA, "id", "y", require_label=True)
     raw = [np.array([np.median(data.x[:, j]), np.inf]) for j in range(data.x.shape[1])]
     fed.peer("agg", MsgType.H_CUTS, SharedCuts(list(data.names),
-                                               [c.astype("<f8").tobytes() for c in raw], -0.5))
+                                               [c.astype("<f8").tobytes() for c in raw], -0.5, 1))
     reply = fed.command(MsgType.H_APPLY_BINS, Round())
     assert isinstance(reply, ErrorReply)
     assert "the aggregator's cuts are not edges of the set-up grid" in reply.message
+
+
+@pytest.mark.parametrize("classes", [0, 2, 4])
+def test_classes_that_do_not_fit_the_objective_are_refused(tmp_path: Path, classes: int) -> None:
+    """A binary job has one output: an aggregator that sends classes (as if multiclass) or
+    none is refused before any row is binned."""
+    fed = Federation(tmp_path)
+    fed.command(MsgType.H_OPEN_JOB, OpenHorizontal(SPEC))
+    for m in ("b", "c"):
+        fed.peer(m, MsgType.H_MASK_KEY, MaskPublicKey(KEYS[m].public_bytes()))
+    fed.command(MsgType.H_SUMMARIZE, Round(depth=0))
+    data = load_party_data("a", DATA, "id", "y", require_label=True)
+    cuts = [np.array([np.inf]) for _ in data.names]
+    fed.peer("agg", MsgType.H_CUTS, SharedCuts(list(data.names),
+                                               [c.astype("<f8").tobytes() for c in cuts], 0.0,
+                                               classes))
+    reply = fed.command(MsgType.H_APPLY_BINS, Round())
+    assert isinstance(reply, ErrorReply)
+    assert f"the aggregator's {classes} classes" in reply.message
 
 
 def test_the_masked_histogram_opens_only_in_the_sum_with_the_other_members(

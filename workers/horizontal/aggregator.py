@@ -51,11 +51,20 @@ class AggregatorJob:
     saw its first splits learns nothing new from the second growth."""
     grid: GridRounds | None = None
     """The set-up rounds (``workers.horizontal.grid``) until the cuts are sent."""
-    stats: tuple[int, int] = (0, 0)
-    """The members' rows and label sum, summed."""
+    stats: tuple[int, ...] = (0, 0)
+    """The members' rows and label sum (multiclass: rows per class), summed."""
     columns: list[str] = field(default_factory=list)
     cuts: list[FloatArray] = field(default_factory=list)
     base: float = 0.0
+    classes: int = 1
+    """Trees per round: the union's classes in multiclass, else 1."""
+
+    def tree_plan(self) -> PrivacyPlan | None:
+        """The DPBoost plan over every tree grown (``n_trees * classes`` in multiclass, once
+        the classes are known; ``plan`` is the one checked at open_job)."""
+        if self.plan is None or self.classes == 1:
+            return self.plan
+        return private_plan(self.spec, self.params, "aggregator", self.classes)
     trees: list[Tree] = field(default_factory=list)
     run: str = ""
     round: tuple[int, int] = (-1, -1)
@@ -133,7 +142,7 @@ def _chooser(job: AggregatorJob, tree: int, attempt: int) -> SplitChooser:
     if job.plan is None:
         return SplitChooser()
     candidates = split_candidates([len(c) for c in job.cuts], job.params.max_bin)
-    return SplitChooser(PrivateTree(job.plan, tree, {0: candidates},
+    return SplitChooser(PrivateTree(job.tree_plan(), tree, {0: candidates},
                                     tree_rng(job.noise_seed, tree, attempt)))
 
 
@@ -215,7 +224,7 @@ def send_tree(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     message = LeafValues(body.tree, body.attempt, leaves, [values[n] for n in leaves])
     for m in body.members:
         ctx.send(m, MsgType.H_LEAVES, message)
-    job.trees.append(tree.tree(values))
+    job.trees.append(tree.tree(values, body.tree % job.classes))
     job.tree = None
     checkpoint_state(ctx, job)
     return MsgType.ACK, Ack(count=len(leaves))
@@ -225,7 +234,8 @@ def checkpoint_state(ctx: StepContext, job: AggregatorJob) -> None:
     """Save the aggregator's state after its trees (and after the cuts)."""
     checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.run,
                     {"format": STATE_FORMAT, "columns": job.columns, "cuts": job.cuts,
-                     "base": job.base, "trees": job.trees, "noise_seed": job.noise_seed},
+                     "base": job.base, "classes": job.classes, "trees": job.trees,
+                     "noise_seed": job.noise_seed},
                     checkpoint.key_of(ctx.party))
 
 
@@ -236,8 +246,9 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     job.columns, job.cuts = list(saved["columns"]), list(saved["cuts"])
     job.base, job.trees, job.run = float(saved["base"]), list(saved["trees"]), body.checkpoint.run
     job.noise_seed = int(saved.get("noise_seed", job.noise_seed))
+    job.classes = int(saved.get("classes", 1))  # checkpoints from before multiclass: 1
     return MsgType.RESUMED, Resumed(trees_done=len(job.trees), n_aligned=0, n_train=0,
-                                    n_valid=0, outputs=1, history=[])
+                                    n_valid=0, outputs=job.classes, history=[])
 
 
 def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:

@@ -51,6 +51,10 @@ STATS_SCALE = 2.0 ** 24
 """Fixed point of a regression member's label sum (the secure sum adds integers)."""
 STATE_FORMAT = 2
 """Checkpoints' layout: 2 since the cuts come from the set-up grid (1: quantile summaries)."""
+MAX_CLASSES = 256
+"""Multiclass labels a member may hold: 0..255. Each member's masked set-up stats count its
+rows per class over all of them, so the sum tells the aggregator the union's classes without
+any member's highest label."""
 
 
 @dataclass(slots=True)
@@ -83,7 +87,13 @@ class MemberJob:
     cuts: list[FloatArray] = field(default_factory=list)
     bins: BinMatrix | None = None
     base: float = 0.0
+    classes: int = 1
+    """Trees per round: the union's classes in multiclass, else 1 (``SharedCuts.classes``)."""
     margin: FloatArray | None = None
+    """Rows x outputs: the model so far on this member's rows."""
+    round_margin: FloatArray | None = None
+    """The margins at the start of the current round: every class's tree of a round is grown
+    on the gradients of the same margins, as the core grows them."""
     trees: list[Tree] = field(default_factory=list)
     history: list[TreeFinished] = field(default_factory=list)
     run: str = ""
@@ -112,9 +122,17 @@ class MemberJob:
         return self.bins
 
     def model(self) -> Model:
-        n_classes = 2 if self.params.objective == "binary" else 1
-        return Model(self.params, (self.base,), n_classes, tuple(self.trees),
-                     {OWNER: self.data.names})
+        return shared_model(self.params, self.base, self.classes, self.trees, self.data.names)
+
+
+def shared_model(params: BoostParams, base: float, classes: int, trees: list[Tree],
+                 names: tuple[str, ...]) -> Model:
+    """The model a row-partitioned job's members share: one base score, or zero margins for
+    each of the ``classes`` in multiclass (as ``boosting.losses.base_score``)."""
+    if params.objective == "multiclass":
+        return Model(params, (0.0,) * classes, classes, tuple(trees), {OWNER: names})
+    n_classes = 2 if params.objective == "binary" else 1
+    return Model(params, (base,), n_classes, tuple(trees), {OWNER: names})
 
 
 def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
@@ -145,6 +163,11 @@ def _check_labels(me: str, path: str, objective: str, y: FloatArray) -> None:
         bad = y[~np.isin(y, (0.0, 1.0))][0]
         raise DataError(f"party {me}: file {path}: objective binary needs labels 0/1, found "
                         f"{bad:g}")
+    if objective == "multiclass":
+        wrong = (y != np.round(y)) | (y < 0) | (y >= MAX_CLASSES)
+        if wrong.any():
+            raise DataError(f"party {me}: file {path}: objective multiclass needs labels "
+                            f"0..{MAX_CLASSES - 1}, found {y[wrong][0]:g}")
 
 
 def announce_key(ctx: StepContext, job: MemberJob, members: list[str]) -> None:
@@ -215,7 +238,10 @@ def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
         raise StageError(f"{me}: tree {body.tree} asked, {len(job.trees)} trees done")
     bins = job.require_bins()
     assert job.margin is not None
-    g, h = (a[:, 0] for a in gradients(job.params.objective, job.margin, job.y))
+    output = body.tree % job.classes
+    if output == 0 or job.round_margin is None:  # a round's trees share its first gradients
+        job.round_margin = job.margin.copy()
+    g, h = (a[:, output] for a in gradients(job.params.objective, job.round_margin, job.y))
     n = job.y.size
     index = members_of(job.spec).index(me)
     if job.params.subsample < 1.0:
@@ -223,7 +249,7 @@ def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
         in_tree = rng.random(n) < job.params.subsample
     else:
         in_tree = np.ones(n, dtype=bool)
-    plan = private_plan(job.spec, job.params, me)
+    plan = private_plan(job.spec, job.params, me, job.classes)
     if plan is not None:  # DPBoost: this tree's rows of its ensemble, filtered; unit hessians
         ensemble, position = plan.ensemble_of(body.tree)
         dealt = deal_rows(plan, ensemble, n,
@@ -240,15 +266,17 @@ def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=n)
 
 
-def private_plan(spec: HorizontalSpec, params: BoostParams, me: str) -> PrivacyPlan | None:
+def private_plan(spec: HorizontalSpec, params: BoostParams, me: str,
+                 classes: int = 1) -> PrivacyPlan | None:
     """The job's DPBoost plan (``boosting.privacy``), None without differential privacy.
-    Its ``n_trees`` must count every tree grown: a protocol growing one tree per class per
-    round plans ``n_trees * classes`` (as the vertical active party does)."""
+    It counts every tree grown: ``n_trees * classes`` in multiclass (one tree per class per
+    round, as the vertical active party plans)."""
     if spec.dp_epsilon <= 0:
         return None
+    trees = params.n_trees * classes
     try:
-        return PrivacyPlan(spec.dp_epsilon, params.n_trees, params.max_depth,
-                           spec.dp_per_ensemble or params.n_trees, spec.dp_clip,
+        return PrivacyPlan(spec.dp_epsilon, trees, params.max_depth,
+                           spec.dp_per_ensemble or trees, spec.dp_clip,
                            params.reg_lambda, params.learning_rate)
     except BoostingError as exc:
         raise ProtocolError(f"{me}: the job's privacy settings are refused: {exc}") from None
@@ -373,10 +401,11 @@ def receive_tree(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
             not all(math.isfinite(v) for v in leaves.values):
         raise ProtocolError(f"{me}: leaf values for nodes {leaves.leaves}; this tree's leaves "
                             f"are {tree.leaves()}")
+    output = body.tree % job.classes
     finished = assemble(tree.n_nodes, tree.splits, dict(zip(leaves.leaves, leaves.values)),
-                        job.cuts)
+                        job.cuts, output)
     assert job.margin is not None
-    job.margin[:, 0] += node_values(finished)[tree.node_of_row]
+    job.margin[:, output] += node_values(finished)[tree.node_of_row]
     job.trees.append(finished)
     pred = transform(job.params.objective, job.margin)
     metrics = [Metric(k, v) for k, v in evaluate(job.params.objective, job.y, pred,
@@ -392,7 +421,9 @@ def checkpoint_state(ctx: StepContext, job: MemberJob) -> None:
     """Save the member's state after its trees (and after binning)."""
     checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.run,
                     {"format": STATE_FORMAT, "cuts": job.cuts, "base": job.base,
-                     "margin": job.margin, "trees": job.trees, "history": job.history},
+                     "classes": job.classes, "margin": job.margin,
+                     "round_margin": job.margin if job.round_margin is None
+                     else job.round_margin, "trees": job.trees, "history": job.history},
                     checkpoint.key_of(ctx.party))
 
 
@@ -419,11 +450,14 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     saved = load_checkpoint(ctx, job.digest, body, {"cuts", "base", "margin", "trees", "history"})
     job.cuts, job.base, job.trees = list(saved["cuts"]), float(saved["base"]), list(saved["trees"])
     job.margin, job.history = np.array(saved["margin"]), list(saved["history"])
+    # checkpoints from before multiclass: one output, whose rounds are single trees
+    job.classes = int(saved.get("classes", 1))
+    job.round_margin = np.array(saved.get("round_margin", saved["margin"]))
     job.bins = apply_cuts(job.data.x, job.cuts, job.params.max_bin)
     job.run = body.checkpoint.run
     announce_key(ctx, job, members_of(job.spec))
     return MsgType.RESUMED, Resumed(trees_done=len(job.trees), n_aligned=job.y.size,
-                                    n_train=job.y.size, n_valid=0, outputs=1,
+                                    n_train=job.y.size, n_valid=0, outputs=job.classes,
                                     history=list(job.history))
 
 

@@ -3,10 +3,12 @@ grid (``workers.horizontal.grid``) and the base score from the union's label sum
 
 Round ``r`` (the flow's ``H_SUMMARIZE`` with depth ``r``): each member counts its non-missing
 values in every cell of the round's layout and sends the counts masked for all members (in
-round 0 also its column names and its masked ``[rows, label sum]``). ``H_MERGE_BINS`` of the
+round 0 also its column names and its masked ``[rows, label sum]``, or in multiclass
+``[rows, rows of class 0, ..., rows of class MAX_CLASSES - 1]``). ``H_MERGE_BINS`` of the
 same round: the aggregator sums them (the masks cancel only in the sum over all members) and
 either tells the members which cells to split for round ``r + 1`` or sends every member the
-cuts and the base score. ``H_APPLY_BINS``: each member bins its rows with them.
+cuts, the base score and the classes. ``H_APPLY_BINS``: each member bins its rows with them;
+the aggregator answers the flow with the trees per round.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from workers import DataError, ProtocolError, StageError
 from workers.horizontal.aggregator import AggregatorJob, checkpoint_state, take_masked
 from workers.horizontal.grid import MAX_ROUNDS, GridRounds, Layout, check_counts, count_columns
 from workers.horizontal.masking import unmask_sum
-from workers.horizontal.member import (STATS_SCALE, MemberJob, announce_key,
+from workers.horizontal.member import (MAX_CLASSES, STATS_SCALE, MemberJob, announce_key,
                                        checkpoint_state as save_member, members_of, pair_secrets,
                                        send_masked)
 from workers.handlers import StepContext
@@ -62,14 +64,26 @@ def summarize_columns(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     counts = count_columns(job.data.x, job.layouts)
     if round_ == 0:
         ctx.send(job.aggregator, MsgType.H_COLUMNS, MemberColumns(list(job.data.names)))
-        y = job.y
-        label_sum = int(y.sum()) if job.params.objective == "binary" else \
-            int(np.rint(y * STATS_SCALE).astype(np.int64).sum())
-        send_masked(ctx, job, np.array([y.size, label_sum], dtype=np.int64), "stats", -1, -1, 0,
+        send_masked(ctx, job, label_stats(job.params.objective, job.y), "stats", -1, -1, 0,
                     members)
     send_masked(ctx, job, counts, "grid", -1, round_, 0, members)
     job.grid_round = round_
     return MsgType.ACK, Ack(count=counts.size)
+
+
+def label_stats(objective: str, y: FloatArray) -> np.ndarray:
+    """A member's set-up stats, summed over members under masks: its rows, then its label sum
+    (binary; regression in fixed point) or its rows per class (multiclass)."""
+    if objective == "multiclass":
+        counts = np.bincount(y.astype(np.int64), minlength=MAX_CLASSES)
+        return np.concatenate([[y.size], counts]).astype(np.int64)
+    label_sum = int(y.sum()) if objective == "binary" else \
+        int(np.rint(y * STATS_SCALE).astype(np.int64).sum())
+    return np.array([y.size, label_sum], dtype=np.int64)
+
+
+def stats_length(objective: str) -> int:
+    return 1 + MAX_CLASSES if objective == "multiclass" else 2
 
 
 def merge_bins(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
@@ -85,7 +99,8 @@ def merge_bins(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
                             *[(MsgType.H_MASKED, m, -1, 0) for m in members])
         if not _same_columns(ctx, job, members):
             return MsgType.ACK, Ack(count=0)
-        stats = [take_masked(ctx, m, "stats", -1, -1, 0, 2) for m in members]
+        stats = [take_masked(ctx, m, "stats", -1, -1, 0, stats_length(job.params.objective))
+                 for m in members]
         job.stats = tuple(int(v) for v in unmask_sum(stats))
         job.grid = GridRounds.start(len(job.columns), job.spec.summary_size,
                                     job.params.max_bin)
@@ -119,7 +134,7 @@ def _same_columns(ctx: StepContext, job: AggregatorJob, members: list[str]) -> b
                             f"most {MAX_FEATURES}")
     if any(r != reference for r in received):
         for m in members:  # each member then names its own file and its difference
-            ctx.send(m, MsgType.H_CUTS, SharedCuts(list(reference), [], float("nan")))
+            ctx.send(m, MsgType.H_CUTS, SharedCuts(list(reference), [], float("nan"), 0))
         return False
     job.columns = list(reference)
     return True
@@ -127,20 +142,48 @@ def _same_columns(ctx: StepContext, job: AggregatorJob, members: list[str]) -> b
 
 def _send_cuts(ctx: StepContext, job: AggregatorJob, cuts: list[FloatArray],
                members: list[str]) -> None:
-    """The cuts and the base score (from the summed label sum) to every member."""
-    rows, label_sum = job.stats
+    """The cuts and the base score (from the summed label sum) or, in multiclass, the classes
+    (from the summed counts per class) to every member."""
+    rows = job.stats[0]
     if not 0 < rows <= MAX_ROWS:
         raise ProtocolError(f"{ctx.party.name}: the members' row counts sum to {rows}")
-    mean = label_sum / rows if job.params.objective == "binary" else \
-        label_sum / STATS_SCALE / rows
     job.cuts = cuts
-    job.base = float(base_score_of_mean(job.params.objective, mean)[0])
-    job.run = run_of(job.cuts, job.base)
+    if job.params.objective == "multiclass":
+        job.base, job.classes = 0.0, union_classes(ctx.party.name, job.stats[1:], rows)
+    else:
+        label_sum = job.stats[1]
+        mean = label_sum / rows if job.params.objective == "binary" else \
+            label_sum / STATS_SCALE / rows
+        job.base = float(base_score_of_mean(job.params.objective, mean)[0])
+    job.run = run_of(job.cuts, job.base, job.classes)
     shared = SharedCuts(list(job.columns), [np.asarray(c, dtype="<f8").tobytes() for c in cuts],
-                        job.base)
+                        job.base, job.classes)
     for m in members:
         ctx.send(m, MsgType.H_CUTS, shared)
     checkpoint_state(ctx, job)
+
+
+def union_classes(me: str, counts: tuple[int, ...], rows: int) -> int:
+    """The classes of the union's labels from its rows per class: the highest label present
+    plus one (``boosting.losses.check_labels``); refused when they are not counts of the rows
+    or hold a single class."""
+    per_class = np.asarray(counts, dtype=np.int64)
+    if (per_class < 0).any() or int(per_class.sum()) != rows:
+        raise ProtocolError(f"{me}: the summed rows per class are not counts of the {rows} rows")
+    present = np.flatnonzero(per_class)
+    if present.size < 2:
+        raise DataError(f"the members' multiclass labels hold a single class "
+                        f"({int(present[0]) if present.size else 'none'}); nothing to learn")
+    return int(present[-1]) + 1
+
+
+def outputs_per_round(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
+    """The aggregator, once the cuts are out: the trees per round (the classes, or 1), which
+    the flow needs to count the trees."""
+    job: AggregatorJob = ctx.state
+    if not job.cuts:
+        raise StageError(f"{ctx.party.name}: no cuts sent yet")
+    return MsgType.ACK, Ack(count=job.classes)
 
 
 def apply_bins(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
@@ -157,6 +200,13 @@ def apply_bins(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
     if not math.isfinite(shared.base_score) or len(shared.cuts) != len(job.data.names):
         raise ProtocolError(f"{me}: the aggregator sent {len(shared.cuts)} cut lists for "
                             f"{len(job.data.names)} columns")
+    multiclass = job.params.objective == "multiclass"
+    fits = (2 <= shared.classes <= MAX_CLASSES and job.y.max() < shared.classes
+            and shared.base_score == 0.0) if multiclass else shared.classes == 1
+    if not fits:
+        raise ProtocolError(f"{me}: the aggregator's {shared.classes} classes (base score "
+                            f"{shared.base_score}) do not fit this member's "
+                            f"{job.params.objective} labels")
     cuts = [np.frombuffer(raw, dtype="<f8").astype(np.float64) for raw in shared.cuts]
     try:
         check_cuts(cuts, len(cuts), job.params.max_bin)
@@ -165,10 +215,10 @@ def apply_bins(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
     if len(job.layouts) != len(cuts) or not all(
             np.isin(c[:-1], layout.edges).all() for c, layout in zip(cuts, job.layouts)):
         raise ProtocolError(f"{me}: the aggregator's cuts are not edges of the set-up grid")
-    job.cuts, job.base = cuts, float(shared.base_score)
+    job.cuts, job.base, job.classes = cuts, float(shared.base_score), shared.classes
     job.bins = apply_cuts(job.data.x, cuts, job.params.max_bin)
-    job.margin = np.full((job.y.size, 1), job.base)
-    job.run = run_of(cuts, job.base)
+    job.margin = np.full((job.y.size, job.classes), job.base)
+    job.run = run_of(cuts, job.base, job.classes)
     job.layouts = []
     save_member(ctx, job)
     return MsgType.ACK, Ack(count=job.y.size)
@@ -181,10 +231,12 @@ def _first_difference(mine: list[str], reference: list[str]) -> str:
     return f"{len(mine)} columns here, {len(reference)} there"
 
 
-def run_of(cuts: list[FloatArray], base: float) -> str:
-    """A training run's id: a digest of its shared cuts and base score (every party has
-    them)."""
+def run_of(cuts: list[FloatArray], base: float, classes: int = 1) -> str:
+    """A training run's id: a digest of its shared cuts, base score and classes (every party
+    has them)."""
     h = hashlib.sha256(np.float64(base).tobytes())
+    if classes != 1:  # runs of one output keep the ids they had before multiclass
+        h.update(f"classes {classes}".encode())
     for c in cuts:
         h.update(np.asarray(c, dtype="<f8").tobytes())
     return h.hexdigest()[:16]

@@ -23,6 +23,7 @@ MEMBER = RoleSteps({
 AGGREGATOR = RoleSteps({
     MsgType.H_OPEN_JOB: aggregator.open_job,
     MsgType.H_MERGE_BINS: setup.merge_bins,
+    MsgType.H_APPLY_BINS: setup.outputs_per_round,
     MsgType.H_AGREE_SCALE: aggregator.agree_scale,
     MsgType.H_SECURE_SUM: aggregator.secure_sum,
     MsgType.H_SEND_TREE: aggregator.send_tree,

@@ -131,12 +131,13 @@ class SummedTree:
                                 np.array([n.totals.count for n in leaves], dtype=np.float64))
         return {n.id: float(v * self.params.learning_rate) for n, v in zip(leaves, values)}
 
-    def tree(self, values: dict[int, float]) -> Tree:
-        """The finished tree with the given leaf values."""
+    def tree(self, values: dict[int, float], output: int = 0) -> Tree:
+        """The finished tree with the given leaf values, for output ``output`` (its class in
+        multiclass)."""
         return assemble(len(self.nodes), {n.id: (n.split.feature, n.split.bin, n.split.missing_left,
                                                  n.left, n.right)
                                           for n in self.nodes if n.split is not None},
-                        values, self.cuts)
+                        values, self.cuts, output)
 
 
 def _left_totals(hist: Histogram, split: SplitCandidate, max_bin: int) -> NodeTotals:
@@ -150,9 +151,10 @@ def _left_totals(hist: Histogram, split: SplitCandidate, max_bin: int) -> NodeTo
 
 
 def assemble(n_nodes: int, splits: dict[int, tuple[int, int, bool, int, int]],
-             values: dict[int, float], cuts: list[FloatArray]) -> Tree:
+             values: dict[int, float], cuts: list[FloatArray], output: int = 0) -> Tree:
     """A tree of ``n_nodes`` nodes (ids 0..n-1) from its splits (node -> feature, bin,
-    missing_left, left, right) and leaf values, thresholds from the shared cuts."""
+    missing_left, left, right) and leaf values, thresholds from the shared cuts; ``output`` is
+    the margin column it adds to (its class in multiclass)."""
     nodes = []
     for node in range(n_nodes):
         if node in splits:
@@ -162,7 +164,7 @@ def assemble(n_nodes: int, splits: dict[int, tuple[int, int, bool, int, int]],
                                   missing_left=missing_left))
         else:
             nodes.append(TreeNode(id=node, value=values[node]))
-    return Tree(nodes=tuple(nodes), output=0)
+    return Tree(nodes=tuple(nodes), output=output)
 
 
 @dataclass(slots=True)

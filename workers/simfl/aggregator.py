@@ -20,6 +20,7 @@ from workers.handlers import StepContext
 from workers.policy import check_protocol
 from workers.row_partitioned import aggregator_of, members_of
 from workers.simfl.lsh import most_similar
+from workers.horizontal.member import MAX_CLASSES
 from workers.simfl.member import MAX_ROWS, PROTOCOL
 
 MAX_FUNCTIONS = 1000
@@ -51,29 +52,35 @@ def match_rows(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     reference = received[0].columns
     if any(r.columns != reference for r in received):
         for m in members:  # each member then names its own file and its difference
-            ctx.send(m, MsgType.S_SIMILAR, SimilarRows(list(reference), [], [], 0.0, []))
+            ctx.send(m, MsgType.S_SIMILAR, SimilarRows(list(reference), [], [], 0.0, [], 0))
         return MsgType.ACK, Ack(count=0)
     handles, hashes = {}, {}
     for m, r in zip(members, received):
         n = len(r.handles) // 8
         if not (0 < n <= MAX_ROWS and len(r.handles) == 8 * n
                 and 0 < r.functions <= MAX_FUNCTIONS and r.functions == received[0].functions
-                and len(r.hashes) == 4 * n * r.functions and 0 <= r.label_sum <= n):
+                and len(r.hashes) == 4 * n * r.functions and 0 <= r.label_sum <= n
+                and _fits(job.spec.params.objective, r.classes)):
             raise ProtocolError(f"{ctx.party.name}: {m}'s hash values are malformed")
         handles[m] = np.frombuffer(r.handles, "<u8")
         hashes[m] = np.frombuffer(r.hashes, "<i4").reshape(n, r.functions)
     rows = sum(h.size for h in handles.values())
-    base = float(base_score_of_mean(job.spec.params.objective,
-                                    sum(r.label_sum for r in received) / rows)[0])
-    # the paper's random ties
-    rng = np.random.default_rng([job.spec.params.seed, job.spec.lsh_seed])
+    classes = max(r.classes for r in received)
+    base = 0.0 if job.spec.params.objective == "multiclass" else \
+        float(base_score_of_mean(job.spec.params.objective, sum(r.label_sum for r in received) / rows)[0])
+    rng = np.random.default_rng([job.spec.params.seed, job.spec.lsh_seed])  # the paper's random ties
     for m in members:
         others = [o for o in members if o != m]
         similar = [handles[o][most_similar(hashes[m], hashes[o], rng)] for o in others]
         ctx.send(m, MsgType.S_SIMILAR, SimilarRows(
             list(reference), others, [s.astype("<u8").tobytes() for s in similar], base,
-            [received[members.index(o)].handles for o in others]))
+            [received[members.index(o)].handles for o in others], classes))
     return MsgType.ACK, Ack(count=len(members))
+
+
+def _fits(objective: str, classes: int) -> bool:
+    """A member's classes: 2..MAX_CLASSES in multiclass (each holds two at least), else 1."""
+    return 2 <= classes <= MAX_CLASSES if objective == "multiclass" else classes == 1
 
 
 def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:

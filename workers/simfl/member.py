@@ -6,7 +6,9 @@ handles. Training: members take turns building trees; for the builder's tree eve
 sends, for every builder handle, the summed g and h of its rows most similar to that row,
 randomised (``workers.simfl.privacy``); the builder estimates the exact sums, adds them to its
 own rows' g and h (Weighted Gradient Boosting), grows the tree and shares it. No feature value
-leaves a member except the thresholds of the trees it builds.
+leaves a member except the thresholds of the trees it builds. In multiclass a round is one tree
+per class, all grown by the round's builder on the gradients of the margins at the round's
+start (the core's softmax rounds); each class's sums carry noise of their own.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.data import PartyData
 from workers.handlers import StepContext
 from workers.horizontal.masking import MaskKey
+from workers.horizontal.member import MAX_CLASSES, shared_model
 from workers.horizontal.tree import OWNER
 from workers.policy import check_protocol
 from workers.row_partitioned import load_member_data, members_of, params_of, save_member_model
@@ -51,18 +54,26 @@ STATE_FORMAT = 2
 for each); format 1 (exact sums) is refused."""
 
 
-def builder_of(spec: SimflSpec, tree: int) -> str:
-    """Members take turns: tree t is grown by member t mod M, in the job's order."""
+def builder_of(spec: SimflSpec, tree: int, classes: int = 1) -> str:
+    """Members take turns: round r (tree t's round is t // classes, one tree per class) is
+    grown by member r mod M, in the job's order."""
     members = members_of(spec)
-    return members[tree % len(members)]
+    return members[(tree // classes) % len(members)]
 
 
 def noise_of(spec: SimflSpec) -> GradientNoise:
-    """The job's gradient noise. The logistic loss's |g| < 1 is its own clip (C = 1, which the
-    label guarantee needs: a flipped label then moves g by exactly 1 in every tree)."""
-    clip = 1.0 if spec.params.objective == "binary" else spec.gradient_clip
-    return GradientNoise(spec.noise_label, spec.noise_tree, clip,
-                         HESSIAN_BOUND[spec.params.objective])
+    """The job's gradient noise. The logistic and softmax losses' |g| < 1 is their own clip
+    (C = 1, which the label guarantee needs: a flipped label then moves g by exactly 1 in
+    every tree of a class it is or was)."""
+    clip = spec.gradient_clip if spec.params.objective == "regression" else 1.0
+    return GradientNoise(spec.noise_label, spec.noise_tree, clip, HESSIAN_BOUND[spec.params.objective])
+
+
+def noise_stream(prep_key: str, builder: str, output: int, classes: int) -> str:
+    """Which persistent noise a sum vector carries: one draw per (preprocessing, builder) and,
+    in multiclass, per class (a flipped label moves two classes' sums in opposite directions,
+    which noise shared by the classes would not hide)."""
+    return f"{prep_key}/{builder}" if classes == 1 else f"{prep_key}/{builder}/class {output}"
 
 
 @dataclass(slots=True)
@@ -87,7 +98,13 @@ class SimflMember:
     exchange: MaskKey | None = None
     """This job's X25519 key for the hash functions' secret (never stored)."""
     base: float = 0.0
+    classes: int = 1
+    """Trees per round: the union's classes in multiclass, else 1 (``SimilarRows.classes``)."""
     margin: FloatArray | None = None
+    """Rows x outputs: the model so far on this member's rows."""
+    round_margin: FloatArray | None = None
+    """The margins at the start of the current round (every class's tree of a round is grown
+    on their gradients)."""
     trees: list[Tree] = field(default_factory=list)
     packed: list[dict[str, Any]] = field(default_factory=list)
     """Each tree as flat arrays (``boosting.tree.trees_to_arrays``): what checkpoints hold, so
@@ -101,13 +118,18 @@ class SimflMember:
         return self.data.y
 
     def model(self) -> Model:
-        n_classes = 2 if self.params.objective == "binary" else 1
-        return Model(self.params, (self.base,), n_classes, tuple(self.trees),
-                     {OWNER: self.data.names})
+        return shared_model(self.params, self.base, self.classes, self.trees, self.data.names)
 
     def set_prepared(self, similar: dict[str, np.ndarray], everyone: dict[str, np.ndarray],
-                     base: float) -> None:
-        """Keep a preprocessing's result; every similar handle must be one of that member's."""
+                     base: float, classes: int = 1) -> None:
+        """Keep a preprocessing's result; every similar handle must be one of that member's,
+        and the classes must hold this member's labels."""
+        multiclass = self.params.objective == "multiclass"
+        fits = (2 <= classes <= MAX_CLASSES and self.y.max() < classes) if multiclass \
+            else classes == 1
+        if not fits:
+            raise ProtocolError(f"{self.data_file}: {classes} classes do not fit this member's "
+                                f"{self.params.objective} labels")
         targets = {}
         for m, given in similar.items():
             handles = np.asarray(given, dtype=np.uint64)
@@ -121,8 +143,9 @@ class SimflMember:
             targets[m] = at
         self.similar = {m: np.asarray(v, dtype=np.uint64) for m, v in similar.items()}
         self.everyone = {m: np.asarray(v, dtype=np.uint64) for m, v in everyone.items()}
-        self.target, self.base = targets, float(base)
-        self.margin = np.full((self.y.size, 1), self.base)
+        self.target, self.base, self.classes = targets, float(base), int(classes)
+        self.margin = np.full((self.y.size, self.classes), self.base)
+        self.round_margin = None
 
     def require_similar(self) -> None:
         if self.margin is None or not self.similar:
@@ -140,9 +163,12 @@ def open_job(ctx: StepContext, body: OpenSimfl) -> tuple[MsgType, Any]:
                             f"member's minimum {MIN_NOISE}: refused")
     own = ctx.party.dataset_in(spec.parties)
     data = load_member_data(me, own)
-    if spec.params.objective == "binary":
-        if not np.isin(data.y, (0.0, 1.0)).all():
-            raise DataError(f"party {me}: file {own.path}: objective binary needs labels 0/1")
+    if spec.params.objective == "binary" and not np.isin(data.y, (0.0, 1.0)).all():
+        raise DataError(f"party {me}: file {own.path}: objective binary needs labels 0/1")
+    if spec.params.objective == "multiclass" and not np.isin(data.y, np.arange(MAX_CLASSES)).all():
+        raise DataError(f"party {me}: file {own.path}: objective multiclass needs labels "
+                        f"0..{MAX_CLASSES - 1}")
+    if spec.params.objective != "regression":
         if np.unique(data.y).size < 2:
             raise DataError(f"party {me}: file {own.path}: its labels hold one class only "
                             f"({int(data.y[0])}); every SimFL member needs both")
@@ -155,10 +181,14 @@ def open_job(ctx: StepContext, body: OpenSimfl) -> tuple[MsgType, Any]:
         ctx.model_dir, ctx.state.digest, checkpoint.key_of(ctx.party)))
 
 
-def _gradients(job: SimflMember) -> tuple[FloatArray, FloatArray]:
+def _gradients(job: SimflMember, tree: int) -> tuple[FloatArray, FloatArray]:
+    """g and h of tree ``tree``'s output at the margins of its round's start."""
     assert job.margin is not None
-    g, h = gradients(job.params.objective, job.margin, job.y)
-    return g[:, 0], h[:, 0]
+    output = tree % job.classes
+    if output == 0 or job.round_margin is None:  # a round's trees share its first gradients
+        job.round_margin = job.margin.copy()
+    g, h = gradients(job.params.objective, job.round_margin, job.y)
+    return g[:, output], h[:, output]
 
 
 def send_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
@@ -166,15 +196,15 @@ def send_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     most similar builder row it is, randomised under this member's own key."""
     job: SimflMember = ctx.state
     job.require_similar()
-    builder = builder_of(job.spec, body.tree)
+    builder = builder_of(job.spec, body.tree, job.classes)
     if body.tree != len(job.trees) or builder == ctx.party.name or body.owners != [builder]:
         raise StageError(f"{ctx.party.name}: tree {body.tree} by {body.owners}; {len(job.trees)} "
                          f"trees done, builder {builder}")
-    g, h = _gradients(job)
+    g, h = _gradients(job, body.tree)
     noise = noise_of(job.spec)
     g_sum, h_sum = noise.sums(g, h, job.target[builder], job.everyone[builder].size)
-    g_sent, h_sent = noise.randomize(g_sum, h_sum, checkpoint.key_of(ctx.party),
-                                     f"{job.prep_key}/{builder}")
+    g_sent, h_sent = noise.randomize(g_sum, h_sum, checkpoint.key_of(ctx.party), noise_stream(
+        job.prep_key, builder, body.tree % job.classes, job.classes))
     ctx.send(builder, MsgType.S_GRADIENTS, SimilarGradients(
         body.tree, g_sent.astype("<f8").tobytes(), h_sent.astype("<f8").tobytes()))
     return MsgType.ACK, Ack(count=int(g_sent.size))
@@ -187,11 +217,12 @@ def build_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     job: SimflMember = ctx.state
     me = ctx.party.name
     job.require_similar()
-    if body.tree != len(job.trees) or builder_of(job.spec, body.tree) != me:
+    if body.tree != len(job.trees) or builder_of(job.spec, body.tree, job.classes) != me:
         raise StageError(f"{me}: tree {body.tree} is not this member's to build now")
     others = [m for m in members_of(job.spec) if m != me]
     ctx.mailbox.require(*[(MsgType.S_GRADIENTS, m, body.tree, -1) for m in others])
-    own_g, own_h = _gradients(job)
+    own_g, own_h = _gradients(job, body.tree)
+    output = body.tree % job.classes
     g, h = own_g.copy(), own_h.copy()
     noise = noise_of(job.spec)
     n = job.y.size
@@ -208,16 +239,17 @@ def build_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         received += len(part.g) + len(part.h)
     grower = TreeGrower(job.params, quantize(g, n), quantize(h, n),
                         sample_rows(n, job.params.subsample, job.params.seed, body.tree), 1)
-    tree = grow_tree(job.params, grower, [BinnedBlock(OWNER, job.cuts, job.bins)], [0], 0)
+    tree = grow_tree(job.params, grower, [BinnedBlock(OWNER, job.cuts, job.bins)], [0], output)
     shared = SharedTree(body.tree, [WireNode(nd.id, nd.left, nd.right, nd.feature,
                                              float(nd.threshold), nd.missing_left, nd.value)
                                     for nd in tree.nodes])
     for m in others:
         ctx.send(m, MsgType.S_TREE, shared)
     assert job.margin is not None
-    job.margin[:, 0] += node_values(tree)[grower.node_of_row]
+    job.margin[:, output] += node_values(tree)[grower.node_of_row]
     tree_bytes = len(msgpack.packb(to_wire(shared), use_bin_type=True))
-    mine = _checked_tree(shared, len(job.data.names), job.params.max_depth, me)  # as all hold it
+    mine = _checked_tree(shared, len(job.data.names), job.params.max_depth, me,
+                         output)  # as every member holds it
     sizes = [Metric("tree_bytes", float(tree_bytes)), Metric("gradient_bytes", float(received))]
     return MsgType.TREE_FINISHED, _finish(ctx, job, mine, sizes)
 
@@ -226,19 +258,22 @@ def receive_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     """The builder's tree, checked, applied to this member's rows."""
     job: SimflMember = ctx.state
     me = ctx.party.name
-    builder = builder_of(job.spec, body.tree)
+    builder = builder_of(job.spec, body.tree, job.classes)
     if body.tree != len(job.trees) or builder == me:
         raise StageError(f"{me}: tree {body.tree} from {builder}: not expected now")
     shared: SharedTree = ctx.mailbox.take(MsgType.S_TREE, builder, body.tree)
-    tree = _checked_tree(shared, len(job.data.names), job.params.max_depth, me)
+    output = body.tree % job.classes
+    tree = _checked_tree(shared, len(job.data.names), job.params.max_depth, me, output)
     assert job.margin is not None
-    job.margin[:, 0] += leaf_values(tree, job.y.size, raw_decider({OWNER: job.data.x}))
+    job.margin[:, output] += leaf_values(tree, job.y.size, raw_decider({OWNER: job.data.x}))
     return MsgType.TREE_FINISHED, _finish(ctx, job, tree, [])
 
 
-def _checked_tree(shared: SharedTree, n_features: int, max_depth: int, who: str) -> Tree:
+def _checked_tree(shared: SharedTree, n_features: int, max_depth: int, who: str,
+                  output: int) -> Tree:
     """A tree from the wire: ids 0..n-1, every split's children later nodes, each node reached
-    once, features that exist, no NaN, at most ``2^(depth+1) - 1`` nodes."""
+    once, features that exist, no NaN, at most ``2^(depth+1) - 1`` nodes; it adds to margin
+    column ``output`` (its class in multiclass)."""
     nodes = shared.nodes
     if not nodes or len(nodes) > 2 ** (max_depth + 1) - 1 or \
             [n.id for n in nodes] != list(range(len(nodes))):
@@ -260,7 +295,7 @@ def _checked_tree(shared: SharedTree, n_features: int, max_depth: int, who: str)
         TreeNode(id=n.id, value=n.value) if n.left == -1 else
         TreeNode(id=n.id, left=n.left, right=n.right, owner=OWNER, feature=n.feature,
                  threshold=n.threshold, missing_left=n.missing_left)
-        for n in nodes), output=0)
+        for n in nodes), output=output)
 
 
 def _finish(ctx: StepContext, job: SimflMember, tree: Tree,
@@ -278,7 +313,9 @@ def _finish(ctx: StepContext, job: SimflMember, tree: Tree,
                     {"format": STATE_FORMAT, "handles": job.handles,
                      "similar": list(job.similar.values()), "members": list(job.similar),
                      "everyone": list(job.everyone.values()), "base": job.base,
-                     "margin": job.margin,
+                     "classes": job.classes, "margin": job.margin,
+                     "round_margin": job.margin if job.round_margin is None
+                     else job.round_margin,
                      "trees": job.packed,
                      "history": [[[m.name, m.value] for m in done.metrics]
                                  for done in job.history]},
@@ -303,15 +340,17 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
                                          f"{body.checkpoint.trees_done} trees is damaged")
     job.handles = np.asarray(saved["handles"], dtype=np.uint64)
     job.set_prepared(dict(zip(saved["members"], saved["similar"])),
-                     dict(zip(saved["members"], saved["everyone"])), float(saved["base"]))
+                     dict(zip(saved["members"], saved["everyone"])), float(saved["base"]),
+                     int(saved.get("classes", 1)))  # before multiclass: 1
     job.margin = np.array(saved["margin"])
+    job.round_margin = np.array(saved.get("round_margin", saved["margin"]))
     job.packed = list(saved["trees"])
     job.trees = [tree for packed in job.packed for tree in trees_from_arrays(packed)]
     job.history = [TreeFinished([Metric(str(n), float(v)) for n, v in metrics])
                    for metrics in saved["history"]]
     job.prep_key = body.checkpoint.run
     return MsgType.RESUMED, Resumed(trees_done=len(job.trees), n_aligned=job.y.size,
-                                    n_train=job.y.size, n_valid=0, outputs=1,
+                                    n_train=job.y.size, n_valid=0, outputs=job.classes,
                                     history=list(job.history))
 
 

@@ -55,17 +55,19 @@ def leader_of(spec: SimflSpec) -> str:
 
 
 def member_key(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
-    """A keyed digest of this member's data set, the LSH parameters and the members: the same
-    key again means its preprocessing still holds (without revealing the data's digest). Every
-    member but the first also sends the first a fresh X25519 key for the functions' secret."""
+    """A keyed digest of this member's data set, the LSH parameters, the members and the
+    objective: the same key again means its preprocessing still holds (without revealing the
+    data's digest). Every member but the first also sends the first a fresh X25519 key for the
+    functions' secret."""
     job: SimflMember = ctx.state
     s, me = job.spec, ctx.party.name
     h = hashlib.sha256()
     with open(job.data_file, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
+    # the objective too: its base score and classes are part of the record
     h.update(msgpack.packb([PREPARED_FORMAT, list(job.data.names), s.lsh_functions, s.lsh_r,
-                            s.lsh_seed, members_of(s), me], use_bin_type=True))
+                            s.lsh_seed, members_of(s), me, s.params.objective], use_bin_type=True))
     key = hmac.new(checkpoint.key_of(ctx.party), h.digest(), hashlib.sha256).hexdigest()
     if me != leader_of(s) and job.exchange is None:
         job.exchange = MaskKey.generate()
@@ -83,15 +85,16 @@ def _cache_file(ctx: StepContext, key: str) -> Path:
 
 def hash_rows(ctx: StepContext, body: Prepare) -> tuple[MsgType, Any]:
     """Algorithm 1, l.1-4. Without ``force``: whether this federation's preprocessing is on
-    record here (count -1, loaded) or not (0). With it: the members' secret functions, and
-    this member's rows' LSH values under fresh opaque handles to the aggregator."""
+    record here (loaded; count: its trees per round, the classes or 1) or not (0). With it:
+    the members' secret functions, and this member's rows' LSH values under fresh opaque
+    handles to the aggregator."""
     job: SimflMember = ctx.state
     cache = _cache_file(ctx, body.key)
     if not body.force:
         found = cache.is_file() and _load_prepared(job, cache, ctx.party.name)
         if found:
             job.prep_key = body.key
-        return MsgType.ACK, Ack(count=-1 if found else 0)
+        return MsgType.ACK, Ack(count=job.classes if found else 0)
     functions = lsh_of(job.spec, job.data.x.shape[1], _functions_secret(ctx, job, body.key))
     hashes = functions.hash(job.data.x)
     handles = np.unique(np.frombuffer(secrets.token_bytes(8 * len(job.data.ids) * 2), "<u8"))
@@ -101,16 +104,25 @@ def hash_rows(ctx: StepContext, body: Prepare) -> tuple[MsgType, Any]:
     job.handles, job.prep_key = handles.astype(np.uint64), body.key
     message = RowHashes(list(job.data.names), handles.astype("<u8").tobytes(),
                         hashes.astype("<i4").tobytes(), functions.a.shape[0],
-                        _label_sum(ctx, job, body.key))
+                        _label_sum(ctx, job, body.key), _classes(job))
     ctx.send(aggregator_of(job.spec), MsgType.S_ROW_HASHES, message)
     return MsgType.ACK, Ack(count=len(message.handles) + len(message.hashes))
+
+
+def _classes(job: SimflMember) -> int:
+    """Multiclass: this member's highest label plus one (the union's classes are the largest
+    of the members'); else 1."""
+    return int(job.y.max()) + 1 if job.spec.params.objective == "multiclass" else 1
 
 
 def _label_sum(ctx: StepContext, job: SimflMember, key: str) -> float:
     """The label sum for the base score; for 0/1 labels with Gaussian noise of the gradient
     sums' per-tree scale (one label moves it by 1), drawn once per preprocessing from this
-    member's key, clipped to [0, rows]. A regression's sum of targets is sent as it is."""
+    member's key, clipped to [0, rows]. A regression's sum of targets is sent as it is;
+    multiclass sends none (its base score is 0 for every class)."""
     total = float(job.y.sum())
+    if job.spec.params.objective == "multiclass":
+        return 0.0
     if job.spec.params.objective != "binary":
         return total
     draw = standard_normal(derive_key(checkpoint.key_of(ctx.party), "simfl label sum v1", key), 1)
@@ -163,14 +175,16 @@ def store_similar(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     if got.members != others or any(len(h) != 8 * n for h in got.handles) or \
             len(got.everyone) != len(others) or \
             any(not 0 < len(e) <= 8 * MAX_ROWS or len(e) % 8 for e in got.everyone) or \
-            not np.isfinite(got.base_score):
+            not np.isfinite(got.base_score) or got.classes < _classes(job):
         raise ProtocolError(f"{me}: similar rows for {got.members} of wrong shape; expected "
                             f"{others}, {n} rows each")
     similar = [np.frombuffer(h, "<u8").astype(np.uint64) for h in got.handles]
     everyone = [np.frombuffer(e, "<u8").astype(np.uint64) for e in got.everyone]
-    job.set_prepared(dict(zip(others, similar)), dict(zip(others, everyone)), got.base_score)
+    job.set_prepared(dict(zip(others, similar)), dict(zip(others, everyone)), got.base_score,
+                     got.classes)
     with open_private(_cache_file(ctx, job.prep_key), "wb") as cache:
         np.savez(cache, handles=job.handles, base=np.float64(job.base), members=np.array(others),
+                 classes=np.int64(job.classes),
                  **{f"similar_{k}": v for k, v in enumerate(similar)},
                  **{f"everyone_{k}": v for k, v in enumerate(everyone)})
     return MsgType.ACK, Ack(count=sum(len(h) for h in [*got.handles, *got.everyone]))
@@ -178,7 +192,7 @@ def store_similar(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
 
 def _load_prepared(job: SimflMember, path: Path, me: str) -> bool:
     """A preprocessing on record: handles, per other member the similar handles and all its
-    handles, and the base score."""
+    handles, the base score and the classes (1 in records from before multiclass)."""
     with np.load(path, allow_pickle=False) as saved:
         handles = saved["handles"]
         others = [str(m) for m in saved["members"]]
@@ -189,7 +203,8 @@ def _load_prepared(job: SimflMember, path: Path, me: str) -> bool:
         job.handles = handles.astype(np.uint64)
         job.set_prepared({m: saved[f"similar_{k}"] for k, m in enumerate(others)},
                          {m: saved[f"everyone_{k}"] for k, m in enumerate(others)},
-                         float(saved["base"]))
+                         float(saved["base"]),
+                         int(saved["classes"]) if "classes" in saved else 1)
     return True
 
 

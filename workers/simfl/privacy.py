@@ -62,8 +62,9 @@ above float64's resolution (post-processing: no privacy cost)."""
 SIGNIFICANT = 3.0
 """Standard errors by which an estimate must stand out of the noise to be kept at all."""
 
-HESSIAN_BOUND = {"binary": 0.25, "regression": 1.0}
-"""``h_max`` per objective: ``p (1 - p) <= 1/4``; the squared loss's hessian is 1."""
+HESSIAN_BOUND = {"binary": 0.25, "multiclass": 0.5, "regression": 1.0}
+"""``h_max`` per objective: ``p (1 - p) <= 1/4``; softmax's ``2 p (1 - p) <= 1/2`` (the
+core's hessian, ``boosting.losses``); the squared loss's hessian is 1."""
 
 _NONCE = bytes(16)
 """Every ChaCha20 key here is an HMAC output used for one stream, so a fixed nonce never

@@ -111,7 +111,7 @@ def prepared(tmp_path: Path) -> tuple[Federation, bytes, int]:
     b_handles = np.arange(1, 5, dtype="<u8")
     fed.peer("agg", MsgType.S_SIMILAR, SimilarRows(
         hashes.columns, ["b"], [np.resize(b_handles, rows).tobytes()], -0.5,
-        [b_handles.tobytes()]))
+        [b_handles.tobytes()], 1))
     fed.command(MsgType.S_STORE_SIMILAR, Step())
     return fed, secret, rows
 

@@ -97,3 +97,38 @@ def test_the_reported_privacy_follows_the_zcdp_formulas() -> None:
     assert privacy_spent(_config("regression"), 500)["label_epsilon"] is None
     assert privacy_spent(_config(members=3), 300)["trees_sent"] == {"m0": 100, "m1": 100,
                                                                     "m2": 100}
+
+
+def test_each_class_has_its_own_persistent_noise() -> None:
+    """Multiclass: a changed label moves one class's sums by +1 and another's by -1 in every
+    tree; persistent noise shared by the classes would cancel from their difference, so each
+    class's stream draws its own (binary keeps the stream it had)."""
+    from workers.simfl.member import noise_stream
+
+    assert noise_stream("prep", "b", 0, 1) == "prep/b"
+    streams = [noise_stream("prep", "b", k, 4) for k in range(4)]
+    assert len(set(streams)) == 4 and "prep/b" not in streams
+    rng = np.random.default_rng(2)
+    n = 50_000
+    g, h = rng.normal(size=n), rng.random(n) / 4
+    first_round = [NOISE.randomize(g, h, bytes(32), s)[0] - g for s in streams[:2]]
+    later_round = [NOISE.randomize(g + 1, h, bytes(32), s)[0] - g - 1 for s in streams[:2]]
+    # a class shares its persistent part across rounds (0.2 of the noise), not with another
+    assert abs(np.corrcoef(first_round[0], later_round[0])[0, 1] - 0.2) < 0.02
+    assert abs(np.corrcoef(first_round[0], first_round[1])[0, 1]) < 0.02
+    assert abs(np.corrcoef(first_round[0], later_round[1])[0, 1]) < 0.02
+
+
+def test_multiclass_privacy_counts_rounds_for_labels_and_trees_for_rows() -> None:
+    """4 classes, 100 rounds between 2 members: each sends its builder 50 rounds of 4 trees.
+    A label moves two classes' sums: twice one class's persistent bound; a row's values move
+    one class's sums per tree: the per-tree bound over all 200 trees."""
+    spent = privacy_spent(_config("multiclass"), 400, per_round=4)
+    assert spent["trees_sent"] == {"m0": 200, "m1": 200}
+    sigma_l, sigma_t = spent["label_noise"], spent["tree_noise"]
+    rho = 2 * 50 / (2 * (sigma_t ** 2 + 50 * sigma_l ** 2))
+    assert spent["label_epsilon"]["m0"] == pytest.approx(_epsilon(rho))
+    assert spent["label_epsilon"]["m0"] < _epsilon(1 / sigma_l ** 2)  # however many rounds
+    assert spent["row_epsilon"]["m0"] == pytest.approx(_epsilon(2.5 * 200 / sigma_t ** 2))
+    assert privacy_spent(_config("multiclass", members=3), 12, per_round=4)["trees_sent"] == \
+        {"m0": 4, "m1": 4, "m2": 4}
