@@ -9,6 +9,7 @@ member's rows; now the cuts come from summed cell counts on a public grid."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import msgpack
