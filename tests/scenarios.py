@@ -72,7 +72,9 @@ def train_centralized(config: JobConfig) -> tuple[Model, JoinedData]:
     """The lossless reference on the joined data."""
     joined = join_parties(config)
     blocks, y = joined.part(valid=False)
-    return train(BoostParams.from_dict(config.params.model_dump()), blocks, y), joined
+    # early_stopping_rounds is the flow's, not the core's: train grows every tree
+    params = BoostParams.from_dict(config.params.model_dump(exclude={"early_stopping_rounds"}))
+    return train(params, blocks, y), joined
 
 
 def assert_same_trees(fed: list[list[NodeView]], cen: list[list[NodeView]], tol: float = 1e-6) -> None:
