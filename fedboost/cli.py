@@ -307,7 +307,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     from fedboost.worker import run_workers
-    from flows.config import load_worker_config
+    from flows.worker_config import load_worker_config
     from messages import MessageError
     from messages.broker_url import holds_password
     from messages.signing import Sealer

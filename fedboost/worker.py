@@ -15,7 +15,8 @@ import os
 import signal
 from multiprocessing.process import BaseProcess
 
-from flows.config import PolicyConfig, WorkerConfig
+from flows.job_schema import PolicyConfig
+from flows.worker_config import WorkerConfig
 from messages import TransportError
 from messages.broker_url import redact
 from messages.chunks import FrameSigner

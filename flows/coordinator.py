@@ -24,7 +24,8 @@ from prefect.cache_policies import NO_CACHE
 
 from messages import MessageError, TransportError
 from messages.bodies import Aligned, ErrorReply, Step, TreeFinished
-from flows.config import ConfigError, JobConfig
+from flows.declared.secureboost import JobConfig
+from flows.schema_base import ConfigError
 from flows.errors import (JobStopped, PartyError, PartyGone,  # noqa: F401  the flows' errors,
                           StepTimeout)                       # imported from here by them
 from flows.progress import (PartiesSilent, has_listener, step_progress, step_text, tell_silence,

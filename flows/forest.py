@@ -24,7 +24,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows import run_charts
 from flows.coordinator import (JobStopped, PartyError, StepTimeout, align_entities, close_job, link,
                           record_tree, train_with_recoveries)
-from flows.config import ForestJobConfig
+from flows.declared.forest import ForestJobConfig
 from flows.secureboost import evaluate_validation
 from messages.bodies import Ack, PartyInfo, SplitsFound
 from messages.envelope import MsgType

@@ -34,7 +34,7 @@ from flows import run_charts
 from flows.coordinator import (JobStopped, PartyError, StepTimeout, close_job,
                           combine_member_metrics, link, record_tree, step_id,
                           train_with_recoveries)
-from flows.config import HorizontalJobConfig
+from flows.declared.horizontal import HorizontalJobConfig
 from messages.bodies import Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished
 from messages.envelope import MsgType
 from messages.horizontal import HorizontalSpec, OpenHorizontal, Round

@@ -18,7 +18,8 @@ from prefect.cache_policies import NO_CACHE
 from flows import run_charts
 from flows.coordinator import (PartyError, align_entities, close_job, link, record_tree, step_id,
                           train_with_recoveries)
-from flows.config import JobConfig, PrivacyConfig
+from flows.declared.secureboost import JobConfig
+from flows.job_schema import PrivacyConfig
 from flows.early_stopping import EarlyStopping
 from flows.predict import traverse_level_once
 from messages.bodies import (VALIDATION_BATCH, Ack, Aligned, Checkpoint, JobSpec, OpenJob,

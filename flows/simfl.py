@@ -25,7 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from flows import run_charts
 from flows.coordinator import (close_job, combine_member_metrics, link, record_tree, step_id,
                           train_with_recoveries)
-from flows.config import SimflJobConfig
+from flows.declared.simfl import SimflJobConfig
 from messages.bodies import Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished
 from messages.envelope import MsgType
 from messages.simfl import OpenSimfl, Prepare, SimflSpec

@@ -2,7 +2,7 @@
 
 ``TreeParams`` travels nested in the openers of vertical SecureBoost, the horizontal protocol
 and SimFL (``JobSpec.params``, ``HorizontalSpec.params``, ``SimflSpec.params``); the job file's
-``params:`` schema (``flows.config``) is made from its fields and their bounds, and a worker
+``params:`` schema (``flows.job_schema``) is made from its fields and their bounds, and a worker
 turns it into the core's ``boosting.params.BoostParams`` whole (``BoostParams(**asdict(p))``),
 never field by field. A new hyper-parameter: its field here (with bounds and a docstring), its
 use in ``boosting``, and its line in the docs.

@@ -28,7 +28,8 @@ import yaml
 
 from fedboost.embedded import train_embedded
 from fedboost.local_workers import start_worker
-from flows.config import ConfigError, load_config, load_worker_config
+from flows.config import ConfigError, load_config
+from flows.worker_config import load_worker_config
 from flows.secureboost import vertical_secureboost
 from messages import TransportError
 from messages.rabbitmq import RabbitTransport

@@ -20,7 +20,8 @@ import yaml
 
 from fedboost.broker import definitions, password_env, user_of
 from flows.config import (AnyJobConfig, ForestJobConfig, HorizontalJobConfig, JobConfig,
-                          SimflJobConfig, WorkerConfig, load_config, load_worker_config)
+                          SimflJobConfig, load_config)
+from flows.worker_config import WorkerConfig, load_worker_config
 from messages.rabbitmq import DEFAULT_CHUNK_BYTES
 
 REPO = Path(__file__).resolve().parents[1]

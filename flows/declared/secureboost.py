@@ -2,9 +2,103 @@
 
 from __future__ import annotations
 
-from flows.config import JobConfig
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from flows.broker_settings import SigningConfig, TransportConfig
 from flows.declared import ProtocolDeclaration
+from flows.job_schema import (JobName, PartyConfig, PrivacyConfig, TreeParamsConfig,
+                              check_broker_needs, check_party_names, check_privacy)
+from flows.schema_base import Strict
 from messages.envelope import MsgType
+
+
+class ParamsConfig(TreeParamsConfig):
+    """Vertical SecureBoost's boosting parameters."""
+
+    complete_secure: bool = False
+    """Completely SecureBoost: the first round's trees grow on the active party alone."""
+    early_stopping_rounds: int | None = Field(None, ge=1)
+    """Stop once the first validation metric has not improved for this many rounds (as
+    XGBoost's); the model keeps the rounds up to the best one (``flows.early_stopping``).
+    Needs ``validation.fraction``."""
+
+
+class CryptoConfig(Strict):
+    """Homomorphic encryption settings."""
+
+    scheme: Literal["paillier", "ou"] = "paillier"
+    """``paillier``, or ``ou`` (Okamoto-Uchiyama: half the ciphertext bytes and cheaper
+    arithmetic at the same modulus size, docs/crypto.md). Vertical protocols only."""
+    key_bits: int = Field(2048, ge=1024, le=4096)
+    pack_bin_sums: Literal["key_holder", "passive"] = "key_holder"
+    """Who folds several encrypted bin sums into one ciphertext (``crypto.compress``): the key
+    holder, modulo p^2 and q^2 (less CPU in all, 16x the histogram bytes), or each passive
+    party before sending (for slow links between the parties). SecureBoost only."""
+
+    @field_validator("key_bits")
+    @classmethod
+    def _even(cls, v: int) -> int:
+        if v % 2:
+            raise ValueError("key_bits must be even")
+        return v
+
+
+class ValidationConfig(Strict):
+    """Hold-out of aligned rows for validation metrics."""
+
+    fraction: float = Field(0.0, ge=0.0, le=0.9)
+    seed: int = Field(0, ge=0)
+
+
+class JobConfig(Strict):
+    """A whole federated training job (vertical SecureBoost)."""
+
+    job: JobName
+    protocol: Literal["vertical_secureboost"] = "vertical_secureboost"
+    parties: dict[str, PartyConfig]
+    params: ParamsConfig = ParamsConfig()
+    crypto: CryptoConfig = CryptoConfig()
+    validation: ValidationConfig = ValidationConfig()
+    transport: TransportConfig = TransportConfig()
+    signing: SigningConfig | None = None
+    """Signing keys (the flow signs as ``flow``); the embedded default makes its own."""
+    privacy: PrivacyConfig | None = None
+    """Optional differential privacy (SecureBoost only); without it training is lossless."""
+
+    @model_validator(mode="after")
+    def _roles(self) -> JobConfig:
+        check_party_names(self.parties)
+        if self.privacy is not None and self.protocol != "vertical_secureboost":
+            raise ValueError(f"privacy: {self.protocol} has no differential privacy")
+        check_privacy(self.privacy, self.params)
+        actives = [n for n, p in self.parties.items() if p.role == "active"]
+        if len(actives) != 1:
+            raise ValueError(f"exactly one party must have role active, found {len(actives)}")
+        if not self.passives:
+            raise ValueError("at least one party must have role passive")
+        if self.parties[actives[0]].label is None:
+            raise ValueError(f"parties.{actives[0]}.label: the active party needs a label column")
+        if getattr(self.params, "early_stopping_rounds", None) and not self.validation.fraction:
+            raise ValueError("params.early_stopping_rounds stops on validation rows: set "
+                             "validation.fraction (e.g. 0.2)")
+        for name in self.passives:
+            if self.parties[name].label is not None:
+                raise ValueError(f"parties.{name}.label: only the active party holds labels")
+        check_broker_needs(self.transport, self.signing, self.parties, list(self.parties))
+        return self
+
+    @property
+    def active(self) -> str:
+        """Name of the active party."""
+        return next(n for n, p in self.parties.items() if p.role == "active")
+
+    @property
+    def passives(self) -> list[str]:
+        """Names of the passive parties, in file order."""
+        return [n for n, p in self.parties.items() if p.role == "passive"]
+
 
 PROTOCOL = ProtocolDeclaration(
     name="vertical_secureboost", title="Vertical SecureBoost", schema=JobConfig,
