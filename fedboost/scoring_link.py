@@ -35,8 +35,8 @@ import numpy as np
 
 from flows.coordinator import Coordinator, PartyError, step_id
 from messages import MessageError, TransportError
-from messages.bodies import (ErrorReply, FindRows, OpenScoring, PartyInfo, RowsFound, Scores,
-                             ScoreRows, Step)
+from messages.bodies import ErrorReply, PartyInfo, Step
+from messages.scoring import FindRows, OpenScoring, RowsFound, ScoreRows, Scores
 from messages.envelope import Envelope, MsgType
 from messages.rabbitmq import RabbitTransport
 

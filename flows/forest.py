@@ -26,7 +26,8 @@ from flows.coordinator import (JobStopped, PartyError, StepTimeout, align_entiti
                           record_tree, train_with_recoveries)
 from flows.declared.forest import ForestJobConfig
 from flows.secureboost import evaluate_validation
-from messages.bodies import Ack, PartyInfo, SplitsFound
+from messages.bodies import Ack, PartyInfo
+from messages.secureboost import SplitsFound
 from messages.envelope import MsgType
 from messages.forest import MAX_TREES, ForestOpened, ForestSpec, OpenForest, TreeCommand
 

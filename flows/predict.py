@@ -15,7 +15,8 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.coordinator import Coordinator, align_entities, close_job, link, step_id
-from messages.bodies import OpenPrediction, PartyInfo, Step
+from messages.bodies import PartyInfo, Step
+from messages.secureboost import OpenPrediction
 from messages.envelope import MsgType
 
 PredictMode = Literal["path", "batched"]

@@ -31,7 +31,7 @@ def stage_of(kind: MsgType) -> str:
         return "opening"
     if kind in SHARED_STAGES:
         return SHARED_STAGES[kind]
-    for protocol in declared().values():  # a step of messages.bodies serves several
+    for protocol in declared().values():  # a step of messages.bodies or .secureboost serves several
         if kind in protocol.stages:
             return protocol.stages[kind]
     return TREES

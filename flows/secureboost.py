@@ -22,8 +22,9 @@ from flows.declared.secureboost import JobConfig
 from flows.job_schema import PrivacyConfig
 from flows.early_stopping import EarlyStopping
 from flows.predict import traverse_level_once
-from messages.bodies import (VALIDATION_BATCH, Ack, Aligned, Checkpoint, JobSpec, OpenJob,
-                             PartyInfo, Resumed, ResumeJob, SplitsFound, Step, TreeFinished)
+from messages.bodies import (Ack, Aligned, Checkpoint, PartyInfo, ResumeJob, Resumed, Step,
+                             TreeFinished)
+from messages.secureboost import VALIDATION_BATCH, JobSpec, OpenJob, SplitsFound
 from messages.envelope import MsgType
 
 def job_spec(config: JobConfig) -> JobSpec:

@@ -9,7 +9,7 @@ import msgpack
 
 # every protocol's messages module declares its kinds (``messages.kinds.declare``): one name
 # per protocol here, and the packages ``FEDBOOST_PROTOCOLS`` names
-from messages import bodies, forest, horizontal, simfl  # noqa: F401
+from messages import bodies, forest, horizontal, scoring, secureboost, simfl  # noqa: F401
 from messages import DecodeError, UnknownMessageType
 from messages.codec import WireReader, decoding, read_typed, to_wire
 from messages.kinds import (BODY_TYPES, COMMANDS, OPENERS, PEER_MAIL,  # noqa: F401 (the tables)

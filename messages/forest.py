@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from messages.bodies import NodeSplit, PartyInfo, SplitChoice
+from messages.bodies import PartyInfo
 from messages.kinds import declare
+from messages.secureboost import NodeSplit, SplitChoice
 
 MAX_TREES = 100_000
 """Trees a forest may have; a tree's attempt ``a`` is work ``a * MAX_TREES + tree``."""

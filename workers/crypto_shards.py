@@ -36,7 +36,7 @@ from crypto._gmp import mpz
 from crypto.schemes import PrivateKey, private_key_from_factors
 from crypto.pool import KeyHolderPool
 from messages import DecodeError
-from messages.bodies import CryptoShard, CryptoUnit
+from messages.secureboost import CryptoShard, CryptoUnit
 from messages.e2e import decrypt_body, encrypt_body
 from messages.envelope import MsgType
 from workers import NotReady, ProtocolError

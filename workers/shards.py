@@ -23,7 +23,7 @@ from crypto._gmp import mpz
 from crypto.compress import BinSumPacking
 from crypto.schemes import (PublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
                             public_key_from_n)
-from messages.bodies import HistogramShard, ShardHistogram, TreeCiphertexts
+from messages.secureboost import HistogramShard, ShardHistogram, TreeCiphertexts
 from messages.instance_space import decode_mask, encode_mask
 from workers import ProtocolError
 

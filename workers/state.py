@@ -9,7 +9,7 @@ import numpy as np
 
 from boosting._typing import BinMatrix, FloatArray, IntArray
 from crypto.psi import PsiKey
-from messages.bodies import VALIDATION_BATCH
+from messages.secureboost import VALIDATION_BATCH
 from workers import StageError
 from workers.data import PartyData
 

@@ -1,4 +1,5 @@
-"""The vertical random forest's declaration (flows.forest, workers.forest, messages.forest)."""
+"""The vertical random forest's declaration and job file schema (flows.forest, workers.forest,
+messages.forest)."""
 
 from __future__ import annotations
 

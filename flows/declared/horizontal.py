@@ -1,4 +1,5 @@
-"""Horizontal GBDT's declaration (flows.horizontal, workers.horizontal, messages.horizontal)."""
+"""Horizontal GBDT's declaration and job file schema (flows.horizontal, workers.horizontal,
+messages.horizontal)."""
 
 from __future__ import annotations
 

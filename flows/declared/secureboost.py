@@ -1,4 +1,5 @@
-"""Vertical SecureBoost's declaration (flows.secureboost, workers.vertical, messages.bodies)."""
+"""Vertical SecureBoost's declaration and job file schema (flows.secureboost, workers.vertical,
+messages.secureboost)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SimFL's declaration (flows.simfl, workers.simfl, messages.simfl)."""
+"""SimFL's declaration and job file schema (flows.simfl, workers.simfl, messages.simfl)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import pika
 import pytest
 
 from messages import bodies as b
+from messages import secureboost as sb
 from messages.chunks import FrameSigner, Manifest
 from messages.envelope import Envelope, MsgType
 from messages.rabbit_queues import delete_party_queues, queue_of
@@ -110,7 +111,7 @@ def test_junk_and_forged_chunk_frames_cannot_jam_a_party(rabbit_url: str,
     sender = _party(guest, rabbit_url, sealers[guest])
     small = Envelope("job", "t/1", guest, host, MsgType.ACK, b.Ack(3))
     large = Envelope("job", "t/2", guest, host, MsgType.ENCRYPTED_GRADIENTS,
-                     b.EncryptedGradients(1, 0, bytes(range(256)) * 40))  # ~10 KB: 11 chunks
+                     sb.EncryptedGradients(1, 0, bytes(range(256)) * 40))  # ~10 KB: 11 chunks
     caplog.set_level(logging.WARNING, logger="fedboost.transport")
     try:
         # Execute: the party comes up; a sealed message and a large chunked one are sent to it

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from messages import DecodeError
 from messages import bodies as b
+from messages import scoring as sc
+from messages import secureboost as sb
 from messages import forest as f
 from messages import horizontal as h
 from messages import simfl as s
@@ -47,13 +49,13 @@ SAMPLES = {
     MsgType.H_GRADIENT_SCALE: h.GradientScale(1, 0, 0, -1, 300),
     MsgType.H_SPLITS: h.LevelSplits(1, 0, 0, [h.NodeSplit(0, 3, 4, True, 1, 2)], [1]),
     MsgType.H_LEAVES: h.LeafValues(1, 0, [1, 2], [0.5, -0.25]),
-    MsgType.OPEN_JOB: b.OpenJob(b.JobSpec([b.PartyInfo("g", "active")],
+    MsgType.OPEN_JOB: sb.OpenJob(sb.JobSpec([b.PartyInfo("g", "active")],
                                           TreeParams(n_trees=3, max_depth=3), False, 1024,
                                           0.0, 0, "y")),
-    MsgType.OPEN_PREDICTION: b.OpenPrediction([b.PartyInfo("g", "active")], 10, "scores.csv",
+    MsgType.OPEN_PREDICTION: sb.OpenPrediction([b.PartyInfo("g", "active")], 10, "scores.csv",
                                                "trained-job"),
     MsgType.ACK: b.Ack(3),
-    MsgType.SPLITS_FOUND: b.SplitsFound(["host"], 2, 1),
+    MsgType.SPLITS_FOUND: sb.SplitsFound(["host"], 2, 1),
     MsgType.TREE_FINISHED: b.TreeFinished([b.Metric("train_auc", 0.5)]),
     MsgType.ERROR: b.ErrorReply("host", "X", "boom", True, True),
     MsgType.ALIGNED: b.Aligned(10, 7, 3),
@@ -62,26 +64,26 @@ SAMPLES = {
     MsgType.RESUMED: b.Resumed(5, 10, 7, 3, 1, [b.TreeFinished([b.Metric("train_auc", 0.5)])]),
     MsgType.PSI_POINTS: b.PsiPoints(1, b"\x01" * 64),
     MsgType.ALIGNED_ROWS: b.AlignedRows(b"\x00" * 8, encode_mask(np.ones(3, bool))),
-    MsgType.PUBLIC_KEY: b.PublicKeyMsg(b"\x05", 3),
-    MsgType.TREE_START: b.TreeStart(1, encode_mask(np.ones(9, bool)), 2, 42, 9),
-    MsgType.ENCRYPTED_GRADIENTS: b.EncryptedGradients(1, 0, b"\x02" * 512),
-    MsgType.ENCRYPTED_HISTOGRAMS: b.EncryptedHistograms(
+    MsgType.PUBLIC_KEY: sb.PublicKeyMsg(b"\x05", 3),
+    MsgType.TREE_START: sb.TreeStart(1, encode_mask(np.ones(9, bool)), 2, 42, 9),
+    MsgType.ENCRYPTED_GRADIENTS: sb.EncryptedGradients(1, 0, b"\x02" * 512),
+    MsgType.ENCRYPTED_HISTOGRAMS: sb.EncryptedHistograms(
         1, 2, [3, 4], 5, 33, [3, 2], encode_mask(np.ones(330, bool)), 11, b"\x03" * 10),
-    MsgType.SPLIT_CHOICES: b.SplitChoices(1, 2, [b.SplitChoice(3, 4, 5, True)]),
-    MsgType.APPLIED_SPLITS: b.AppliedSplits(1, 2, [b.AppliedSplit(3, 0, encode_mask(np.ones(4, bool)))]),
-    MsgType.NODE_POSITIONS: b.NodePositions(1, 2, [b.NodeSplit(3, 5, 6, encode_mask(np.ones(4, bool)))]),
-    MsgType.DECISIONS: b.Decisions(0, [1, 2], 3, b"\x07"),
-    MsgType.HISTOGRAM_SHARD: b.HistogramShard(1, 0, 1, b"\x05", 33, 2, [3], b"\x00" * 6,
+    MsgType.SPLIT_CHOICES: sb.SplitChoices(1, 2, [sb.SplitChoice(3, 4, 5, True)]),
+    MsgType.APPLIED_SPLITS: sb.AppliedSplits(1, 2, [sb.AppliedSplit(3, 0, encode_mask(np.ones(4, bool)))]),
+    MsgType.NODE_POSITIONS: sb.NodePositions(1, 2, [sb.NodeSplit(3, 5, 6, encode_mask(np.ones(4, bool)))]),
+    MsgType.DECISIONS: sb.Decisions(0, [1, 2], 3, b"\x07"),
+    MsgType.HISTOGRAM_SHARD: sb.HistogramShard(1, 0, 1, b"\x05", 33, 2, [3], b"\x00" * 6,
                                               b"\x00" * 12, b"\x01" * 32, b"\x02" * 24, 177,
                                               11, "fedboost.host.work.1.units"),
-    MsgType.SHARD_HISTOGRAM: b.ShardHistogram(1, 0, 1, [0, 1], encode_mask(np.ones(66, bool)),
+    MsgType.SHARD_HISTOGRAM: sb.ShardHistogram(1, 0, 1, [0, 1], encode_mask(np.ones(66, bool)),
                                               b"\x03" * 10, 0.25),
-    MsgType.TREE_CIPHERTEXTS: b.TreeCiphertexts(1, 0, 2, b"\x05", b"\x02" * 24),
-    MsgType.CRYPTO_SHARD: b.CryptoShard(1, -1, "encrypt", b"\x05", b"key", "pool", 4096, 9000,
+    MsgType.TREE_CIPHERTEXTS: sb.TreeCiphertexts(1, 0, 2, b"\x05", b"\x02" * 24),
+    MsgType.CRYPTO_SHARD: sb.CryptoShard(1, -1, "encrypt", b"\x05", b"key", "pool", 4096, 9000,
                                         12, b"\x01" * 40),
-    MsgType.CRYPTO_UNIT: b.CryptoUnit(1, -1, "pool", 1, b"\x02" * 24, 0.5),
-    MsgType.DECISION_REQUEST: b.DecisionRequest(0, 2, b"\x01\0\0\0", b"\x07\0\0\0"),
-    MsgType.PATH_DECISIONS: b.PathDecisions(0, 2, 1, b"\x80"),
+    MsgType.CRYPTO_UNIT: sb.CryptoUnit(1, -1, "pool", 1, b"\x02" * 24, 0.5),
+    MsgType.DECISION_REQUEST: sb.DecisionRequest(0, 2, b"\x01\0\0\0", b"\x07\0\0\0"),
+    MsgType.PATH_DECISIONS: sb.PathDecisions(0, 2, 1, b"\x80"),
     MsgType.F_OPEN_JOB: f.OpenForest(f.ForestSpec(
         [b.PartyInfo("g", "active"), b.PartyInfo("h", "passive", "credit")], 50, 10, "sqrt", 5,
         32, "binary", True, 0, 45, False, 1024, 0.3, 0, "y")),
@@ -89,18 +91,18 @@ SAMPLES = {
     MsgType.F_LABELS: f.EncryptedLabels(1, 1, 9, b"\x02" * 512),
     MsgType.F_FEATURES: f.FeatureCount(10),
     MsgType.F_REQUEST: f.LevelRequest(100_001, 2, b"\x01\x00" * 3,
-                                      [b.NodeSplit(3, 5, 6, encode_mask(np.ones(4, bool)))],
+                                      [sb.NodeSplit(3, 5, 6, encode_mask(np.ones(4, bool)))],
                                       [f.NodeRequest(5, [0, 4])]),
     MsgType.F_HISTOGRAMS: f.LevelHistograms(1, 2, b"\xff", 37, [b"\x03" * 10]),
-    MsgType.F_SPLITS: f.ForestSplits(1, 2, [b.SplitChoice(3, 4, 5, True)]),
+    MsgType.F_SPLITS: f.ForestSplits(1, 2, [sb.SplitChoice(3, 4, 5, True)]),
     MsgType.F_APPLIED: f.ForestApplied(1, 2, [3], [65_536], [b"\xf0"]),
-    MsgType.OPEN_SCORING: b.OpenScoring([b.PartyInfo("g", "active", "applicants")], "trained",
+    MsgType.OPEN_SCORING: sc.OpenScoring([b.PartyInfo("g", "active", "applicants")], "trained",
                                         4096, "vertical_secureboost"),
-    MsgType.SCORE_ROWS: b.ScoreRows(7, ["25115", "2346"], 10.0),
-    MsgType.FIND_ROWS: b.FindRows(7, ["25115", "2346"]),
-    MsgType.ROUND_DECISIONS: b.RoundDecisions(7, b"\x01\0\0\0", 2, b"\x80"),
-    MsgType.ROWS_FOUND: b.RowsFound(7, [1]),
-    MsgType.SCORES: b.Scores(7, 1, b"\0" * 16, [], []),
+    MsgType.SCORE_ROWS: sc.ScoreRows(7, ["25115", "2346"], 10.0),
+    MsgType.FIND_ROWS: sc.FindRows(7, ["25115", "2346"]),
+    MsgType.ROUND_DECISIONS: sc.RoundDecisions(7, b"\x01\0\0\0", 2, b"\x80"),
+    MsgType.ROWS_FOUND: sc.RowsFound(7, [1]),
+    MsgType.SCORES: sc.Scores(7, 1, b"\0" * 16, [], []),
 }
 
 
@@ -230,7 +232,7 @@ _INTS = st.integers(-2**63, 2**64 - 1)
 
 @settings(max_examples=300, deadline=None)
 @given(body=st.one_of(
-    st.builds(b.Decisions, _INTS, st.lists(_INTS, max_size=40), _INTS, st.binary(max_size=300)),
+    st.builds(sb.Decisions, _INTS, st.lists(_INTS, max_size=40), _INTS, st.binary(max_size=300)),
     st.builds(h.LeafValues, _INTS, _INTS, st.lists(_INTS, max_size=20),
               st.lists(st.floats(allow_nan=True), max_size=20)),
     st.builds(b.TreeFinished, st.lists(st.builds(b.Metric, st.text(max_size=300), st.floats())),
@@ -241,7 +243,7 @@ _INTS = st.integers(-2**63, 2**64 - 1)
 def test_every_msgpack_width_of_every_field_type_round_trips(body: object) -> None:
     """Ints of every msgpack width (fixint to 64 bits, both signs), floats (NaN included),
     strings of every length class, nested lists: read in place as msgpack wrote them."""
-    kind = {b.Decisions: MsgType.DECISIONS, h.LeafValues: MsgType.H_LEAVES,
+    kind = {sb.Decisions: MsgType.DECISIONS, h.LeafValues: MsgType.H_LEAVES,
             b.TreeFinished: MsgType.TREE_FINISHED, b.ErrorReply: MsgType.ERROR}[type(body)]
     data = encode_envelope(Envelope("job", "task", "guest", "host", kind, body))
     assert encode_envelope(decode_envelope(data)) == data  # bytes: NaN compares equal here

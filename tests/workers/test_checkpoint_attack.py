@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from flows.config import ConfigError, parse_config
-from messages.bodies import Checkpoint, ErrorReply, JobSpec, OpenJob, PartyInfo, ResumeJob, Step
+from messages.bodies import Checkpoint, ErrorReply, PartyInfo, ResumeJob, Step
+from messages.secureboost import JobSpec, OpenJob
 from messages.envelope import Envelope, MsgType
 from messages.names import is_job_name
 from messages.signing import federation_sealers

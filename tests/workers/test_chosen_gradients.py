@@ -23,8 +23,9 @@ from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_from_bytes,
                              ciphertexts_to_bytes, generate_keypair)
-from messages.bodies import (EncryptedGradients, EncryptedHistograms, ErrorReply, JobSpec,
-                             OpenJob, Step, TreeStart)
+from messages.bodies import ErrorReply, Step
+from messages.secureboost import (EncryptedGradients, EncryptedHistograms, JobSpec, OpenJob,
+                                  TreeStart)
 from fedboost.worker import policy_of
 from flows.config import PolicyConfig
 from messages.envelope import Envelope, MsgType

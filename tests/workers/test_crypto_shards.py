@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from crypto.paillier import PaillierPrivateKey, ciphertexts_from_bytes, generate_keypair
-from messages.bodies import CryptoShard, CryptoUnit, ErrorReply
+from messages.bodies import ErrorReply
+from messages.secureboost import CryptoShard, CryptoUnit
 from messages.envelope import Envelope, MsgType
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub

@@ -15,7 +15,8 @@ from boosting.params import BoostParams
 from boosting.train import FeatureBlock, train
 from fedboost.embedded import train_embedded
 from flows.coordinator import PartyError
-from messages.bodies import ErrorReply, OpenJob, Step
+from messages.bodies import ErrorReply, Step
+from messages.secureboost import OpenJob
 from messages.envelope import MsgType
 from tests.scenarios import DATA, config_with
 from tests.workers.test_runtime import _command, _reply, _spec, _worker

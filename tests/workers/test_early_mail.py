@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from messages.bodies import JobSpec, OpenJob, PartyInfo, PsiPoints, Step
+from messages.bodies import PartyInfo, PsiPoints, Step
+from messages.secureboost import JobSpec, OpenJob
 from messages.envelope import Envelope, MsgType
 from messages.horizontal import MaskPublicKey
 from messages.rejections import RejectionLog

@@ -23,6 +23,7 @@ from flows.horizontal import horizontal_spec
 from flows.secureboost import job_spec
 from flows.simfl import simfl_spec
 from messages import bodies as b
+from messages import secureboost as sb
 from messages import forest as f
 from messages import horizontal as h
 from messages import simfl as s
@@ -50,7 +51,7 @@ CASES: dict[str, Any] = {
     # protocol: (data, roles, the opener, its body's class and spec, peer messages to the host)
     "vertical_secureboost": (
         HETERO, {"guest": "active", "host": "passive"}, MsgType.OPEN_JOB,
-        lambda c: b.OpenJob(job_spec(c)),
+        lambda c: sb.OpenJob(job_spec(c)),
         [("guest", MsgType.PSI_POINTS, b.PsiPoints(STAGE_ACTIVE_IDS, b"\1" * LARGE)),
          ("guest", MsgType.ALIGNED_ROWS, SAMPLES[MsgType.ALIGNED_ROWS]),
          ("guest", MsgType.PUBLIC_KEY, SAMPLES[MsgType.PUBLIC_KEY])]),

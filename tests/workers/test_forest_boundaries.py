@@ -20,7 +20,8 @@ from boosting.forest import bootstrap_weights, tree_rng
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from crypto.paillier import ciphertexts_from_bytes, ciphertexts_to_bytes, generate_keypair
-from messages.bodies import NodeSplit, PartyInfo
+from messages.bodies import PartyInfo
+from messages.secureboost import NodeSplit
 from messages.envelope import MsgType
 from messages.forest import (EncryptedLabels, ForestApplied, ForestSpec, LevelRequest,
                              NodeRequest)

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from messages import bodies as b
+from messages import secureboost as sb
 from messages.envelope import BODY_TYPES, OPENERS, Envelope, MsgType, encode_envelope
 from messages.signing import federation_sealers, signer_of
 from messages.transport import MemoryHub
@@ -108,7 +109,7 @@ def _build(message: tuple[Any, ...]) -> bytes:
     raise AssertionError(message)
 
 
-_SPEC = b.JobSpec([b.PartyInfo("guest", "active"), b.PartyInfo("host", "passive")],
+_SPEC = sb.JobSpec([b.PartyInfo("guest", "active"), b.PartyInfo("host", "passive")],
                   TreeParams(n_trees=2, max_depth=3), False, 1024, 0.0, 0, "y")
 
 
@@ -116,7 +117,7 @@ def _open(worker: Worker) -> None:
     """Open the job in a new session, as a flow does (an answered task id is never rerun)."""
     task = f"{uuid.uuid4().hex[:12]}/open"
     worker.handle_bytes(SEALERS["flow"].seal(Envelope("fuzz", task, "flow", "host",
-                                                      MsgType.OPEN_JOB, b.OpenJob(_SPEC))))
+                                                      MsgType.OPEN_JOB, sb.OpenJob(_SPEC))))
     assert worker.jobs["fuzz"].state is not None
 
 

@@ -16,7 +16,8 @@ from boosting.fixedpoint import value_bits
 from boosting.params import BoostParams
 from crypto.encoding import GradientPacker
 from crypto.paillier import PaillierPrivateKey, PaillierPublicKey, ciphertexts_to_bytes
-from messages.bodies import EncryptedHistograms, ErrorReply, Step, TreeStart
+from messages.bodies import ErrorReply, Step
+from messages.secureboost import EncryptedHistograms, TreeStart
 from messages.envelope import Envelope, MsgType
 from messages.instance_space import GAPS, InstanceSpace, encode_mask
 from tests.workers.test_tree_start import ROWS, SEALERS, _host

@@ -11,8 +11,8 @@ import numpy as np
 from crypto.paillier import generate_keypair
 from fedboost.worker import policy_of
 from flows.config import PolicyConfig
-from messages.bodies import (AlignedRows, ErrorReply, JobSpec, OpenJob, PartyInfo, PublicKeyMsg,
-                             Step)
+from messages.bodies import AlignedRows, ErrorReply, PartyInfo, Step
+from messages.secureboost import JobSpec, OpenJob, PublicKeyMsg
 from messages.envelope import Envelope, MsgType
 from messages.instance_space import encode_mask
 from messages.signing import federation_sealers

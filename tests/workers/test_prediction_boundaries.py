@@ -16,8 +16,8 @@ import pytest
 from boosting.binning import goes_left_raw
 from boosting.params import BoostParams
 from boosting.tree import Model, Tree, TreeNode, save_model
-from messages.bodies import (DecisionRequest, ErrorReply, OpenPrediction, PartyInfo,
-                             PathDecisions, Step)
+from messages.bodies import ErrorReply, PartyInfo, Step
+from messages.secureboost import DecisionRequest, OpenPrediction, PathDecisions
 from messages.envelope import Envelope, MsgType
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub

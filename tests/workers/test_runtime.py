@@ -11,7 +11,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from messages import MessageError
-from messages.bodies import Ack, ErrorReply, JobSpec, OpenJob, PartyInfo, PsiPoints, Step
+from messages.bodies import Ack, ErrorReply, PartyInfo, PsiPoints, Step
+from messages.secureboost import JobSpec, OpenJob
 from messages.envelope import Envelope, MsgType, encode_envelope
 from messages.params import TreeParams
 from messages.signing import Sealer, _signed_bytes, federation_sealers

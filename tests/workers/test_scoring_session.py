@@ -13,8 +13,8 @@ import pytest
 
 from boosting.binning import goes_left_raw
 from boosting.tree import TreeNode, load_model, raw_decider
-from messages.bodies import (ErrorReply, FindRows, OpenScoring, PartyInfo, RowsFound, Scores,
-                             ScoreRows, Step)
+from messages.bodies import ErrorReply, PartyInfo, Step
+from messages.scoring import FindRows, OpenScoring, RowsFound, ScoreRows, Scores
 from messages.envelope import MsgType
 from tests.scenarios import DATA
 from tests.workers.test_prediction_boundaries import (HOST_RECORDS, PARTIES, Federation,

@@ -16,7 +16,7 @@ from crypto import CryptoError
 from crypto.compress import BinSumPacking
 from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_from_bytes,
                              ciphertexts_to_bytes, generate_keypair)
-from messages.bodies import HistogramShard, TreeCiphertexts
+from messages.secureboost import HistogramShard, TreeCiphertexts
 from messages.transport import MemoryHub, MemoryTransport
 from workers import ProtocolError
 from workers.shards import (HELPER_GRACE, MIN_HELPER_WAIT, LevelData, LevelWork,

@@ -15,8 +15,8 @@ import pytest
 
 from boosting.binning import fit_cuts
 from crypto.paillier import PaillierPrivateKey, PaillierPublicKey, generate_keypair
-from messages.bodies import (ErrorReply, NodePositions, NodeSplit, SplitChoice, SplitChoices,
-                             Step)
+from messages.bodies import ErrorReply, Step
+from messages.secureboost import NodePositions, NodeSplit, SplitChoice, SplitChoices
 from messages.envelope import Envelope, MsgType
 from messages.instance_space import encode_mask
 from messages.transport import MemoryHub

@@ -13,8 +13,8 @@ import pytest
 from boosting.fixedpoint import value_bits
 from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_to_bytes,
                              generate_keypair)
-from messages.bodies import (EncryptedGradients, ErrorReply, JobSpec, OpenJob, PartyInfo, Step,
-                             TreeStart)
+from messages.bodies import ErrorReply, PartyInfo, Step
+from messages.secureboost import EncryptedGradients, JobSpec, OpenJob, TreeStart
 from messages.envelope import Envelope, MsgType
 from messages.instance_space import encode_mask
 from messages.signing import Sealer, federation_sealers

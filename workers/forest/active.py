@@ -32,7 +32,8 @@ from boosting.tree import Model, Tree, TreeNode, save_model, write_json_atomic
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from crypto.schemes import PrivateKey, PublicKey, ciphertexts_to_bytes, generate_keypair
-from messages.bodies import Ack, NodeSplit, SplitChoice, SplitsFound
+from messages.bodies import Ack
+from messages.secureboost import NodeSplit, SplitChoice, SplitsFound
 from messages.envelope import MsgType
 from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestApplied,
                              ForestOpened, ForestSplits, ForestSpec, LevelHistograms,

@@ -26,7 +26,8 @@ from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from crypto.schemes import (PublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
                             public_key_from_n)
-from messages.bodies import Ack, PublicKeyMsg
+from messages.bodies import Ack
+from messages.secureboost import PublicKeyMsg
 from messages.envelope import MsgType
 from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestApplied,
                              ForestOpened, ForestSplits, ForestSpec, LevelHistograms,

@@ -26,10 +26,9 @@ from boosting.privacy import PrivacyPlan
 from boosting.train import allowed_blocks
 from boosting.tree import node_values, save_model, write_json_atomic
 from crypto.schemes import generate_keypair
-from messages.bodies import (Ack, AppliedSplits, JobSpec, Metric, NodePositions, NodeSplit, Opened,
-                             OpenJob,
-                             ResumeJob, SplitChoice, SplitChoices, SplitsFound, Step,
-                             TreeFinished)
+from messages.bodies import Ack, Metric, Opened, ResumeJob, Step, TreeFinished
+from messages.secureboost import (AppliedSplits, JobSpec, NodePositions, NodeSplit, OpenJob,
+                                  SplitChoice, SplitChoices, SplitsFound)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import ProtocolError, StageError, checkpoint

@@ -20,7 +20,8 @@ import numpy as np
 
 from crypto.schemes import PublicKey
 from crypto.psi import POINT_BYTES, split_points
-from messages.bodies import Ack, Aligned, AlignedRows, PsiPoints, PublicKeyMsg, Step
+from messages.bodies import Ack, Aligned, AlignedRows, PsiPoints, Step
+from messages.secureboost import PublicKeyMsg
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, ProtocolError

@@ -10,7 +10,8 @@ import time
 import numpy as np
 
 from crypto.compress import BinSumPacking
-from messages.bodies import EncryptedHistograms, Step
+from messages.bodies import Step
+from messages.secureboost import EncryptedHistograms
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask
 from workers import ProtocolError, StageError

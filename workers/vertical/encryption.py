@@ -17,7 +17,8 @@ from boosting.privacy import (PrivacyPlan, PrivateTree, deal_rows, keep_rows, sp
                               tree_rng)
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
-from messages.bodies import Ack, EncryptedGradients, Step, TreeStart
+from messages.bodies import Ack, Step
+from messages.secureboost import EncryptedGradients, TreeStart
 from messages.envelope import MsgType
 from messages.instance_space import encode_mask
 from workers import StageError

@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from crypto.compress import BinSumPacking
-from messages.bodies import (Ack, EncryptedGradients, EncryptedHistograms, HistogramShard, Step,
-                             TreeCiphertexts, TreeStart)
+from messages.bodies import Ack, Step
+from messages.secureboost import (EncryptedGradients, EncryptedHistograms, HistogramShard,
+                                  TreeCiphertexts, TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import encode_mask
 from workers import NotReady, StageError

@@ -25,9 +25,9 @@ from crypto._gmp import mpz
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from crypto.schemes import PublicKey, ciphertexts_from_bytes, public_key_from_n
-from messages.bodies import (Ack, AppliedSplit, AppliedSplits, EncryptedGradients,
-                             NodePositions, Opened, OpenJob, PublicKeyMsg, ResumeJob,
-                             SplitChoices, Step, TreeStart)
+from messages.bodies import Ack, Opened, ResumeJob, Step
+from messages.secureboost import (AppliedSplit, AppliedSplits, EncryptedGradients, NodePositions,
+                                  OpenJob, PublicKeyMsg, SplitChoices, TreeStart)
 from messages.envelope import MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import ProtocolError, StageError, checkpoint

@@ -25,7 +25,8 @@ import numpy as np
 from boosting._typing import FloatArray, IntArray
 from boosting.binning import goes_left_raw
 from boosting.tree import Model, Tree, node_values
-from messages.bodies import Ack, DecisionRequest, PathDecisions, Step
+from messages.bodies import Ack, Step
+from messages.secureboost import DecisionRequest, PathDecisions
 from messages.envelope import MsgType
 from workers import ProtocolError, StageError
 from workers.handlers import StepContext

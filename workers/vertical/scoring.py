@@ -25,7 +25,8 @@ import numpy as np
 from boosting.binning import goes_left_raw, goes_left_table
 from boosting.metrics import evaluate
 from boosting.tree import Model, TreeNode, load_model, open_private
-from messages.bodies import Ack, Decisions, Metric, OpenPrediction, Step, TreeFinished
+from messages.bodies import Ack, Metric, Step, TreeFinished
+from messages.secureboost import Decisions, OpenPrediction
 from messages.envelope import MsgType
 from messages.names import JOB_NAME_RULE, is_job_name
 from workers import DataError, ProtocolError, StageError

@@ -26,8 +26,9 @@ import numpy as np
 
 from boosting.flat_trees import FlatTrees, OwnSplits, flatten, margins, route
 from boosting.tree import Model, load_model
-from messages.bodies import (MAX_SCORING_ROWS, Ack, FindRows, OpenScoring, RoundDecisions,
-                             RowsFound, Scores, ScoreRows)
+from messages.bodies import Ack
+from messages.scoring import (MAX_SCORING_ROWS, FindRows, OpenScoring, RoundDecisions, RowsFound,
+                              ScoreRows, Scores)
 from messages.envelope import MsgType
 from workers import DataError, ProtocolError, StageError
 from workers.data import PartyData
