@@ -1,5 +1,9 @@
 """fedboost's Python API: train, resume, predict, the centralized reference and inspection.
 
+The functions live by concern (``fedboost.results``: what they return; ``fedboost.prediction``:
+scoring); this module trains, resumes and trains the centralized reference, and is where
+users import them all from.
+
 The ``fedboost`` command is a thin layer over these functions; they return typed results and
 raise fedboost's errors (``flows.config.ConfigError``, ``workers.DataError``, ...) where the
 command prints one line. Importing this module is light: Prefect and the protocol code are
@@ -16,112 +20,33 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 from fedboost import _prefect_env
+from fedboost.prediction import DataSource, predict
+from fedboost.results import (PredictResult, TrainResult, TreeRecord, model_parts_in, tree_history,
+                              write_json)
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from boosting.train import TreeReport
     from fedboost.inspection import ModelInspection
-    from flows.config import AnyJobConfig, JobConfig
+    from flows.config import AnyJobConfig
+
+__all__ = [
+    "DataSource", "FedboostWarning", "JobSource", "PredictResult", "TrainResult", "TreeRecord",
+    "broker_password_warning", "centralized", "inspect", "keep_password_out", "predict",
+    "report", "resume", "stopped_early", "train"]
+
 
 JobSource = Union[str, os.PathLike[str], Mapping[str, Any], "AnyJobConfig"]
 """A job: a job file's path, its content as a mapping, or a validated job config."""
-DataSource = Union[str, os.PathLike[str], Mapping[str, Union[str, os.PathLike[str]]], None]
-"""Rows to score: ``{party: file}``, or one file for a member's own copy of a shared model."""
 
 
 class FedboostWarning(UserWarning):
     """Something works but should be done otherwise (the command prints it as one line)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TreeRecord:
-    """One tree of a run: its index, seconds to grow it (None: an earlier, interrupted run of
-    the job grew it) and the metrics after it."""
-
-    tree: int
-    seconds: float | None
-    metrics: dict[str, float]
-
-
-@dataclass(frozen=True, slots=True)
-class TrainResult:
-    """A finished training run (federated or centralized)."""
-
-    job: str
-    protocol: str
-    run_dir: Path
-    metrics: dict[str, Any]
-    """What ``metrics.json`` holds (row counts, final metrics, seconds, ``trees``, ...)."""
-    history: list[TreeRecord]
-    model_parts: dict[str, Path]
-    """Each party's model file in ``run_dir`` (``model.json``, or a passive party's
-    ``lookup.json``); over RabbitMQ the parties' workers keep theirs, so none is here."""
-
-    @property
-    def n_trees(self) -> int:
-        """Trees in the model."""
-        return int(self.metrics["n_trees"])
-
-    @property
-    def final_metrics(self) -> dict[str, float]:
-        """The model's ``train_*`` and ``valid_*`` metrics after its last tree."""
-        return {k: float(v) for k, v in self.metrics.items()
-                if k.startswith(("train_", "valid_")) and k != "train_seconds"
-                and isinstance(v, (int, float))}
-
-    @classmethod
-    def load(cls, run_dir: str | os.PathLike[str]) -> TrainResult:
-        """The result of a run ``fedboost train`` (or :func:`train`) wrote to ``run_dir``."""
-        from flows.config import ConfigError
-
-        folder = Path(run_dir)
-        try:
-            metrics = json.loads((folder / "metrics.json").read_text())
-            job = json.loads((folder / "job.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{folder}: not a finished training run ({exc})") from None
-        return cls(job=str(job["job"]), protocol=str(job.get("protocol",
-                                                              "vertical_secureboost")),
-                   run_dir=folder, metrics=metrics, history=_history(metrics),
-                   model_parts=_model_parts(folder, list(job.get("parties", {}))))
-
-
-@dataclass(frozen=True, slots=True)
-class PredictResult:
-    """A finished scoring run."""
-
-    n_scored: int
-    seconds: float
-    mode: str
-    """``path`` or ``batched`` (federated), ``local`` (a member's copy of a shared model)."""
-    party: str
-    """Who scored: the active party (federated) or the member."""
-    scores_file: Path | None
-    """The scores here (``id,score``; see the README); None over RabbitMQ, where the active
-    party's worker keeps them (``remote_file``)."""
-    remote_file: str | None = None
-    """Over RabbitMQ: the scores file in the active party's models folder (``JOB/PARTY/F``)."""
-
-    def read_scores(self) -> tuple[list[str], np.ndarray]:
-        """The scored ids and the score columns (rows x columns) of ``scores_file``."""
-        import csv
-
-        import numpy as np
-
-        if self.scores_file is None:
-            raise ValueError(f"the scores are at party {self.party}: {self.remote_file}")
-        with open(self.scores_file, newline="") as handle:
-            rows = list(csv.reader(handle))[1:]
-        return [r[0] for r in rows], np.array([[float(v) for v in r[1:]] for r in rows])
 
 
 def train(config: JobSource, out: str | os.PathLike[str] | None = None, *,
@@ -158,7 +83,7 @@ def train(config: JobSource, out: str | os.PathLike[str] | None = None, *,
     job = keep_password_out(job, source)
     folder = Path(out) if out is not None else Path("runs") / job.job
     folder.mkdir(parents=True, exist_ok=True)
-    _write_json(folder / "job.json", json.loads(job.model_dump_json()), mode=0o600)
+    write_json(folder / "job.json", json.loads(job.model_dump_json()), mode=0o600)
     return _run_training(job, folder, log_level)
 
 
@@ -185,54 +110,6 @@ def resume(job: str, out: str | os.PathLike[str] | None = None, *,
     if stopped_early(job, folder):  # finished: training again would only start it over
         return TrainResult.load(folder)
     return _run_training(config, folder, log_level)
-
-
-def predict(model_dir: str | os.PathLike[str], data: DataSource = None, *,
-            out: str | os.PathLike[str] | None = None, mode: str = "path",
-            batch_size: int = 4096, log_level: str = "WARNING") -> PredictResult:
-    """Score rows with a trained model.
-
-    Parameters
-    ----------
-    model_dir
-        A run folder (holding ``job.json``), or a member's own folder of a horizontal or SimFL
-        model (``model.json`` and ``party.json``).
-    data
-        Vertical: ``{party: file}`` of rows to score (default: each party's training file).
-        Horizontal/SimFL: ``{member: file}`` or one file, scored locally with the member's
-        copy.
-    out
-        Scores file (default ``model_dir/scores.csv``); over RabbitMQ the active party's
-        worker keeps the scores instead.
-    mode
-        ``path`` (each passive party reveals only the decisions on a row's path) or
-        ``batched`` (all its decisions, two rounds per batch).
-    batch_size
-        Rows per batch.
-    log_level
-        Prefect's lines on the console at this level and above (as for :func:`train`).
-    """
-    _prefect_env.configure()
-    from flows.config import ConfigError, validate_job
-    from flows.declared import declaration
-
-    folder = Path(model_dir)
-    job_file = folder / "job.json"
-    if not job_file.exists() and (folder / "party.json").exists():
-        return _predict_with_copy(folder, data, out)  # a member's own folder of a shared model
-    try:
-        raw = json.loads(job_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{job_file}: not a fedboost model folder ({exc})") from None
-    config = validate_job(raw, str(job_file))
-    if declaration(config.protocol).shared_model:  # e.g. horizontal: every member's own
-        return _predict_member(folder, config, data, out)
-    from fedboost._console import prefect_console
-    from fedboost._ephemeral import isolate_ephemeral_server
-
-    isolate_ephemeral_server()
-    with prefect_console(log_level):
-        return _predict_federated(folder, config, data, out, mode, batch_size)
 
 
 def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
@@ -288,9 +165,9 @@ def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
     if rounds and valid is not None:
         result.update(stopped)
     save_model(model, folder / "model.json")
-    _write_json(folder / "metrics.json", result)
+    write_json(folder / "metrics.json", result)
     return TrainResult(job=job.job, protocol=job.protocol, run_dir=folder, metrics=result,
-                       history=_history(result),
+                       history=tree_history(result),
                        model_parts={"centralized": folder / "model.json"})
 
 
@@ -406,165 +283,7 @@ def _run_training(config: AnyJobConfig, out: Path, log_level: str) -> TrainResul
     result["trees"] = [{"tree": k, "seconds": s, **m}
                        for k, (s, m) in enumerate(zip(result["tree_seconds"], history,
                                                       strict=True))]
-    _write_json(out / "metrics.json", result)
+    write_json(out / "metrics.json", result)
     return TrainResult(job=config.job, protocol=config.protocol, run_dir=out, metrics=result,
-                       history=_history(result),
-                       model_parts=_model_parts(out, list(config.parties)))
-
-
-def _history(metrics: Mapping[str, Any]) -> list[TreeRecord]:
-    return [TreeRecord(tree=int(t["tree"]), seconds=t.get("seconds"),
-                       metrics={k: float(v) for k, v in t.items()
-                                if k not in ("tree", "seconds") and isinstance(v, (int, float))})
-            for t in metrics.get("trees", [])]
-
-
-def _model_parts(run_dir: Path, parties: list[str]) -> dict[str, Path]:
-    parts = {}
-    for party in parties:
-        for name in ("model.json", "lookup.json"):
-            if (run_dir / party / name).is_file():
-                parts[party] = run_dir / party / name
-    return parts
-
-
-def _write_json(path: Path, payload: Any, mode: int = 0o644) -> None:
-    from boosting.tree import write_json_atomic
-
-    write_json_atomic(path, payload, permissions=mode)
-
-
-def _data_files(data: DataSource) -> tuple[dict[str, Path], Path | None]:
-    """``data`` as files by party, or one file without a party."""
-    if data is None:
-        return {}, None
-    if isinstance(data, Mapping):
-        return {str(k): Path(v) for k, v in data.items()}, None
-    return {}, Path(data)
-
-
-def _predict_federated(model_dir: Path, config: JobConfig, data: DataSource,
-                       out: str | os.PathLike[str] | None, mode: str,
-                       batch_size: int) -> PredictResult:
-    from fedboost.embedded import party_specs, run_embedded
-    from flows.config import ConfigError
-    from flows.predict import federated_predict
-
-    by_party, single = _data_files(data)
-    if single is not None:
-        raise ConfigError(f"--data {str(single)!r}: expected PARTY=CSV with PARTY one of "
-                          f"{', '.join(config.parties)}")
-    for party, path in by_party.items():
-        if party not in config.parties:
-            raise ConfigError(f"--data {party}={path}: expected PARTY=CSV with PARTY one of "
-                              f"{', '.join(config.parties)}")
-    job = f"{config.job[:47]}-predict-{uuid.uuid4().hex[:8]}"  # the job-name rule: <= 64
-    scores_file = f"scores-{job}.csv"  # a plain name: the active worker writes in its model folder
-
-    def run() -> dict[str, Any]:
-        return federated_predict(job, config.active, config.passives, scores_file, config.job,
-                                 batch_size, mode,
-                                 {name: p.dataset or "" for name, p in config.parties.items()})
-
-    if config.transport.kind == "rabbitmq":
-        return _predict_on_workers(config, job, scores_file, mode, run,
-                                   bool(by_party), out is not None)
-    target = Path(out or model_dir / "scores.csv").resolve()
-    result = run_embedded(job, party_specs(config, model_dir, by_party), run)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    (model_dir / config.active / scores_file).replace(target)  # the caller, not the worker, picks
-    return PredictResult(n_scored=int(result["n_scored"]), seconds=float(result["seconds"]),
-                         mode=mode, party=config.active, scores_file=target)
-
-
-def _predict_on_workers(config: JobConfig, job: str, scores_file: str, mode: str,
-                        run: Callable[[], dict[str, Any]], data_given: bool,
-                        out_given: bool) -> PredictResult:
-    """Score against the parties' running workers: each loads its part of the trained job from
-    its own model folder and scores its own data file; the scores stay with the active party."""
-    from flows.coordinator import connected
-    from flows.config import ConfigError
-
-    for flag, given in (("--data", data_given), ("--out", out_given)):
-        if given:
-            raise ConfigError(f"{flag}: over RabbitMQ each worker scores its own data file and "
-                              f"the active party keeps the scores in its model folder")
-    with connected(config.model_copy(update={"job": job})):
-        result = run()
-    return PredictResult(n_scored=int(result["n_scored"]), seconds=float(result["seconds"]),
-                         mode=mode, party=config.active, scores_file=None,
-                         remote_file=f"{config.job}/{config.active}/{scores_file}")
-
-
-def _predict_with_copy(folder: Path, data: DataSource,
-                       out: str | os.PathLike[str] | None) -> PredictResult:
-    """Score with a member's own copy of a shared model (``models/JOB/MEMBER`` of its
-    worker, holding model.json and party.json)."""
-    from flows.config import ConfigError
-    from flows.declared import declared
-
-    try:
-        party = json.loads((folder / "party.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{folder}/party.json: cannot read it ({exc})") from None
-    protocol = declared().get(str(party.get("protocol")))
-    if protocol is None or not protocol.shared_model:
-        raise ConfigError(f"{folder}: a vertical model part scores only federatedly: "
-                          f"run fedboost predict on the run folder that holds job.json")
-    by_party, single = _data_files(data)
-    if len(by_party) + (single is not None) != 1:
-        raise ConfigError("--data CSV: the rows to score with this member's model")
-    path = single or next(iter(by_party.values()))
-    return _score_member(folder, str(party.get("party")), str(party.get("id_column", "id")),
-                         path, Path(out or folder / "scores.csv"))
-
-
-def _predict_member(model_dir: Path, config: Any, data: DataSource,
-                    out: str | os.PathLike[str] | None) -> PredictResult:
-    """Horizontal models are shared: a member scores its own rows locally, no federation."""
-    from flows.config import ConfigError
-
-    by_party, single = _data_files(data)
-    if len(by_party) + (single is not None) > 1:
-        raise ConfigError("--data: a horizontal model scores one member's file at a time "
-                          "(MEMBER=CSV)")
-    if single is not None:
-        raise ConfigError(f"--data {str(single)!r}: expected MEMBER=CSV with MEMBER one of "
-                          f"{', '.join(config.members)}")
-    member, path = config.members[0], None
-    if by_party:
-        member, path = next(iter(by_party.items()))
-        if member not in config.members:
-            raise ConfigError(f"--data {member}={path}: expected MEMBER=CSV with MEMBER one of "
-                              f"{', '.join(config.members)}")
-    entry = config.parties[member]
-    path = path or entry.data
-    if path is None:
-        raise ConfigError(f"--data: member {member}'s data file is not in {model_dir}/job.json "
-                          f"(trained over a broker): give --data {member}=CSV")
-    if not (model_dir / member / "model.json").exists():
-        raise ConfigError(f"{model_dir / member}: no model.json (over a broker each member's "
-                          f"worker keeps its copy: fedboost predict MODELS/{config.job}/{member} "
-                          f"--data CSV)")
-    return _score_member(model_dir / member, member, entry.id, Path(path),
-                         Path(out or model_dir / "scores.csv"))
-
-
-def _score_member(folder: Path, member: str, id_column: str, path: Path,
-                  out: Path) -> PredictResult:
-    """Write the scores of ``path``'s rows under the model in ``folder``."""
-    from boosting.tree import load_model, raw_decider
-    from workers.data import load_party_data
-    from workers.horizontal.tree import OWNER
-    from workers.vertical.scoring import write_scores_csv
-
-    started = time.perf_counter()
-    model = load_model(folder / "model.json")
-    rows = load_party_data(member, path, id_column, None, require_label=False,
-                           columns=list(model.features[OWNER]))
-    pred = model.predict(raw_decider({OWNER: rows.x}), len(rows.ids))
-    target = out.resolve()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    write_scores_csv(target, rows.ids, pred, model.params.objective)
-    return PredictResult(n_scored=len(rows.ids), seconds=time.perf_counter() - started,
-                         mode="local", party=member, scores_file=target)
+                       history=tree_history(result),
+                       model_parts=model_parts_in(out, list(config.parties)))
