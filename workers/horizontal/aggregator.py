@@ -58,6 +58,8 @@ class AggregatorJob:
     base: float = 0.0
     classes: int = 1
     """Trees per round: the union's classes in multiclass, else 1."""
+    columns_differ: bool = False
+    """The members' columns differed: no cuts were made, each member names its own file."""
 
     def tree_plan(self) -> PrivacyPlan | None:
         """The DPBoost plan over every tree grown (``n_trees * classes`` in multiclass, once

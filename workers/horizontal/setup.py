@@ -135,6 +135,7 @@ def _same_columns(ctx: StepContext, job: AggregatorJob, members: list[str]) -> b
     if any(r != reference for r in received):
         for m in members:  # each member then names its own file and its difference
             ctx.send(m, MsgType.H_CUTS, SharedCuts(list(reference), [], float("nan"), 0))
+        job.columns_differ = True
         return False
     job.columns = list(reference)
     return True
@@ -181,6 +182,8 @@ def outputs_per_round(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
     """The aggregator, once the cuts are out: the trees per round (the classes, or 1), which
     the flow needs to count the trees."""
     job: AggregatorJob = ctx.state
+    if job.columns_differ:  # the members' own errors name their files: not this party's to say
+        return MsgType.ACK, Ack(count=0)
     if not job.cuts:
         raise StageError(f"{ctx.party.name}: no cuts sent yet")
     return MsgType.ACK, Ack(count=job.classes)
