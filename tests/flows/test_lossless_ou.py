@@ -31,6 +31,7 @@ def test_student_regression_with_bin_sums_folded_by_the_passive_party_under_ou(
     assert result["train_rmse"] < 3.5
 
 
+@pytest.mark.heavy  # 30,000 rows over three parties (~4 min); breast, student and vehicle keep OU in CI
 def test_three_parties_complete_secure_subsample_under_ou(tmp_path: Path) -> None:
     config = config_with("default_credit_three_party.yaml", crypto=OU,
                          params={"n_trees": 2, "complete_secure": True, "subsample": 0.8,

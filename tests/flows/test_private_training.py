@@ -70,7 +70,7 @@ def test_horizontal_private_model_is_the_cores_private_model(tmp_path: Path) -> 
         margin[:, 0] += node_values(expected)[grower.node_of_row]
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # Paillier training with full-depth private trees: 'make test-all'
 def test_vertical_private_training_reports_the_composition_and_scores(tmp_path: Path) -> None:
     """breast (guest labels, host features), 4 trees in ensembles of 2, epsilon 8."""
     config = config_with("breast.yaml", params={"n_trees": 4, "max_depth": 2,
