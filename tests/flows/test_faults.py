@@ -119,7 +119,15 @@ def _finished_trees(log: str, job: str) -> Counter[int]:
 
 def test_passive_worker_killed_mid_tree_and_restarted(federation: Federation,
                                                       reference: Path) -> None:
-    job_file = federation.write_job("kill-host")
+    job = _kill_the_host_mid_tree_and_finish(federation, federation.write_job("kill-host"),
+                                             reference)
+    assert not (federation.models / job / federation.host / "checkpoints").exists()
+
+
+def _kill_the_host_mid_tree_and_finish(federation: Federation, job_file: Path,
+                                       reference: Path) -> str:
+    """SIGKILL the host worker at tree 1, depth 1, start it again; the flow resumes from the
+    checkpoints and ends with the reference model. Returns the job's name."""
     job = load_config(job_file).job
     flow = federation.train(job_file)
     mid_tree = re.compile(rf"job={re.escape(job)} step=BUILD_HISTOGRAMS task=\S+/t1/d1 ")
@@ -130,24 +138,15 @@ def test_passive_worker_killed_mid_tree_and_restarted(federation: Federation,
     output = _finish(flow)
     assert "resuming from the parties' checkpoints" in output, output[-3000:]
     _assert_same_model(federation, job, reference)
-    assert not (federation.models / job / federation.host / "checkpoints").exists()
+    return job
 
 
 def test_an_ou_job_resumes_after_the_passive_worker_is_killed_with_the_paillier_model(
         federation: Federation, reference: Path) -> None:
     """Okamoto-Uchiyama (crypto.scheme: ou): the checkpoints hold its key, the restarted host
     reads the key as the job names it, and the model is the Paillier run's (both are exact)."""
-    job_file = federation.write_job("kill-host-ou", crypto={"scheme": "ou"})
-    job = load_config(job_file).job
-    flow = federation.train(job_file)
-    mid_tree = re.compile(rf"job={re.escape(job)} step=BUILD_HISTOGRAMS task=\S+/t1/d1 ")
-    _wait_for(lambda: bool(mid_tree.search(federation.log(federation.host))), "tree 1, depth 1")
-    federation.procs[federation.host].send_signal(signal.SIGKILL)
-    federation.procs[federation.host].wait()
-    federation.start(federation.host)
-    output = _finish(flow)
-    assert "resuming from the parties' checkpoints" in output, output[-3000:]
-    _assert_same_model(federation, job, reference)
+    _kill_the_host_mid_tree_and_finish(
+        federation, federation.write_job("kill-host-ou", crypto={"scheme": "ou"}), reference)
 
 
 def test_flow_killed_mid_run_resumes_without_retraining(federation: Federation,
