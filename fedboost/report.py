@@ -251,6 +251,7 @@ def _summary(job: dict[str, Any], metrics: dict[str, Any], view: PartyView) -> s
             ["Completely SecureBoost", "yes" if params.get("complete_secure") else "no"],
             ["training seconds", metrics.get("train_seconds")],
             ["resumed after trees", metrics.get("resumed_after")], *_stopping(metrics),
+            *_privacy(metrics),
             *final]
     return _section("summary", "Run", _table([], rows))
 
@@ -268,14 +269,25 @@ def _stopping(metrics: dict[str, Any]) -> list[list[Any]]:
                 else f"all {grown} trees grown") + f"; the model keeps {metrics.get('n_trees')}"]]
 
 
+def _privacy(metrics: dict[str, Any]) -> list[list[Any]]:
+    """The summary's differential-privacy row, when the job had a ``privacy:`` block."""
+    if "epsilon" not in metrics:
+        return []
+    return [["differential privacy", f"epsilon {metrics['epsilon']:g}, spent "
+             f"{metrics.get('epsilon_spent', 0):g}, {metrics.get('trees_per_ensemble')} trees "
+             "per ensemble (docs/privacy.md)"]]
+
+
 def _learning(history: list[dict[str, Any]], metrics: dict[str, Any]) -> str:
     charts = run_charts.learning_curves(history, metrics)
     if not charts:
         return _section("learning-curves", "Learning curves", "<p>No metrics per tree.</p>")
     note = "" if any(k.startswith("valid_") for e in history for k in e) else (
         "<p>No validation rows in this run (validation.fraction 0): training metrics only.</p>")
+    spent = run_charts.epsilon_chart(history)
+    figures = [*charts.values(), *([spent] if spent else [])]
     return _section("learning-curves", "Learning curves: metrics after each tree",
-                    note + "".join(f'<figure>{svg}</figure>' for svg in charts.values()))
+                    note + "".join(f'<figure>{svg}</figure>' for svg in figures))
 
 
 def _timing(metrics: dict[str, Any], history: list[dict[str, Any]]) -> str:

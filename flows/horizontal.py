@@ -258,6 +258,9 @@ def _train(config: HorizontalJobConfig, progress: Any, members: Membership) -> d
         if not exc.reply.state_lost:
             raise
         logger.warning("%s; its model is saved, nothing left to close", exc)
+    if config.privacy is not None:  # the budget spent by each tree, for the learning curve
+        for k, entry in enumerate(history):
+            entry["epsilon_spent"] = config.privacy.spent(k + 1, n_trees)
     last = history[-1] if history else {}
     result: dict[str, Any] = {
         "n_aligned": rows, "n_train": rows, "n_valid": 0, "n_trees": n_trees,

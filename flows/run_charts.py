@@ -13,6 +13,8 @@ from flows.charts import bar_chart, line_chart
 
 LEAF_PURITY = "leaf_purity"
 """Per-tree metric of classification jobs (SecureBoost Table 2; vertical only)."""
+EPSILON_SPENT = "epsilon_spent"
+"""Per-tree entry of a differentially private job: the budget spent once that tree is grown."""
 
 
 def metric_series(history: Sequence[dict[str, Any]]) -> dict[str, list[float | None]]:
@@ -32,15 +34,36 @@ def learning_curves(history: Sequence[dict[str, Any]],
     """One line chart per metric kind (auc, logloss, ...): its train and valid lines; where
     early stopping kept the model (``metrics``' ``best_iteration``), a marker."""
     marker = kept_marker(metrics or {}, len(history))
+    private = privacy_label(metrics or {})
     series = metric_series(history)
     kinds = sorted({name.split("_", 1)[1] for name in series})
     charts = {}
     for kind in kinds:
         lines = {name: values for name, values in series.items()
                  if name.split("_", 1)[1] == kind}
-        charts[kind] = line_chart(lines, title=f"{kind} after each tree", x_label="trees",
-                                  y_label=kind, chart_id=f"curve-{kind}", marker=marker)
+        charts[kind] = line_chart(lines, title=f"{kind} after each tree{private}",
+                                  x_label="trees", y_label=kind, chart_id=f"curve-{kind}",
+                                  marker=marker)
     return charts
+
+
+def privacy_label(metrics: dict[str, Any]) -> str:
+    """The learning curves' title suffix of a differentially private job: its budget."""
+    epsilon = metrics.get("epsilon")
+    if not isinstance(epsilon, (int, float)):
+        return ""
+    return (f" (epsilon-DP, epsilon {epsilon:g}, spent {metrics.get('epsilon_spent', 0):g}, "
+            f"{metrics.get('trees_per_ensemble')} trees per ensemble)")
+
+
+def epsilon_chart(history: Sequence[dict[str, Any]]) -> str:
+    """Epsilon spent once each tree is grown (a step per ensemble), if the job was private."""
+    values = [_number(entry.get(EPSILON_SPENT)) for entry in history]
+    if not any(v is not None for v in values):
+        return ""
+    return line_chart({"epsilon spent": values}, title="privacy budget spent after each tree "
+                      "(docs/privacy.md)", x_label="trees", y_label="epsilon",
+                      chart_id="epsilon-spent")
 
 
 def kept_marker(metrics: dict[str, Any], grown: int) -> tuple[int, str] | None:
@@ -83,6 +106,11 @@ def publish(job: str, result: dict[str, Any]) -> None:
     parts = [f"# {job}: how the model learned", ""]
     for kind, svg in learning_curves(history, result).items():
         parts += [f"![{kind} after each tree]({svg_data_uri(svg)})", ""]
+    spent = epsilon_chart(history)
+    if spent:
+        parts += ["Differential privacy: each ensemble of trees spends its share of epsilon "
+                  "when its first tree is grown.", "", f"![epsilon spent]({svg_data_uri(spent)})",
+                  ""]
     purity = leaf_purity_chart(history)
     if purity:
         parts += ["Leaf purity: the mean share of a leaf's rows in its majority class, what a "

@@ -220,6 +220,9 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
                 logger.info("early stopping after %d trees: %s", tree + 1, stopper.says())
                 break
     trained = len(history)
+    if config.privacy is not None:  # the budget spent by each tree, for the learning curve
+        for k, entry in enumerate(history):
+            entry["epsilon_spent"] = config.privacy.spent(k + 1, n_trees)
     final: dict[str, float] = {}
     if aligned.n_valid:
         final, per_tree = evaluate_validation(job, active, passives, aligned.n_valid)

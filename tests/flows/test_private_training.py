@@ -25,6 +25,7 @@ from boosting.train import bin_block, grow_tree
 from boosting.tree import load_model, node_values
 from fedboost import embedded
 from fedboost.joined import pool_members
+from flows import run_charts
 from tests.flows.test_horizontal import assert_same_tree, members_model, params_of
 from tests.scenarios import config_with, horizontal_config
 from workers.data import load_party_data
@@ -45,6 +46,11 @@ def test_horizontal_private_model_is_the_cores_private_model(tmp_path: Path) -> 
     # two ensembles of three trees: each spends epsilon / 2, its trees in parallel
     assert result["epsilon"] == 2.0 and result["epsilon_spent"] == 2.0
     assert result["trees_per_ensemble"] == 3
+    assert [h["epsilon_spent"] for h in result["history"]] == [1.0] * 3 + [2.0] * 3
+    # the learning curves carry the budget; the report draws what was spent after each tree
+    assert all("epsilon 2, spent 2, 3 trees per ensemble" in svg
+               for svg in run_charts.learning_curves(result["history"], result).values())
+    assert "privacy budget spent after each tree" in run_charts.epsilon_chart(result["history"])
     model = members_model(tmp_path, config.members)
     assert all(len(tree.nodes) == 7 for tree in model.trees), "a private tree is always full"
     params = params_of(config)
