@@ -3,7 +3,11 @@ parties and awaits their replies, and the helpers every protocol flow shares.
 
 Each task sends one command to one or more parties and waits for their small typed replies.
 The link to the transport is attached per job by whoever starts the flow (the CLI for the
-embedded default), because a transport connection is not a flow parameter.
+embedded default), because a transport connection is not a flow parameter. It is attached to
+the caller's context (a ``ContextVar``), not to a module-level table: the flow runs in the
+caller's thread and Prefect runs a submitted task in a copy of the submitter's context
+(``ThreadPoolTaskRunner.submit``, prefect/task_runners.py), so a flow's tasks find its
+coordinator, and two jobs (or two runs of one job) in one process never see each other's.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -242,17 +247,24 @@ def _run_log() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
         return log
 
 
-_LINKS: dict[str, Coordinator] = {}
+_ATTACHED: ContextVar[Coordinator | None] = ContextVar("fedboost_coordinator", default=None)
+"""The coordinator of the job whose flow runs in this context (see the module's docstring)."""
 
 
-def attach(coordinator: Coordinator) -> None:
-    """Make a job's coordinator available to its flow's tasks."""
-    _LINKS[coordinator.job] = coordinator
+@contextmanager
+def attached(coordinator: Coordinator) -> Iterator[Coordinator]:
+    """Make a job's coordinator the one its flow's tasks reach while the block runs: the flow
+    must be called inside the block, in this thread (its submitted tasks inherit it)."""
+    token = _ATTACHED.set(coordinator)
+    try:
+        yield coordinator
+    finally:
+        _ATTACHED.reset(token)
 
 
-def detach(job: str) -> None:
-    """Forget a job's coordinator."""
-    _LINKS.pop(job, None)
+def _attached(job: str) -> Coordinator | None:
+    coordinator = _ATTACHED.get()
+    return coordinator if coordinator is not None and coordinator.job == job else None
 
 
 @contextmanager
@@ -261,8 +273,9 @@ def connected(config: JobConfig) -> Iterator[Coordinator]:
     its workers and attaches), or a new connection to the broker for the flow run's lifetime
     (deployments, ``fedboost train`` with ``transport.kind: rabbitmq``)."""
     job, transport = config.job, config.transport
-    if job in _LINKS:
-        yield _LINKS[job]
+    existing = _attached(job)
+    if existing is not None:
+        yield existing
         return
     if transport.kind != "rabbitmq":
         raise TransportError(f"job {job!r}: transport {transport.kind!r} has no running workers "
@@ -273,11 +286,10 @@ def connected(config: JobConfig) -> Iterator[Coordinator]:
                     "transport.password_file", job)
     coordinator = broker_coordinator(config, job, transport.step_timeout)
     endpoint: Any = coordinator.transport
-    attach(coordinator)
     try:
-        yield coordinator
+        with attached(coordinator):
+            yield coordinator
     finally:
-        detach(job)
         endpoint.delete_inbox()
         endpoint.close()
 
@@ -341,11 +353,11 @@ def record_tree(job: str, progress: Any, done: int, total: int, seconds: float,
 
 
 def link(job: str) -> Coordinator:
-    """The coordinator of a running job."""
-    try:
-        return _LINKS[job]
-    except KeyError:
-        raise TransportError(f"job {job!r} has no transport attached") from None
+    """The coordinator of the job whose flow runs in this context."""
+    coordinator = _attached(job)
+    if coordinator is None:
+        raise TransportError(f"job {job!r} has no transport attached")
+    return coordinator
 
 
 def step_id(kind: MsgType, tree: int = -1, depth: int = -1) -> str:
