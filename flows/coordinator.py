@@ -3,11 +3,9 @@ parties and awaits their replies, and the helpers every protocol flow shares.
 
 Each task sends one command to one or more parties and waits for their small typed replies.
 The link to the transport is attached per job by whoever starts the flow (the CLI for the
-embedded default), because a transport connection is not a flow parameter. It is attached to
-the caller's context (a ``ContextVar``), not to a module-level table: the flow runs in the
-caller's thread and Prefect runs a submitted task in a copy of the submitter's context
-(``ThreadPoolTaskRunner.submit``, prefect/task_runners.py), so a flow's tasks find its
-coordinator, and two jobs (or two runs of one job) in one process never see each other's.
+embedded default), because a transport connection is not a flow parameter: to the caller's
+context (a ``ContextVar``), which the flow shares and Prefect copies into each task it submits
+(``ThreadPoolTaskRunner.submit``), so two runs in one process never see each other's.
 """
 
 from __future__ import annotations
@@ -248,7 +246,6 @@ def _run_log() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
 
 
 _ATTACHED: ContextVar[Coordinator | None] = ContextVar("fedboost_coordinator", default=None)
-"""The coordinator of the job whose flow runs in this context (see the module's docstring)."""
 
 
 @contextmanager
@@ -262,19 +259,14 @@ def attached(coordinator: Coordinator) -> Iterator[Coordinator]:
         _ATTACHED.reset(token)
 
 
-def _attached(job: str) -> Coordinator | None:
-    coordinator = _ATTACHED.get()
-    return coordinator if coordinator is not None and coordinator.job == job else None
-
-
 @contextmanager
 def connected(config: JobConfig) -> Iterator[Coordinator]:
     """The job's coordinator: the one attached by the caller (the embedded default starts
     its workers and attaches), or a new connection to the broker for the flow run's lifetime
     (deployments, ``fedboost train`` with ``transport.kind: rabbitmq``)."""
     job, transport = config.job, config.transport
-    existing = _attached(job)
-    if existing is not None:
+    existing = _ATTACHED.get()
+    if existing is not None and existing.job == job:
         yield existing
         return
     if transport.kind != "rabbitmq":
@@ -354,8 +346,8 @@ def record_tree(job: str, progress: Any, done: int, total: int, seconds: float,
 
 def link(job: str) -> Coordinator:
     """The coordinator of the job whose flow runs in this context."""
-    coordinator = _attached(job)
-    if coordinator is None:
+    coordinator = _ATTACHED.get()
+    if coordinator is None or coordinator.job != job:
         raise TransportError(f"job {job!r} has no transport attached")
     return coordinator
 
