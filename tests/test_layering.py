@@ -209,3 +209,19 @@ def test_the_global_finder_sees_a_table_filled_by_a_function() -> None:
     constant = ast.parse("NAMES = {'a': 1}\ndef name(k):\n    return NAMES[k]\n")
     assert filled_globals(table) == ["_LINKS"]
     assert filled_globals(constant) == []
+
+
+MODULE_LINES = 400
+"""Past this a module is split by concern, or its docstring says why not: '... stays near N
+lines on purpose: ...' (as ``workers.runtime``)."""
+
+
+def test_a_long_module_says_why_in_its_docstring() -> None:
+    unexplained = []
+    for name, path in sorted(_modules().items()):
+        lines = len(path.read_text().splitlines())
+        docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if lines > MODULE_LINES and "lines on purpose" not in docstring:
+            unexplained.append(f"{name} ({lines} lines)")
+    assert not unexplained, ("split by concern, or say in the docstring why not ('... lines on "
+                             "purpose: ...'): " + ", ".join(unexplained))
