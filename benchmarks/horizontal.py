@@ -18,7 +18,7 @@ trees in one ensemble, depth 3, learning rate (DPBoost's eta) 0.5, reg_lambda 10
 ``none`` is the shipped config's non-private model (30 trees, lr 0.3, lambda 1, 32 bins).
 
 ``--cost``: the same job with and without masks, taking turns (``--rounds`` runs each). The
-unmasked runs replace ``workers.horizontal.member.mask_vector`` inside the worker processes by
+unmasked runs replace ``workers.horizontal.peers.mask_vector`` inside the worker processes by
 the identity (the aggregator's ``unmask_sum`` of plain vectors is their plain sum), so nothing
 else changes; the production code has no such switch. Prints seconds per tree of each, their
 ratio (over all trees, and without the first, which also loads the histogram kernel), and
@@ -159,9 +159,9 @@ def _serve_measured(unmasked: bool, log: str, target: Callable[..., None],
                     args: tuple[Any, ...]) -> None:
     """A worker process's entry point: time every ``mask_vector`` call of the member (one line
     per call in ``log``), with the masks left out if ``unmasked``; then serve as usual."""
-    import workers.horizontal.member as member
+    import workers.horizontal.peers as peers
 
-    real = member.mask_vector
+    real = peers.mask_vector
 
     def measured(values: Any, me: str, secrets: dict[str, bytes], round: Any) -> Any:  # noqa: A002
         start = time.perf_counter()
@@ -171,7 +171,7 @@ def _serve_measured(unmasked: bool, log: str, target: Callable[..., None],
                       f"{time.perf_counter() - start:.6f}\n")
         return masked
 
-    member.mask_vector = measured
+    peers.mask_vector = measured
     target(*args)
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import re
 import signal
 import sys
 import warnings
@@ -19,12 +17,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedboost import _prefect_env, api  # api imports flows late: Prefect's settings come first
+from fedboost import deployment_commands as deployment
+from fedboost.exit_codes import EXIT_INTERRUPTED, EXIT_USER_ERROR
 from fedboost.serving import add_command as add_serve_model
 from fedboost.serving import serve_model
-
-EXIT_USER_ERROR = 1
-EXIT_INTERRUPTED = 130
-"""Ctrl-C, as shells report a process ended by SIGINT."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    """Every command and its flags; those that set up a federation over RabbitMQ (worker,
+    serve, definitions, keys) run in ``fedboost.deployment_commands``."""
     parser = argparse.ArgumentParser(prog="fedboost", description=__doc__)
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     train = sub.add_parser("train", help="train federatedly (embedded default)")
@@ -140,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--health-file", help="touch this file while serving (health checks)")
     worker.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    worker.set_defaults(run=_worker)
+    worker.set_defaults(run=deployment.worker)
     serve = sub.add_parser("serve", help="serve every protocol's training flow as a Prefect "
                            "deployment (vertical_secureboost/NAME, horizontal/NAME, "
                            "simfl/NAME, vertical_random_forest/NAME)")
@@ -149,7 +147,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="a job file whose content becomes its protocol's deployment's default "
                             "parameter (repeat: one per protocol)")
     serve.add_argument("--cron", help="optional schedule, e.g. '0 2 * * *'")
-    serve.set_defaults(run=_serve)
+    serve.set_defaults(run=deployment.serve)
     add_serve_model(sub)
     defs = sub.add_parser("definitions", help="write RabbitMQ users and permissions per party")
     defs.add_argument("--party", action="append", required=True, metavar="NAME[=@FILE]",
@@ -160,7 +158,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="the flows' user's password file (default: FEDBOOST_FLOW_PASSWORD)")
     defs.add_argument("--vhost", default="/", help="the federation's virtual host (default /)")
     defs.add_argument("--out", type=Path, required=True, help="definitions.json to write")
-    defs.set_defaults(run=_definitions)
+    defs.set_defaults(run=deployment.definitions)
     keys = sub.add_parser("keys", help="make this party's (or the flows') Ed25519 signing key")
     keys.add_argument("--out", type=Path, required=True, help="key folder (signing.key_dir)")
     keys.add_argument("--name", action="append", required=True,
@@ -168,7 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     keys.add_argument("--local-trial", action="store_true",
                       help="allow several --name: every identity's private key on this one "
                            "machine, for trials where one operator runs the whole federation")
-    keys.set_defaults(run=_keys)
+    keys.set_defaults(run=deployment.keys)
     return parser
 
 
@@ -305,123 +303,6 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _worker(args: argparse.Namespace) -> int:
-    from fedboost.worker import run_workers
-    from flows.worker_config import load_worker_config
-    from messages import MessageError
-    from messages.broker_url import holds_password
-    from messages.signing import Sealer
-    from messages.tls import ssl_options_for
-
-    config = load_worker_config(args.config, args.party)
-    update: dict[str, Any] = {}
-    if args.processes is not None:
-        if args.processes < 1:
-            print("fedboost: error: --processes must be at least 1", file=sys.stderr)
-            return EXIT_USER_ERROR
-        update["processes"] = args.processes
-    if args.crypto_processes is not None:
-        if args.crypto_processes < 1:
-            print("fedboost: error: --crypto-processes must be at least 1", file=sys.stderr)
-            return EXIT_USER_ERROR
-        update["crypto_processes"] = args.crypto_processes
-    if args.no_make_ahead:
-        update["make_ahead"] = False
-    if args.models is not None:
-        update["models"] = args.models.resolve()
-    config = config.model_copy(update=update)
-    if holds_password(config.transport.url):
-        warnings.warn(api.broker_password_warning(args.config), api.FedboostWarning)
-    url = config.transport.amqp_url()  # a missing or unreadable password file: say so here
-    for name, path in config.data_files().items():
-        if not path.is_file():
-            print(f"fedboost: error: party {config.party}: data set {name}: data file {path} "
-                  f"not found", file=sys.stderr)
-            return EXIT_USER_ERROR
-    try:  # fail here, not in each process: the party's key must load
-        Sealer.from_folder(config.signing.key_dir, config.party)
-        ssl_options_for(config.party, url, config.transport.tls_options())
-    except MessageError as exc:
-        print(f"fedboost: error: party {config.party}: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    return run_workers(config, getattr(logging, args.log_level), args.health_file)
-
-
-def _serve(args: argparse.Namespace) -> int:
-    from prefect import serve
-
-    from flows.config import ConfigError, load_config
-    from flows.protocols import TITLES, TRAINING_FLOWS
-
-    parameters: dict[str, dict[str, Any]] = {}
-    for path in args.config:  # deployment parameters are stored in Prefect's database
-        config = api.keep_password_out(load_config(path), path)
-        if config.protocol in parameters:
-            raise ConfigError(f"--config {path}: a second job file of protocol "
-                              f"{config.protocol}; give one per protocol")
-        parameters[config.protocol] = {"config": json.loads(config.model_dump_json())}
-    if args.cron and not parameters:
-        raise ConfigError("--cron: a schedule needs the job it runs (--config JOB)")
-    deployments = [
-        flow.to_deployment(
-            # a schedule runs a deployment's default job: only those given one have it
-            name=args.name, parameters=parameters.get(protocol),
-            cron=args.cron if protocol in parameters else None,
-            tags=["fedboost", protocol],
-            description=f"{TITLES[protocol]} over RabbitMQ: the parameter is a job file's "
-                        f"content (protocol {protocol}, transport.kind rabbitmq); the parties' "
-                        f"workers must be running.")
-        for protocol, flow in TRAINING_FLOWS.items()]
-    serve(*deployments)
-    return 0
-
-
-def _definitions(args: argparse.Namespace) -> int:
-    from fedboost.broker import definitions, password_from
-
-    passwords = {}
-    for item in args.party:
-        name, sep, value = item.partition("=")
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}", name) or (sep and not value):
-            print(f"fedboost: error: --party {item!r}: expected NAME or NAME=@FILE",
-                  file=sys.stderr)
-            return EXIT_USER_ERROR
-        passwords[name] = password_from(f"--party {name}", name, value if sep else None)
-    flow = password_from("--flow-password", "flow", args.flow_password)
-    content = json.dumps(definitions(passwords, flow, args.vhost), indent=2) + "\n"
-    args.out.write_text(content)  # salted hashes only, never a password
-    print(f"wrote users, permissions and queues for {', '.join(sorted(passwords))} and flows "
-          f"to {args.out}")
-    return 0
-
-
-def _keys(args: argparse.Namespace) -> int:
-    from messages.signing import write_key_pair
-
-    names = list(dict.fromkeys(args.name))
-    if len(names) > 1 and not args.local_trial:
-        print("fedboost: error: --name given several times: each party makes its own key on its "
-              "own machine ('fedboost keys --name PARTY') and shares only the .pub; "
-              "--local-trial makes them all here, for a trial run by one operator",
-              file=sys.stderr)
-        return EXIT_USER_ERROR
-    for name in names:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}", name):
-            print(f"fedboost: error: --name {name!r}: a party name is 1-32 letters, digits, "
-                  f"'_', '-'", file=sys.stderr)
-            return EXIT_USER_ERROR
-    for name in names:
-        made = write_key_pair(args.out, name)
-        print(f"{'wrote' if made else 'kept existing'} {args.out / (name + '.key')} and .pub")
-    if args.local_trial:
-        print("local trial: this folder holds every identity's private key; in a federation each "
-              "party makes its own")
-    else:
-        print(f"keep {names[0]}.key here; send {names[0]}.pub to every party and the flows' "
-              f"runner, and put theirs in {args.out}")
-    return 0
-
-
 def _report(args: argparse.Namespace) -> int:
     print(f"wrote {api.report(args.run_dir, party=args.party, out=args.out)}")
     return 0
@@ -456,7 +337,8 @@ def _centralized(args: argparse.Namespace) -> int:
     return 0
 
 
-_STARTS_PROCESSES = (_train, _resume, _predict, _worker, _serve, serve_model)
+_STARTS_PROCESSES = (_train, _resume, _predict, deployment.worker, deployment.serve,
+                     serve_model)
 """Commands that start processes (the embedded default's workers, a worker's processes and
 crypto pools, Prefect's ephemeral server and flow runs), or serve until they are stopped."""
 

@@ -9,7 +9,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, TypeVar
 
-from flows.coordinator import DEFAULT_STEP_TIMEOUT, Coordinator, attach, detach
+from flows.coordinator import DEFAULT_STEP_TIMEOUT, Coordinator, attached
 from crypto.pool import default_processes
 from flows.config import AnyJobConfig
 from flows.declared import declaration, declared
@@ -76,18 +76,19 @@ def run_embedded(job: str, specs: list[PartySpec], run_flow: Callable[[], T], *,
     sealers = federation_sealers([s.name for s in specs], end_to_end=end_to_end)
     procs, helpers = start_workers(hub, specs, sealers, log_level)
     by_party = dict(zip([s.name for s in specs], procs, strict=True))
-    attach(Coordinator(job=job, transport=hub.endpoint(FLOW_ENDPOINT),
-                       sealer=sealers[FLOW_IDENTITY], timeout=step_timeout,
-                       parties=tuple(by_party), gone=lambda parties: exited(by_party, parties),
-                       presence=lambda parties: stopped(by_party, parties)))
+    coordinator = Coordinator(job=job, transport=hub.endpoint(FLOW_ENDPOINT),
+                              sealer=sealers[FLOW_IDENTITY], timeout=step_timeout,
+                              parties=tuple(by_party),
+                              gone=lambda parties: exited(by_party, parties),
+                              presence=lambda parties: stopped(by_party, parties))
     interrupted = False
     try:
-        return run_flow()
+        with attached(coordinator):  # the flow runs in this thread: its tasks find it
+            return run_flow()
     except KeyboardInterrupt:
         interrupted = True
         raise
     finally:
-        detach(job)
         everyone = [*procs, *helpers]
         for proc in everyone:  # a failed flow never sent CLOSE_JOB; helpers serve until told
             if proc.is_alive():

@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from fedboost.scoring_guard import Gate, GatePolicy
-from fedboost.scoring_link import Scored, ScoringFailure, ScoringLink
+from fedboost.scoring_link import ScoringLink
+from fedboost.scoring_session import Scored, ScoringFailure
 from fedboost.scoring_metrics import CONTENT_TYPE, AccessLog, ScoringMetrics
 
 MAX_ID_CHARS = 256

@@ -18,7 +18,8 @@ session (each party indexed its rows once, at open): asked again, they are score
 
 One thread owns the broker connection (pika's is not thread-safe). Requests queue here from any
 thread; whenever fewer than ``max_in_flight`` rounds are out, the queued requests, up to
-``max_rows`` rows, become one round: concurrent small requests are micro-batched.
+``max_rows`` rows, become one round: concurrent small requests are micro-batched. What a
+session is planned with and what its requests get back are in ``fedboost.scoring_session``.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from fedboost.scoring_session import (Done, LinkStats, Observer, Scored, ScoringFailure,
+                                      SessionPlan)
 from flows.coordinator import Coordinator, PartyError, step_id
 from messages import MessageError, TransportError
 from messages.bodies import ErrorReply, PartyInfo, Step
@@ -41,52 +43,6 @@ from messages.envelope import Envelope, MsgType
 from messages.rabbitmq import RabbitTransport
 
 log = logging.getLogger("fedboost.serving")
-
-
-@dataclass(frozen=True, slots=True)
-class SessionPlan:
-    """What a scoring session scores with, and how long a round may take."""
-
-    job: str
-    """The session's own job name (its state at each party)."""
-    model_job: str
-    protocol: str
-    active: str
-    passives: list[str]
-    datasets: dict[str, str]
-    """Each party's data set, by its name in the party's worker file ("": its default)."""
-    max_rows: int
-    timeout: float
-    """Seconds a round may take before the parties that did not answer are named (503)."""
-
-    @property
-    def parties(self) -> list[str]:
-        return [self.active, *self.passives]
-
-
-@dataclass(frozen=True, slots=True)
-class Scored:
-    """A request's predictions (rows x outputs) and the round that scored it."""
-
-    values: np.ndarray
-    round: int
-    rows_in_round: int
-
-
-class ScoringFailure(Exception):
-    """A request that cannot be scored: an HTTP status, one line, and the unknown ids."""
-
-    def __init__(self, status: int, message: str, unknown: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.unknown = unknown or []
-
-
-Done = Callable[[Scored | ScoringFailure], None]
-"""Called once per request, from the link's thread."""
-Observer = Callable[[str, str, float], None]
-"""Told (party, round kind: "find" or "score", seconds) for every party's answer to a round."""
 
 
 @dataclass(slots=True)
@@ -107,21 +63,6 @@ class _Round:
     ids: list[str]
     started: float
     replies: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class LinkStats:
-    """Counters the HTTP layer shows (``/healthz``): written by the link's thread only."""
-
-    requests: int = 0
-    rounds: int = 0
-    """Scoring rounds (membership rounds are counted in ``membership_rounds``)."""
-    rows: int = 0
-    failed: int = 0
-    opened_at: float = 0.0
-    membership_rounds: int = 0
-    all_answered_at: float = 0.0
-    """When every party last answered a round (monotonic; 0: never)."""
 
 
 class ScoringLink:

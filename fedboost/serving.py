@@ -103,7 +103,8 @@ def serve_model(args: argparse.Namespace) -> int:
     """Open the scoring session, serve HTTP until SIGTERM or Ctrl-C, close the session."""
     from workers.runtime import SWITCH_INTERVAL
 
-    from fedboost.scoring_link import ScoringLink, SessionPlan
+    from fedboost.scoring_link import ScoringLink
+    from fedboost.scoring_session import SessionPlan
     from fedboost.scoring_metrics import ScoringMetrics
     from flows.coordinator import PartyError, StepTimeout, broker_coordinator
     from messages import TransportError

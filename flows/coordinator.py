@@ -3,7 +3,9 @@ parties and awaits their replies, and the helpers every protocol flow shares.
 
 Each task sends one command to one or more parties and waits for their small typed replies.
 The link to the transport is attached per job by whoever starts the flow (the CLI for the
-embedded default), because a transport connection is not a flow parameter.
+embedded default), because a transport connection is not a flow parameter: to the caller's
+context (a ``ContextVar``), which the flow shares and Prefect copies into each task it submits
+(``ThreadPoolTaskRunner.submit``), so two runs in one process never see each other's.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -242,17 +245,18 @@ def _run_log() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
         return log
 
 
-_LINKS: dict[str, Coordinator] = {}
+_ATTACHED: ContextVar[Coordinator | None] = ContextVar("fedboost_coordinator", default=None)
 
 
-def attach(coordinator: Coordinator) -> None:
-    """Make a job's coordinator available to its flow's tasks."""
-    _LINKS[coordinator.job] = coordinator
-
-
-def detach(job: str) -> None:
-    """Forget a job's coordinator."""
-    _LINKS.pop(job, None)
+@contextmanager
+def attached(coordinator: Coordinator) -> Iterator[Coordinator]:
+    """Make a job's coordinator the one its flow's tasks reach while the block runs: the flow
+    must be called inside the block, in this thread (its submitted tasks inherit it)."""
+    token = _ATTACHED.set(coordinator)
+    try:
+        yield coordinator
+    finally:
+        _ATTACHED.reset(token)
 
 
 @contextmanager
@@ -261,8 +265,9 @@ def connected(config: JobConfig) -> Iterator[Coordinator]:
     its workers and attaches), or a new connection to the broker for the flow run's lifetime
     (deployments, ``fedboost train`` with ``transport.kind: rabbitmq``)."""
     job, transport = config.job, config.transport
-    if job in _LINKS:
-        yield _LINKS[job]
+    existing = _ATTACHED.get()
+    if existing is not None and existing.job == job:
+        yield existing
         return
     if transport.kind != "rabbitmq":
         raise TransportError(f"job {job!r}: transport {transport.kind!r} has no running workers "
@@ -273,11 +278,10 @@ def connected(config: JobConfig) -> Iterator[Coordinator]:
                     "transport.password_file", job)
     coordinator = broker_coordinator(config, job, transport.step_timeout)
     endpoint: Any = coordinator.transport
-    attach(coordinator)
     try:
-        yield coordinator
+        with attached(coordinator):
+            yield coordinator
     finally:
-        detach(job)
         endpoint.delete_inbox()
         endpoint.close()
 
@@ -341,11 +345,11 @@ def record_tree(job: str, progress: Any, done: int, total: int, seconds: float,
 
 
 def link(job: str) -> Coordinator:
-    """The coordinator of a running job."""
-    try:
-        return _LINKS[job]
-    except KeyError:
-        raise TransportError(f"job {job!r} has no transport attached") from None
+    """The coordinator of the job whose flow runs in this context."""
+    coordinator = _ATTACHED.get()
+    if coordinator is None or coordinator.job != job:
+        raise TransportError(f"job {job!r} has no transport attached")
+    return coordinator
 
 
 def step_id(kind: MsgType, tree: int = -1, depth: int = -1) -> str:

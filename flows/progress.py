@@ -2,7 +2,8 @@
 
 The flow runs in the process that started it (the embedded default, or ``fedboost train``
 over RabbitMQ); a listener registered there for the job (the command line's progress bar)
-hears every event. A flow run of a deployment has no listener: the Prefect UI shows its
+hears every event. It is registered in the caller's context (a ``ContextVar``), which the flow
+shares and Prefect copies into every task it submits, so a listener hears its own flows only. A flow run of a deployment has no listener: the Prefect UI shows its
 progress artifact instead. Events carry counts, seconds and training metrics, never data.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from flows.declared import declared
@@ -90,22 +92,28 @@ def step_text(step: str) -> str:
 ProgressEvent = StepProgress | TreeProgress | PartiesSilent
 Listener = Callable[[ProgressEvent], None]
 
-_LISTENERS: dict[str | None, Listener] = {}
+_LISTENING: ContextVar[tuple[str | None, Listener] | None] = ContextVar("fedboost_listener",
+                                                                        default=None)
+"""The job (``None``: any) whose progress this context's listener hears, and the listener."""
 
 
 @contextmanager
 def listening(job: str | None, listener: Listener) -> Iterator[None]:
-    """Let ``listener`` hear the progress of ``job``'s flow (``None``: of any job in this
-    process, as the command line runs one) while the block runs."""
-    _LISTENERS[job] = listener
+    """Let ``listener`` hear the progress of ``job``'s flow (``None``: of any job, as the
+    command line runs one) while the block runs; the flow must be called inside the block, in
+    this thread (its submitted tasks inherit the listener)."""
+    token = _LISTENING.set((job, listener))
     try:
         yield
     finally:
-        _LISTENERS.pop(job, None)
+        _LISTENING.reset(token)
 
 
 def _listener(job: str) -> Listener | None:
-    return _LISTENERS.get(job) or _LISTENERS.get(None)
+    entry = _LISTENING.get()
+    if entry is None or entry[0] not in (job, None):
+        return None
+    return entry[1]
 
 
 def report(job: str, event: ProgressEvent) -> None:

@@ -2,7 +2,9 @@
 flows import messages (and their own schema) but never boosting, crypto, workers or numpy;
 ``fedboost`` (the commands and the API) and ``benchmarks`` sit on top and never import
 ``tests``. And no module imports itself back through others: an import cycle, at module level or
-inside a function (a late import that only hides one), is a failure."""
+inside a function (a late import that only hides one), is a failure. Nor do the flows and the
+layer above hand live objects around through module globals: a module-level container that a
+function fills (a table of coordinators by job) is shared by every job of the process."""
 
 from __future__ import annotations
 
@@ -158,3 +160,68 @@ def test_the_cycle_finder_sees_late_imports_and_loops() -> None:
             if isinstance(n, ast.ImportFrom)] == ["typing"]
     assert import_cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
     assert import_cycles({"a": ["b"], "b": ["c"], "c": []}) == []
+
+
+FILLED_GLOBALS_BANNED = ("flows", "fedboost")
+_MUTATORS = {"append", "add", "extend", "insert", "setdefault", "update", "pop", "popitem",
+             "remove", "discard", "clear"}
+
+
+def filled_globals(tree: ast.Module) -> list[str]:
+    """Module-level lists, dicts and sets that a function of the module fills or empties."""
+    containers = set()
+    for node in tree.body:
+        value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+        if isinstance(value, ast.List | ast.Dict | ast.Set) or (
+                isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                and value.func.id in ("list", "dict", "set", "defaultdict")):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            containers |= {t.id for t in targets if isinstance(t, ast.Name)}
+    filled = set()
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store | ast.Del):
+                target = node.value
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in _MUTATORS:
+                target = node.func.value
+            else:
+                continue
+            if isinstance(target, ast.Name) and target.id in containers:
+                filled.add(target.id)
+    return sorted(filled)
+
+
+@pytest.mark.parametrize("package", FILLED_GLOBALS_BANNED)
+def test_no_module_global_is_filled_at_run_time(package: str) -> None:
+    for path in (REPO / package).rglob("*.py"):
+        filled = filled_globals(ast.parse(path.read_text()))
+        assert not filled, (f"{path.relative_to(REPO)}: {', '.join(filled)} filled by its "
+                            f"functions; attach per run (a ContextVar) or pass the object")
+
+
+def test_the_global_finder_sees_a_table_filled_by_a_function() -> None:
+    table = ast.parse("_LINKS: dict[str, object] = {}\n"
+                      "def attach(c):\n    _LINKS[c.job] = c\n"
+                      "def detach(job):\n    _LINKS.pop(job, None)\n")
+    constant = ast.parse("NAMES = {'a': 1}\ndef name(k):\n    return NAMES[k]\n")
+    assert filled_globals(table) == ["_LINKS"]
+    assert filled_globals(constant) == []
+
+
+MODULE_LINES = 400
+"""Past this a module is split by concern, or its docstring says why not: '... stays near N
+lines on purpose: ...' (as ``workers.runtime``)."""
+
+
+def test_a_long_module_says_why_in_its_docstring() -> None:
+    unexplained = []
+    for name, path in sorted(_modules().items()):
+        lines = len(path.read_text().splitlines())
+        docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if lines > MODULE_LINES and "lines on purpose" not in docstring:
+            unexplained.append(f"{name} ({lines} lines)")
+    assert not unexplained, ("split by concern, or say in the docstring why not ('... lines on "
+                             "purpose: ...'): " + ", ".join(unexplained))

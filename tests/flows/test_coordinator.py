@@ -3,19 +3,68 @@ or is gone, and a step that keeps waiting says for whom."""
 
 from __future__ import annotations
 
+import contextvars
 import re
 import threading
 import time
 import uuid
 
 import pytest
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.coordinator import Coordinator, PartyError, PartyGone, StepTimeout
-from flows.progress import PartiesSilent, listening
+from flows.coordinator import Coordinator, PartyError, PartyGone, StepTimeout, attached, link
+from flows.progress import PartiesSilent, TreeProgress, listening, report
+from messages import TransportError
 from messages.bodies import Ack, ErrorReply, Step
 from messages.envelope import Envelope, MsgType
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
+
+
+@task(cache_policy=NO_CACHE)
+def _whose_session(job: str) -> str:
+    report(job, TreeProgress(1, 1, 0.0))
+    return link(job).session
+
+
+@flow(task_runner=ThreadPoolTaskRunner(max_workers=4))
+def _two_submitted_tasks(job: str) -> list[str]:
+    futures = [_whose_session.submit(job) for _ in range(2)]
+    return [future.result() for future in futures]
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_each_run_reaches_its_own_coordinator_and_listener_from_its_tasks() -> None:
+    """Two runs of one job at once in one process, each attaching its coordinator and listener
+    in its own thread: the tasks Prefect runs in its pool threads reach those of their own run
+    only (a table by job in a module would hand both runs the same ones), and a thread that
+    attached nothing reaches none."""
+    sealer = federation_sealers([])["flow"]
+    both_attached, both_ran = threading.Barrier(2), threading.Barrier(2)
+    seen: dict[int, tuple[str, list[str], int]] = {}
+
+    def run(k: int) -> None:
+        coordinator = Coordinator("job", MemoryHub(["flow"]).endpoint("flow"), sealer)
+        heard: list[object] = []
+        with attached(coordinator), listening("job", heard.append):
+            both_attached.wait(30)
+            sessions = _two_submitted_tasks("job")
+            both_ran.wait(120)
+        seen[k] = (coordinator.session, sessions, len(heard))
+
+    runs = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for thread in runs:
+        thread.start()
+    for thread in runs:
+        thread.join(180)
+    assert sorted(seen) == [0, 1]
+    assert seen[0][0] != seen[1][0]
+    for session, sessions, heard in seen.values():
+        assert sessions == [session, session] and heard == 2
+    with pytest.raises(TransportError, match="no transport attached"):
+        link("job")
 
 
 def test_calls_in_flight_give_up_when_a_party_lost_the_state() -> None:
@@ -79,7 +128,8 @@ def test_a_step_says_whom_it_waits_for_and_fails_at_once_when_a_party_is_gone() 
             outcome.append(exc)
 
     with listening("job", heard.append):
-        waiting = threading.Thread(target=step)
+        # a thread of the flow's own, as Prefect starts a task's: in a copy of its context
+        waiting = threading.Thread(target=contextvars.copy_context().run, args=(step,))
         waiting.start()
         time.sleep(2.2)
         gone["host"] = "its worker process was killed by signal SIGKILL"

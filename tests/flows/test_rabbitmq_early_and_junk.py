@@ -27,7 +27,7 @@ import pika
 import pytest
 import yaml
 
-from flows.coordinator import attach, broker_coordinator, detach
+from flows.coordinator import attached, broker_coordinator
 from flows.config import AnyJobConfig, load_config
 from flows.horizontal import horizontal
 from messages import bodies as b
@@ -131,11 +131,10 @@ def test_a_members_mask_key_before_its_opener_is_kept_and_the_job_completes(
     coordinator = broker_coordinator(config, config.job, STEP_TIMEOUT)
     endpoint = coordinator.transport
     coordinator.transport = OpenerLast(endpoint, fed.names["host"], {fed.names["guest"]})
-    attach(coordinator)
     try:
-        result = horizontal(config)
+        with attached(coordinator):
+            result = horizontal(config)
     finally:
-        detach(config.job)
         endpoint.delete_inbox()
         endpoint.close()
     assert result["members"] == [fed.names["guest"], fed.names["host"]]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from fedboost.local_workers import start_worker, stop_workers
-from flows.coordinator import Coordinator, align_entities, attach, detach
+from flows.coordinator import Coordinator, align_entities, attached
 from flows.config import load_config
 from flows.secureboost import bin_features, job_spec, open_job, vertical_secureboost
 from messages.envelope import MsgType
@@ -81,9 +81,8 @@ def test_replayed_open_and_close_after_a_restart_are_refused(rabbit_url: str,
     second = RabbitTransport(f"flow.{job}.second", rabbit_url, party=False)
     try:
         # run 1, complete; the tap keeps what the flow sent the host
-        attach(Coordinator(job, first, flow_sealer, timeout=300))  # type: ignore[arg-type]
-        vertical_secureboost(config)
-        detach(job)
+        with attached(Coordinator(job, first, flow_sealer, timeout=300)):  # type: ignore[arg-type]
+            vertical_secureboost(config)
         model = tmp_path / "models" / job / guest / "model.json"
         uninterrupted = model.read_bytes()
         reader = Sealer.from_folder(tmp_path / "keys", FLOW_IDENTITY)
@@ -91,11 +90,10 @@ def test_replayed_open_and_close_after_a_restart_are_refused(rabbit_url: str,
         replays = [captured[MsgType.OPEN_JOB], captured[MsgType.CLOSE_JOB]]
 
         # run 2 stops after binning (its flow died): the host holds a checkpoint to resume
-        attach(Coordinator(job, second, flow_sealer, timeout=300))
-        open_job.fn(job, [guest, host], job_spec(config))
-        align_entities.fn(job, guest, [host])
-        bin_features.fn(job, guest, [host])
-        detach(job)
+        with attached(Coordinator(job, second, flow_sealer, timeout=300)):
+            open_job.fn(job, [guest, host], job_spec(config))
+            align_entities.fn(job, guest, [host])
+            bin_features.fn(job, guest, [host])
         checkpoints = tmp_path / "models" / job / host / "checkpoints"
         held = sorted(p.name for p in checkpoints.iterdir())
         assert held == ["trees-000000.ckpt"]
@@ -120,12 +118,11 @@ def test_replayed_open_and_close_after_a_restart_are_refused(rabbit_url: str,
         assert sorted(p.name for p in checkpoints.iterdir()) == held
 
         # run 3: the worker still serves, and resumes from the checkpoint the replay spared
-        attach(Coordinator(job, second, flow_sealer, timeout=300))
-        result = vertical_secureboost(config)
+        with attached(Coordinator(job, second, flow_sealer, timeout=300)):
+            result = vertical_secureboost(config)
         assert result["n_trees"] == 2 and "step=RESUME_JOB" in logs[host].read_text()
         assert model.read_bytes() == uninterrupted
     finally:
-        detach(job)
         for endpoint in (first.inner, second):
             endpoint.delete_inbox()
             endpoint.close()

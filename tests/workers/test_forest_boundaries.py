@@ -27,7 +27,8 @@ from messages.forest import (EncryptedLabels, ForestApplied, ForestSpec, LevelRe
                              NodeRequest)
 from messages.instance_space import encode_mask
 from workers import ProtocolError
-from workers.forest.active import GrowingTree, _collect_applied
+from workers.forest.active_state import GrowingTree
+from workers.forest.growing import collect_applied
 from workers.forest.passive import (PassiveForest, _check_label_shape, _histograms, _route,
                                     _start_tree)
 from workers.mailbox import Mailbox
@@ -170,9 +171,9 @@ def test_the_active_party_takes_only_the_splits_it_asked_for() -> None:
              "leaves a child empty"),
             (ForestApplied(0, 0, [0], [5], [half[:2]]), "the wrong rows")):
         with pytest.raises(ProtocolError, match=why):
-            _collect_applied(_active_ctx(applied), state, _grown())  # type: ignore[arg-type]
+            collect_applied(_active_ctx(applied), state, _grown())  # type: ignore[arg-type]
     grown = _grown()
-    _collect_applied(_active_ctx(ForestApplied(0, 0, [0], [5], [half])), state,  # type: ignore[arg-type]
-                     grown)
+    collect_applied(_active_ctx(ForestApplied(0, 0, [0], [5], [half])), state,  # type: ignore[arg-type]
+                    grown)
     assert grown.nodes[0] == {"owner": "host", "record_id": 5, "left": 1, "right": 2}
     assert (grown.node_of_row == 1).sum() == ROWS // 2

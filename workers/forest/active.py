@@ -8,6 +8,9 @@ split by Gini (classification) or variance (regression) over its own and the pas
 features, or a random allowed one where none lowers the impurity (``workers.forest.splits``).
 It learns the instance spaces of every node and the leaf values, never a
 passive party's feature, threshold, or which child of its split holds the lower values.
+
+Its state is in ``workers.forest.active_state``, a tree's rows, splits and assembly in
+``workers.forest.growing``; here are its steps.
 """
 
 from __future__ import annotations
@@ -16,33 +19,30 @@ import hashlib
 import hmac
 import logging
 import time
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from boosting._typing import FloatArray, IntArray
 from boosting.binning import goes_left, split_threshold
 from boosting.forest import (bootstrap_weights, draw_features, features_per_node,
-                             label_channels, leaf_value, node_rng, tree_rng)
-from boosting.losses import n_outputs
-from boosting.params import BoostParams
-from boosting.tree import Model, Tree, TreeNode, save_model, write_json_atomic
+                             label_channels, node_rng, tree_rng)
+from boosting.tree import Tree, TreeNode, save_model, write_json_atomic
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
-from crypto.schemes import PrivateKey, PublicKey, ciphertexts_to_bytes, generate_keypair
+from crypto.schemes import ciphertexts_to_bytes, generate_keypair
 from messages.bodies import Ack
-from messages.secureboost import NodeSplit, SplitChoice, SplitsFound
+from messages.secureboost import SplitChoice, SplitsFound
 from messages.envelope import MsgType
-from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestApplied,
-                             ForestOpened, ForestSplits, ForestSpec, LevelHistograms,
-                             LevelRequest, NodeRequest, OpenForest, TreeCommand)
-from messages.instance_space import encode_mask
+from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestOpened,
+                             ForestSplits, LevelHistograms, LevelRequest, NodeRequest,
+                             OpenForest, TreeCommand)
 from workers import ProtocolError, StageError
 from workers import checkpoint
 from workers.data import save_categories
 from workers.forest import trees as kept
+from workers.forest.active_state import ActiveForest, GrowingTree, params_of
+from workers.forest.growing import assemble, collect_applied, rows_of, split_node
 from workers.forest.splits import (Decryption, FeatureOption, choose_split, own_options,
                                    passive_options)
 from workers.handlers import StepContext
@@ -55,87 +55,6 @@ log = logging.getLogger("fedboost.worker")
 PROTOCOL = "vertical_random_forest"
 REGRESSION_BITS = 40
 """Fixed-point bits of a regression target's encrypted channel (relative to its largest |y|)."""
-
-
-def params_of(spec: ForestSpec) -> BoostParams:
-    """The model file's parameters (a forest has no learning rate: 1)."""
-    return BoostParams(n_trees=spec.n_trees, max_depth=spec.max_depth, learning_rate=1.0,
-                       max_bin=spec.max_bin, objective=spec.objective,  # type: ignore[arg-type]
-                       min_samples_leaf=spec.min_samples_leaf, seed=spec.seed)
-
-
-@dataclass(slots=True)
-class GrowingTree:
-    """One tree being grown (one attempt of it)."""
-
-    tree: int
-    work: int
-    weights: IntArray
-    node_of_row: IntArray
-    """Node of each training row in the sample (-1: not drawn)."""
-    depth: int = 0
-    level: list[int] = field(default_factory=list)
-    """Nodes of the current level that are being split (their histograms asked for)."""
-    next_id: int = 1
-    nodes: dict[int, dict[str, Any]] = field(default_factory=dict)
-    """Internal nodes: children, owner and (own) feature/threshold or (passive) record id."""
-    own_features: dict[int, IntArray] = field(default_factory=dict)
-    asked: dict[str, dict[int, list[int]]] = field(default_factory=dict)
-    """Per passive party, per node, the features (its own indices) asked this level."""
-    broadcast: list[NodeSplit] = field(default_factory=list)
-    """Splits of the previous level, for every passive party to route its rows."""
-    waiting: dict[str, set[int]] = field(default_factory=dict)
-    """Per owner, the nodes whose split it must still apply (and send back)."""
-
-
-@dataclass(slots=True)
-class ActiveForest:
-    """The active party's state of a forest job."""
-
-    spec: ForestSpec
-    params: BoostParams
-    public: PublicKey
-    private: PrivateKey
-    n_classes: int = 0
-    y: FloatArray = field(default_factory=lambda: np.empty(0))
-    channels: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
-    packer: GradientPacker | None = None
-    packing: BinSumPacking | None = None
-    scale: float = 1.0
-    """Fixed-point scale of the encrypted channels (regression; 1 for classes)."""
-    feature_counts: dict[str, int] = field(default_factory=dict)
-    node_keys: tuple[int, int] = (0, 0)
-    """Keys of the nodes' feature draws and of their random splits: known to this party
-    alone, so no other party replays them from the job's public seed."""
-    labels_sent: bool = False
-    trees: dict[int, list[Tree]] = field(default_factory=dict)
-    """Finished trees (one per output), leaf values not yet divided by the number of trees."""
-    growing: dict[int, GrowingTree] = field(default_factory=dict)
-    saved: list[int] | None = None
-    """The trees of the saved forest (what validation scores)."""
-    score_margin: np.ndarray | None = None
-
-    @property
-    def outputs(self) -> int:
-        return n_outputs(self.params.objective, self.n_classes)
-
-    def finish(self, margin: FloatArray) -> FloatArray:
-        """The forest's prediction is the sum of its (divided) leaves."""
-        return margin
-
-    def scoring_model(self) -> Model:
-        """The saved forest, else the trees finished so far."""
-        return self.model({}, self.saved)
-
-    def model(self, features: dict[str, tuple[str, ...]], only: list[int] | None = None) -> Model:
-        """The forest over ``only`` (default: every finished tree), leaves averaged."""
-        chosen = sorted(self.trees) if only is None else only
-        count = max(1, len(chosen))
-        trees = tuple(Tree(nodes=tuple(replace(n, value=n.value / count) for n in t.nodes),
-                           output=t.output)
-                      for k in chosen for t in self.trees[k])
-        return Model(self.params, (0.0,) * self.outputs, self.n_classes, trees, features,
-                     ensemble="forest")
 
 
 def _fields(node: TreeNode) -> dict[str, Any]:
@@ -269,7 +188,7 @@ def grow_level(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
         if grown.depth != body.depth - 1:
             raise StageError(f"level {body.depth} of tree work {body.work}: the tree is at "
                              f"level {grown.depth}")
-        _collect_applied(ctx, state, grown)
+        collect_applied(ctx, state, grown)
         grown.depth = body.depth
         candidates = [c for s in grown.broadcast for c in (s.left_id, s.right_id)]
     grown.level = [n for n in candidates if _splittable(run, grown, n, body.depth)]
@@ -279,7 +198,7 @@ def grow_level(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     k = features_per_node(run.spec.max_features, len(features))
     grown.own_features, grown.asked = {}, {p: {} for p in state.passives}
     for node in grown.level:
-        rng = node_rng(run.spec.seed, tree, body.depth, int(_rows_of(grown, node)[0]),
+        rng = node_rng(run.spec.seed, tree, body.depth, int(rows_of(grown, node)[0]),
                        run.node_keys[0])
         drawn = [features[i] for i in draw_features(rng, len(features), k)]
         grown.own_features[node] = np.array([f for o, f in drawn if o == state.party],
@@ -300,15 +219,11 @@ def grow_level(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=len(grown.level))
 
 
-def _rows_of(grown: GrowingTree, node: int) -> IntArray:
-    return np.flatnonzero(grown.node_of_row == node)
-
-
 def _splittable(run: ActiveForest, grown: GrowingTree, node: int, depth: int) -> bool:
     """A node may split if the depth allows and it has room for two leaves (distinct rows):
     what passive parties check themselves. Pure nodes too (``workers.forest.splits``)."""
     return depth < run.spec.max_depth \
-        and _rows_of(grown, node).size >= 2 * run.spec.min_samples_leaf
+        and rows_of(grown, node).size >= 2 * run.spec.min_samples_leaf
 
 
 def find_splits(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
@@ -332,7 +247,7 @@ def find_splits(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     owners: dict[str, list[SplitChoice]] = {}
     n_splits = 0
     for node in grown.level:
-        rows = _rows_of(grown, node)
+        rows = rows_of(grown, node)
         w = grown.weights[rows].astype(np.float64)
         options[node] += [own_options(state.party, run.params.objective, bins[rows, f], w,
                                       run.channels[rows], f, how.n_bins, how.min_samples_leaf)
@@ -350,7 +265,7 @@ def find_splits(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
                                  "threshold": split_threshold(state.cuts[split.feature],
                                                               split.bin),
                                  "missing_left": split.missing_left}
-            _split_node(grown, node, left)
+            split_node(grown, node, left)
         else:
             owners.setdefault(owner, []).append(SplitChoice(node, split.feature, split.bin,
                                                             split.missing_left))
@@ -368,46 +283,13 @@ def _decryption(run: ActiveForest) -> Decryption:
                       run.params.objective, run.params.max_bin + 1, run.spec.min_samples_leaf)
 
 
-def _split_node(grown: GrowingTree, node: int, left: np.ndarray) -> None:
-    """Give ``node`` two new children; ``left`` over its sampled rows (ascending)."""
-    rows = _rows_of(grown, node)
-    left_id, right_id = grown.next_id, grown.next_id + 1
-    grown.next_id += 2
-    grown.nodes[node].update(left=left_id, right=right_id)
-    grown.node_of_row[rows[left]] = left_id
-    grown.node_of_row[rows[~left]] = right_id
-    grown.broadcast.append(NodeSplit(node, left_id, right_id, encode_mask(left)))
-
-
-def _collect_applied(ctx: StepContext, state: JobState, grown: GrowingTree) -> None:
-    """Take the owners' answers for the previous level's passive splits."""
-    ctx.mailbox.require(*[(MsgType.F_APPLIED, owner, grown.work, grown.depth)
-                          for owner in grown.waiting])
-    for owner, nodes in grown.waiting.items():
-        msg: ForestApplied = ctx.mailbox.take(MsgType.F_APPLIED, owner, grown.work, grown.depth)
-        if set(msg.nodes) != nodes or len(msg.nodes) != len(set(msg.nodes)) \
-                or not len(msg.nodes) == len(msg.records) == len(msg.first):
-            raise ProtocolError(f"{owner} applied splits of nodes {sorted(msg.nodes)}, asked "
-                                f"{sorted(nodes)}")
-        for node, record, first in zip(msg.nodes, msg.records, msg.first):
-            size = _rows_of(grown, node).size
-            if len(first) != (size + 7) // 8:
-                raise ProtocolError(f"{owner}: node {node}'s children cover the wrong rows")
-            left = np.unpackbits(np.frombuffer(first, dtype=np.uint8), count=size).astype(bool)
-            if left.all() or not left.any():
-                raise ProtocolError(f"{owner}: node {node}'s split leaves a child empty")
-            grown.nodes[node] = {"owner": owner, "record_id": int(record)}
-            _split_node(grown, node, left)
-    grown.waiting = {}
-
-
 def finish_tree(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     """Take the last splits, compute the leaves, keep the tree on disk."""
     state: JobState = ctx.state
     run: ActiveForest = state.role_state
     grown = _growing(run, body.work)
-    _collect_applied(ctx, state, grown)
-    trees = _assemble(run, grown)
+    collect_applied(ctx, state, grown)
+    trees = assemble(run, grown)
     kept.save_tree(ctx.model_dir, checkpoint.key_of(ctx.party), state.digest, grown.tree,
                    [{"output": t.output, "nodes": [_fields(n) for n in t.nodes]}
                     for t in trees])
@@ -415,40 +297,6 @@ def finish_tree(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     run.growing.pop(body.work, None)
     ctx.mailbox.drop_tree(body.work)
     return MsgType.ACK, Ack(count=sum(len(t.nodes) for t in trees))
-
-
-def _assemble(run: ActiveForest, grown: GrowingTree) -> list[Tree]:
-    """The tree per output, nodes parents-first, leaves with undivided values."""
-    leaves = {}
-    children = [0]
-    order = []
-    while children:
-        node = children.pop(0)
-        order.append(node)
-        inner = grown.nodes.get(node)
-        if inner is not None and "left" in inner:
-            children += [inner["left"], inner["right"]]
-        else:
-            rows = _rows_of(grown, node)
-            leaves[node] = leaf_value(run.params.objective, run.y[rows],
-                                      grown.weights[rows].astype(np.float64), run.n_classes, 1)
-    trees = []
-    for output in range(run.outputs):
-        nodes = []
-        for node in sorted(order):
-            inner = grown.nodes.get(node)
-            if node in leaves:
-                nodes.append(TreeNode(id=node, value=float(leaves[node][output])))
-            else:
-                assert inner is not None
-                nodes.append(TreeNode(id=node, left=inner["left"], right=inner["right"],
-                                      owner=inner["owner"], feature=inner.get("feature", -1),
-                                      bin=inner.get("bin", -1),
-                                      threshold=inner.get("threshold", float("nan")),
-                                      missing_left=inner.get("missing_left", False),
-                                      record_id=inner.get("record_id", -1)))
-        trees.append(Tree(nodes=tuple(nodes), output=output))
-    return trees
 
 
 def save_model_part(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:

@@ -29,9 +29,9 @@ from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, L
 from workers import NotReady, ProtocolError, StageError, checkpoint
 from workers.horizontal.grid import GridRounds
 from workers.horizontal.masking import unmask_sum, unseal_sum
-from workers.horizontal.member import (PROTOCOL, STATE_FORMAT, _take_current, aggregator_of,
-                                       load_checkpoint, members_of, params_of, private_plan,
-                                       require_current)
+from workers.horizontal.attempts import require_current, take_current
+from workers.horizontal.member import (PROTOCOL, STATE_FORMAT, aggregator_of, load_checkpoint,
+                                       members_of, params_of, private_plan)
 from workers.handlers import StepContext
 from workers.horizontal.tree import SplitChooser, SummedTree
 from workers.policy import check_protocol
@@ -119,8 +119,8 @@ def agree_scale(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
         raise StageError(f"{ctx.party.name}: tree {body.tree} asked, {len(job.trees)} done")
     _check_live(ctx, job, body)
     require_current(ctx, MsgType.H_GRADIENT_RANGE, body.members, body.tree, -1, body.attempt)
-    ranges: list[GradientRange] = [_take_current(ctx, MsgType.H_GRADIENT_RANGE, m, body.tree, -1,
-                                                 body.attempt) for m in body.members]
+    ranges: list[GradientRange] = [take_current(ctx, MsgType.H_GRADIENT_RANGE, m, body.tree, -1,
+                                                body.attempt) for m in body.members]
     for m, r in zip(body.members, ranges):
         if not (0 < r.rows <= 2 ** 40 and -1100 < r.g_exponent < 1100
                 and -1100 < r.h_exponent < 1100):

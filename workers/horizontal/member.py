@@ -8,40 +8,40 @@ of a round; each round's vector is masked once. A tree's root histograms are als
 the member releases their round key for one member set per tree only
 (``workers.horizontal.released``): the aggregator never holds two sums of a tree's root over
 different members.
+
+Its state is in ``workers.horizontal.member_state``, its exchanges with the other members in
+``workers.horizontal.peers``; here are its steps.
 """
 
 from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from boosting import BoostingError
-from boosting._typing import BinMatrix, FloatArray, IntArray
+from boosting._typing import FloatArray
 from boosting.binning import apply_cuts
 from boosting.fixedpoint import peak_exponent, quantize_at
 from boosting.losses import gradients, transform
 from boosting.metrics import evaluate
 from boosting.params import BoostParams
 from boosting.privacy import PrivacyPlan, deal_rows, keep_rows
-from boosting.tree import Model, Tree, node_values
+from boosting.tree import node_values
 from messages.bodies import Ack, Metric, Opened, Resumed, ResumeJob, Step, TreeFinished
 from messages.envelope import MsgType
 from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, LeafValues,
-                                 LevelSplits, MaskedVector, MaskPublicKey, OpenHorizontal, Round,
-                                 RoundKey, SealShare)
+                                 LevelSplits, OpenHorizontal, Round, RoundKey)
 from workers import DataError, ProtocolError, StageError, checkpoint
-from workers.data import PartyData
 from workers.horizontal import released
-from workers.horizontal.grid import Layout
-from workers.horizontal.masking import (SEAL_BYTES, MaskKey, MaskRound, mask_vector,
-                                        open_seal_share, pair_secret, round_seal_key,
-                                        seal_share, seal_vector)
+from workers.horizontal.masking import SEAL_BYTES, MaskKey, MaskRound
 from workers.handlers import StepContext
-from workers.horizontal.tree import OWNER, MemberTree, assemble
+from workers.horizontal.attempts import take_current
+from workers.horizontal.member_state import MemberJob
+from workers.horizontal.peers import announce_key, pair_secrets, round_key, send_masked
+from workers.horizontal.tree import MemberTree, assemble
 from workers.policy import check_protocol
 from workers.row_partitioned import (aggregator_of, load_member_data, members_of, params_of,
                                      save_member_model)
@@ -55,84 +55,6 @@ MAX_CLASSES = 256
 """Multiclass labels a member may hold: 0..255. Each member's masked set-up stats count its
 rows per class over all of them, so the sum tells the aggregator the union's classes without
 any member's highest label."""
-
-
-@dataclass(slots=True)
-class MemberJob:
-    """A member's state of one horizontal job."""
-
-    spec: HorizontalSpec
-    params: BoostParams
-    data: PartyData
-    data_file: str
-    id_column: str
-    digest: str
-    aggregator: str
-    mask_key: MaskKey
-    seal: bytes
-    """This member's seal contribution of this session (``masking.round_seal_key``)."""
-    released: dict[str, list[str]]
-    """Tree prefix -> the members whose root round this member released a key for."""
-    announced: bool = False
-    """Whether the other members were sent this session's mask public key."""
-    peers: dict[str, bytes] = field(default_factory=dict)
-    """Pair secret with each other member (from their public keys)."""
-    seals: dict[str, bytes] = field(default_factory=dict)
-    """Every other member's seal contribution (from its encrypted share)."""
-    masked: set[tuple[str, int, int, int]] = field(default_factory=set)
-    """Rounds this member has masked a vector in: never two vectors under one mask."""
-    layouts: list[Layout] = field(default_factory=list)
-    """The set-up grid's cells per feature (``workers.horizontal.grid``)."""
-    grid_round: int = -1
-    cuts: list[FloatArray] = field(default_factory=list)
-    bins: BinMatrix | None = None
-    base: float = 0.0
-    classes: int = 1
-    """Trees per round: the union's classes in multiclass, else 1 (``SharedCuts.classes``)."""
-    margin: FloatArray | None = None
-    """Rows x outputs: the model so far on this member's rows."""
-    round_margin: FloatArray | None = None
-    """The margins at the start of the current round: every class's tree of a round is grown
-    on the gradients of the same margins, as the core grows them."""
-    trees: list[Tree] = field(default_factory=list)
-    history: list[TreeFinished] = field(default_factory=list)
-    run: str = ""
-    # the tree in progress
-    round: tuple[int, int] = (-1, -1)
-    """(tree, attempt) of the tree being grown."""
-    live: list[str] = field(default_factory=list)
-    prefix: str = ""
-    """The tree in progress's name (``released.tree_prefix``)."""
-    opened: tuple[int, int] = (-1, -1)
-    """(tree, attempt) whose root round this member released the key of."""
-    grad: FloatArray | None = None
-    hess: FloatArray | None = None
-    g_ints: IntArray | None = None
-    h_ints: IntArray | None = None
-    tree: MemberTree | None = None
-
-    @property
-    def y(self) -> FloatArray:
-        assert self.data.y is not None
-        return self.data.y
-
-    def require_bins(self) -> BinMatrix:
-        if self.bins is None:
-            raise StageError(f"{self.data_file}: rows are not binned yet")
-        return self.bins
-
-    def model(self) -> Model:
-        return shared_model(self.params, self.base, self.classes, self.trees, self.data.names)
-
-
-def shared_model(params: BoostParams, base: float, classes: int, trees: list[Tree],
-                 names: tuple[str, ...]) -> Model:
-    """The model a row-partitioned job's members share: one base score, or zero margins for
-    each of the ``classes`` in multiclass (as ``boosting.losses.base_score``)."""
-    if params.objective == "multiclass":
-        return Model(params, (0.0,) * classes, classes, tuple(trees), {OWNER: names})
-    n_classes = 2 if params.objective == "binary" else 1
-    return Model(params, (base,), n_classes, tuple(trees), {OWNER: names})
 
 
 def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
@@ -168,63 +90,6 @@ def _check_labels(me: str, path: str, objective: str, y: FloatArray) -> None:
         if wrong.any():
             raise DataError(f"party {me}: file {path}: objective multiclass needs labels "
                             f"0..{MAX_CLASSES - 1}, found {y[wrong][0]:g}")
-
-
-def announce_key(ctx: StepContext, job: MemberJob, members: list[str]) -> None:
-    """Send the other members this session's mask public key, once: from the first step after
-    the flow heard every party open the job (a key sent while opening could reach a member
-    that has not opened it yet, which would drop it)."""
-    if job.announced:
-        return
-    for peer in members:
-        if peer != ctx.party.name:
-            ctx.send(peer, MsgType.H_MASK_KEY, MaskPublicKey(job.mask_key.public_bytes()))
-    job.announced = True
-
-
-def pair_secrets(ctx: StepContext, job: MemberJob, members: list[str]) -> None:
-    """The pair secret with every other member of ``members``, once their keys are in; each
-    new peer gets this member's seal contribution under it."""
-    me = ctx.party.name
-    others = [m for m in members if m != me and m not in job.peers]
-    ctx.mailbox.require(*[(MsgType.H_MASK_KEY, m, -1, -1) for m in others])
-    for peer in others:
-        key: MaskPublicKey = ctx.mailbox.take(MsgType.H_MASK_KEY, peer)
-        job.peers[peer] = pair_secret(job.mask_key, key.key, ctx.job, me, peer)
-        nonce, sealed = seal_share(job.peers[peer], job.seal, ctx.job, me, peer)
-        ctx.send(peer, MsgType.H_SEAL_KEY, SealShare(nonce, sealed))
-
-
-def _round_key(ctx: StepContext, job: MemberJob, round_: MaskRound) -> bytes:
-    """The seal key of a round of the live members, once their contributions are in."""
-    me = ctx.party.name
-    others = [m for m in job.live if m != me and m not in job.seals]
-    ctx.mailbox.require(*[(MsgType.H_SEAL_KEY, m, -1, -1) for m in others])
-    for peer in others:
-        share: SealShare = ctx.mailbox.take(MsgType.H_SEAL_KEY, peer)
-        job.seals[peer] = open_seal_share(job.peers[peer], share.nonce, share.sealed, ctx.job,
-                                          peer, me)
-    return round_seal_key({m: job.seal if m == me else job.seals[m] for m in job.live}, round_)
-
-
-def send_masked(ctx: StepContext, job: MemberJob, values: IntArray, purpose: str, tree: int,
-                depth: int, attempt: int, live: list[str], sealed: bool = False) -> None:
-    """Mask ``values`` for the round's live members (and seal them) and send them to the
-    aggregator."""
-    me = ctx.party.name
-    key = (purpose, tree, depth, attempt)
-    if key in job.masked:  # a second vector under the same masks would reveal the difference
-        raise ProtocolError(f"{me}: already masked a vector for {purpose} tree {tree} depth "
-                            f"{depth} attempt {attempt}: refused")
-    round_ = MaskRound(ctx.job, purpose, tree, depth, attempt)
-    seal_key = _round_key(ctx, job, round_) if sealed else b""  # may wait: nothing sent yet
-    job.masked.add(key)
-    masked = mask_vector(values.astype(np.int64).ravel(), me,
-                         {m: job.peers[m] for m in live if m != me}, round_)
-    if sealed:
-        masked = seal_vector(masked, seal_key, me)
-    ctx.send(job.aggregator, MsgType.H_MASKED,
-             MaskedVector(purpose, tree, depth, attempt, masked.astype("<u8").tobytes()))
 
 
 def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
@@ -293,27 +158,6 @@ def _check_round(job: MemberJob, me: str, body: Round) -> None:
                             f"{job.spec.min_members}: refused to mask for fewer")
 
 
-def _take_current(ctx: StepContext, kind: MsgType, sender: str, tree: int, depth: int,
-                  attempt: int) -> Any:
-    """The peer message of this attempt; those of an abandoned attempt are dropped."""
-    while True:
-        body = ctx.mailbox.take(kind, sender, tree, depth)
-        if body.attempt == attempt:
-            return body
-
-
-def require_current(ctx: StepContext, kind: MsgType, senders: list[str], tree: int, depth: int,
-                    attempt: int) -> None:
-    """Raise ``NotReady`` unless every sender's message of this attempt is in, after dropping
-    theirs of abandoned attempts: a step that takes from several senders must not take one's
-    message and then wait for another's (a retry would then miss the first)."""
-    for sender in senders:
-        waiting = ctx.mailbox.items.get((kind, sender, tree, depth), [])
-        while waiting and waiting[0].attempt != attempt:
-            ctx.mailbox.take(kind, sender, tree, depth)
-    ctx.mailbox.require(*[(kind, s, tree, depth) for s in senders])
-
-
 def update_histograms(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     """FedTree step 2: histograms of the level's nodes over this member's rows, quantized
     with the common scale, masked, to the aggregator."""
@@ -327,8 +171,8 @@ def update_histograms(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
                             f"{body.attempt} asked, whose root this member did not open: refused")
     pair_secrets(ctx, job, job.live)  # a resumed job skipped the set-up, where they were made
     if job.g_ints is None:
-        scale: GradientScale = _take_current(ctx, MsgType.H_GRADIENT_SCALE, job.aggregator,
-                                             body.tree, -1, body.attempt)
+        scale: GradientScale = take_current(ctx, MsgType.H_GRADIENT_SCALE, job.aggregator,
+                                            body.tree, -1, body.attempt)
         assert job.grad is not None and job.hess is not None
         if not (job.y.size <= scale.rows <= 2 ** 42) or \
                 peak_exponent(job.grad) > scale.g_exponent or \
@@ -365,7 +209,7 @@ def release_round(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
         job.released[job.prefix] = sorted(job.live)
         released.save(ctx.model_dir, job.released)
     job.opened = job.round
-    key = _round_key(ctx, job, MaskRound(ctx.job, "hist", body.tree, 0, body.attempt))
+    key = round_key(ctx, job, MaskRound(ctx.job, "hist", body.tree, 0, body.attempt))
     ctx.send(job.aggregator, MsgType.H_ROUND_KEY, RoundKey(body.tree, 0, body.attempt, key))
     return MsgType.ACK, Ack(count=len(job.live))
 
@@ -381,8 +225,8 @@ def apply_splits(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     job: MemberJob = ctx.state
     me = ctx.party.name
     tree = _current_tree(job, me, body)
-    level: LevelSplits = _take_current(ctx, MsgType.H_SPLITS, job.aggregator, body.tree,
-                                       body.depth, body.attempt)
+    level: LevelSplits = take_current(ctx, MsgType.H_SPLITS, job.aggregator, body.tree,
+                                      body.depth, body.attempt)
     if body.depth != tree.depth:
         raise StageError(f"{me}: splits of depth {body.depth}, the tree is at depth {tree.depth}")
     tree.apply(level.splits, level.build, job.require_bins(), me)
@@ -395,8 +239,8 @@ def receive_tree(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     job: MemberJob = ctx.state
     me = ctx.party.name
     tree = _current_tree(job, me, body)
-    leaves: LeafValues = _take_current(ctx, MsgType.H_LEAVES, job.aggregator, body.tree, -1,
-                                       body.attempt)
+    leaves: LeafValues = take_current(ctx, MsgType.H_LEAVES, job.aggregator, body.tree, -1,
+                                      body.attempt)
     if sorted(leaves.leaves) != tree.leaves() or len(leaves.values) != len(leaves.leaves) or \
             not all(math.isfinite(v) for v in leaves.values):
         raise ProtocolError(f"{me}: leaf values for nodes {leaves.leaves}; this tree's leaves "

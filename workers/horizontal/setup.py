@@ -30,9 +30,10 @@ from workers import DataError, ProtocolError, StageError
 from workers.horizontal.aggregator import AggregatorJob, checkpoint_state, take_masked
 from workers.horizontal.grid import MAX_ROUNDS, GridRounds, Layout, check_counts, count_columns
 from workers.horizontal.masking import unmask_sum
-from workers.horizontal.member import (MAX_CLASSES, STATS_SCALE, MemberJob, announce_key,
-                                       checkpoint_state as save_member, members_of, pair_secrets,
-                                       send_masked)
+from workers.horizontal.member import (MAX_CLASSES, STATS_SCALE,
+                                       checkpoint_state as save_member, members_of)
+from workers.horizontal.member_state import MemberJob
+from workers.horizontal.peers import announce_key, pair_secrets, send_masked
 from workers.handlers import StepContext
 
 MAX_FEATURES = 100_000

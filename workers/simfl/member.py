@@ -37,7 +37,8 @@ from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.data import PartyData
 from workers.handlers import StepContext
 from workers.horizontal.masking import MaskKey
-from workers.horizontal.member import MAX_CLASSES, shared_model
+from workers.horizontal.member import MAX_CLASSES
+from workers.horizontal.member_state import shared_model
 from workers.horizontal.tree import OWNER
 from workers.policy import check_protocol
 from workers.row_partitioned import load_member_data, members_of, params_of, save_member_model
