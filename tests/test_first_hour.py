@@ -104,9 +104,11 @@ def test_an_unreachable_broker_is_one_line_per_attempt_and_ctrl_c_one_line(
         "signing": {"key_dir": str(tmp_path / "keys")}}))
     (tmp_path / "broker.pw").write_text("unused\n")
     env = _env()
+    # as started at a terminal: a test run launched in the background ('make test &') hands
+    # its children SIGINT ignored, and Python then keeps it ignored (as nohup wants)
     proc = subprocess.Popen([*FEDBOOST, "worker", "--party", "host", "--config", str(worker)],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=_default_sigint)
     # attempts at about 0, 0.5, 1.5 and 3.5 s after start-up, which takes seconds on a busy
     # machine: interrupt once two attempts are printed, not after a fixed sleep
     lines: list[str] = []
@@ -129,6 +131,10 @@ def test_an_unreachable_broker_is_one_line_per_attempt_and_ctrl_c_one_line(
     assert 2 <= len(attempts) <= 6 and len(lines) <= len(attempts) + 2, out
     assert all(f"at 127.0.0.1:{port} (connection refused)" in a and "is RabbitMQ running" in a
                for a in attempts), out
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _processes_named(name: str) -> list[int]:
