@@ -173,6 +173,7 @@ def test_flow_killed_mid_run_resumes_without_retraining(federation: Federation,
     _assert_same_model(federation, job, reference)
 
 
+@pytest.mark.serial  # every other test's connections drop with it: 'make test' runs it alone
 def test_broker_restarted_mid_run(federation: Federation, reference: Path) -> None:
     ctl = rabbitmqctl()
     job_file = federation.write_job("restart-broker")
