@@ -27,6 +27,7 @@ import statistics
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from boosting._typing import BinMatrix, FloatArray
 from boosting.binning import apply_cuts, fit_cuts, goes_left
@@ -114,7 +115,7 @@ def train_private(bins: BinMatrix, y: FloatArray, test_bins: BinMatrix, n_cuts: 
 
 
 def deal(plan: PrivacyPlan, ensemble: int, n_rows: int, seed: int,
-         members: list[int] | None) -> FloatArray:
+         members: list[int] | None) -> npt.NDArray[np.int64]:
     """Each row's tree in ``ensemble``, drawn as the real protocol draws it."""
     if members is None:  # workers.vertical.encryption
         return deal_rows(plan, ensemble, n_rows, np.random.default_rng([seed, ensemble]))
