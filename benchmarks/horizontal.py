@@ -2,7 +2,7 @@
 what secure aggregation's masks cost.
 
     python -m benchmarks.horizontal --dp [--seeds 0 1 2] [--epsilons 1 2 4 8 none]
-        [--per-ensemble N] [--clip 1]
+        [--per-ensemble N] [--clip 0.3]
     python -m benchmarks.horizontal --cost [--rounds 3]
     common: [--trees 30] [--depth 3] [--lr 0.3] [--max-bin 32] [--data DIR] [--json FILE]
 
@@ -13,8 +13,10 @@ an aggregator, in worker processes.
 train`` of the job, then the test AUC of ``fedboost predict`` (guest's saved model) on
 default_credit_homo_test.csv; prints mean, standard deviation and the per-seed AUCs, and
 ``--json FILE`` writes ``{"none": auc, "1": auc, ...}`` (FILE.detail.json: settings, per-seed
-AUCs, ``epsilon_spent``). Its defaults are a private model's (DPBoost, docs/privacy.md): 50
-trees in one ensemble, depth 3, learning rate (DPBoost's eta) 0.5, reg_lambda 100, 16 bins;
+AUCs, ``epsilon_spent``). Its defaults are a private model's, tuned with ``benchmarks.dp_core
+--valid`` on a holdout of the members' rows (DPBoost, docs/privacy.md): 50 trees in ensembles
+of about epsilon 1 each (``ceil(50 / round(epsilon))`` trees: 50 at epsilon 1, 7 at 8), depth
+3, learning rate (DPBoost's eta) 0.3, reg_lambda 100, 16 bins, gradients clipped to 0.3;
 ``none`` is the shipped config's non-private model (30 trees, lr 0.3, lambda 1, 32 bins).
 
 ``--cost``: the same job with and without masks, taking turns (``--rounds`` runs each). The
@@ -49,6 +51,7 @@ AGGREGATOR = "aggregator"
 def job_config(data: Path, args: argparse.Namespace, *, seed: int = 0,
                epsilon: float | None = None) -> Any:
     """The default_credit_homo job with the command line's tree parameters."""
+    from benchmarks.dp_core import trees_per_ensemble
     from flows.config import HorizontalJobConfig
 
     parties: dict[str, Any] = {
@@ -61,9 +64,9 @@ def job_config(data: Path, args: argparse.Namespace, *, seed: int = 0,
                    "learning_rate": args.lr, "max_bin": args.max_bin, "objective": "binary",
                    "reg_lambda": args.reg_lambda, "seed": seed}}
     if epsilon is not None:
-        raw["privacy"] = {"epsilon": epsilon, "clip": args.clip, "seed": seed}
-        if args.per_ensemble:
-            raw["privacy"]["trees_per_ensemble"] = args.per_ensemble
+        raw["privacy"] = {"epsilon": epsilon, "clip": args.clip, "seed": seed,
+                          "trees_per_ensemble": args.per_ensemble
+                          or trees_per_ensemble(epsilon, args.trees)}
     return HorizontalJobConfig.model_validate(raw)
 
 
@@ -131,9 +134,12 @@ def dp_table(args: argparse.Namespace) -> dict[str, Any]:
                   flush=True)
         rows.append({"epsilon": epsilon, "mean_auc": statistics.mean(aucs),
                      "std_auc": statistics.stdev(aucs) if len(aucs) > 1 else 0.0,
-                     "aucs": aucs, "epsilon_spent": spent})
+                     "aucs": aucs, "epsilon_spent": spent,
+                     "trees_per_ensemble": None if epsilon is None else
+                     raw["privacy"]["trees_per_ensemble"]})
+    per = args.per_ensemble or "ceil(trees / round(epsilon))"
     print(f"\ndefault_credit_homo, 3 members; private: {args.trees} trees in ensembles of "
-          f"{args.per_ensemble or args.trees}, depth {args.depth}, lr {args.lr}, lambda "
+          f"{per}, depth {args.depth}, lr {args.lr}, lambda "
           f"{args.reg_lambda}, max_bin {args.max_bin}, clip {args.clip}; test AUC of "
           f"fedboost predict on default_credit_homo_test.csv; none: the shipped config's "
           f"non-private model (30 trees, lr 0.3, lambda 1, 32 bins)")
@@ -268,11 +274,13 @@ def main() -> None:
     what.add_argument("--cost", action="store_true", help="seconds per tree, masks or not")
     parser.add_argument("--trees", type=int, help="default 30 (--dp: 50)")
     parser.add_argument("--depth", type=int, default=3)
-    parser.add_argument("--lr", type=float, help="default 0.3 (--dp: 0.5, DPBoost's eta)")
+    parser.add_argument("--lr", type=float, help="default 0.3 (--dp: DPBoost's eta, also 0.3)")
     parser.add_argument("--max-bin", type=int, help="default 32 (--dp: 16)")
-    parser.add_argument("--clip", type=float, default=1.0, help="DP gradient bound g*")
+    parser.add_argument("--clip", type=float, default=0.3,
+                        help="DP gradient bound g*: every gradient is clipped to it")
     parser.add_argument("--per-ensemble", type=int, default=0,
-                        help="DP trees per ensemble (default: all trees form one)")
+                        help="DP trees per ensemble (default: ensembles of about epsilon 1, "
+                             "benchmarks.dp_core.trees_per_ensemble)")
     parser.add_argument("--reg-lambda", type=float,
                         help="L2 regularisation, default 1 (--dp: 100, which shrinks the leaves' "
                              "sensitivity clip / (1 + lambda))")
@@ -283,7 +291,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     args = parser.parse_args()
-    for key, usual, private in (("trees", 30, 50), ("lr", 0.3, 0.5), ("reg_lambda", 1.0, 100.0),
+    for key, usual, private in (("trees", 30, 50), ("lr", 0.3, 0.3), ("reg_lambda", 1.0, 100.0),
                                 ("max_bin", 32, 16)):
         if getattr(args, key) is None:  # tuned with benchmarks.dp_core (docs/privacy.md)
             setattr(args, key, private if args.dp else usual)

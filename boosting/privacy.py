@@ -8,9 +8,13 @@ splits and leaf values) against anyone who sees it; neighbouring data sets diffe
 
 Mechanisms (DPBoost section 4):
 
-* **Gradient-based data filtering (GDF)**: a row whose ``|g|`` exceeds the bound ``g*`` is left
-  out of the tree (:func:`keep_rows`), so every sensitivity below is in terms of ``g*``. The
-  decision depends on the row alone. Hessians are taken as 1 (DPBoost's analysis, the square
+* **Gradient clipping**: every row's ``g`` is clipped to ``[-g*, g*]``
+  (:func:`clip_gradients`), so every sensitivity below is in terms of ``g*``; the clip depends
+  on the row alone. DPBoost filters instead (GDF: a row beyond ``g*`` sits the tree out), which
+  the same sensitivities allow; clipping keeps those rows in with ``g = ±g*``, so a ``g*``
+  below the loss's own bound (1 for the logistic loss) is usable: the sensitivities shrink
+  with ``g*^2`` and ``g*`` while a binary row's clipped gradient still says its label
+  (docs/privacy.md, "Measured"). Hessians are taken as 1 (DPBoost's analysis, the square
   loss's): ``G^2 / (H + lambda)`` has no bounded sensitivity when ``H`` can be near 0.
 * **Exponential mechanism** for each node's split (:func:`exponential_choice`): candidate ``i``
   is drawn with probability proportional to ``exp(eps * gain_i / (2 * dG))``, ``dG = 1.5 g*^2``
@@ -21,8 +25,7 @@ Mechanisms (DPBoost section 4):
 * **Laplace mechanism** on each leaf value ``-G / (n + lambda)`` (:func:`laplace_noise`), after
   **geometric leaf clipping (GLC)** to ``g* (1 - eta)^t`` for the ``t``-th tree of an ensemble
   (:meth:`PrivacyPlan.leaf_bound`): the sensitivity is ``min(g* / (1 + lambda), 2 g* (1 - eta)^t)``
-  (:meth:`PrivacyPlan.leaf_sensitivity`), DPBoost's Theorem 3; clipping holds whatever the data,
-  GDF is what makes it rarely bite.
+  (:meth:`PrivacyPlan.leaf_sensitivity`), DPBoost's Theorem 3; it holds whatever the data.
 
 Composition (:class:`PrivacyPlan`): the trees form ensembles of ``trees_per_ensemble``; inside
 one ensemble every row is dealt to one tree at random before training (shares
@@ -153,13 +156,6 @@ def deal_rows(plan: PrivacyPlan, ensemble: int, n_rows: int,
     shares = plan.row_shares(ensemble)
     dealt: npt.NDArray[np.int64] = rng.choice(shares.size, size=n_rows, p=shares).astype(np.int64)
     return dealt
-
-
-def keep_rows(g: FloatArray, bound: float) -> npt.NDArray[np.bool_]:
-    """GDF: the rows whose gradient is within ``[-bound, bound]``."""
-    _positive("gradient bound", bound)
-    kept: npt.NDArray[np.bool_] = np.abs(g) <= bound
-    return kept
 
 
 def clip_leaf(value: float, bound: float) -> float:

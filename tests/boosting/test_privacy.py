@@ -15,7 +15,7 @@ from boosting.params import BoostParams
 from boosting.split import NodeTotals, split_gains
 from boosting import BoostingError
 from boosting.privacy import (PrivacyPlan, clip_gradients, deal_rows, exponential_choice,
-                              exponential_probabilities, gain_sensitivity, keep_rows,
+                              exponential_probabilities, gain_sensitivity,
                               laplace_noise, leaf_sensitivity, private_leaves, private_split,
                               split_candidates)
 from flows.config import PrivacyConfig
@@ -87,9 +87,7 @@ def test_rows_are_dealt_with_the_shares_and_to_one_tree_each() -> None:
     assert chisquare(counts, np.full(4, 15_000)).pvalue < 1e-6
 
 
-def test_gradient_filtering_and_leaf_clipping() -> None:
-    g = np.array([-1.5, -1.0, 0.2, 1.0, 1.01])
-    np.testing.assert_array_equal(keep_rows(g, 1.0), [False, True, True, True, False])
+def test_geometric_leaf_clipping() -> None:
     p = plan(bound=1.0, reg_lambda=1.0, lr=0.5, per=4, n_trees=4)
     assert [p.leaf_bound(t) for t in range(4)] == [1.0, 0.5, 0.25, 0.125]
     # min(g* / (1 + lambda), 2 g* (1 - eta)^t): the clip's range takes over from tree 2

@@ -132,3 +132,25 @@ def test_positions_must_leave_the_jobs_min_samples_leaf_in_each_child(
     halves = encode_mask(np.arange(ROWS) < ROWS // 2)
     host.from_guest(MsgType.NODE_POSITIONS, NodePositions(0, 0, [NodeSplit(0, 1, 2, halves)]))
     assert host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 1)).kind == MsgType.ACK  # goes on
+
+
+def test_under_dp_an_empty_child_is_allowed_and_a_small_one_still_refused(
+        tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
+    """Under DP the active party draws among all of this party's bins, past its last cut
+    too: a child of no rows is an honest split and shows nothing; one chosen row still is not."""
+    spec = replace(SPEC, dp_epsilon=1.0, params=replace(SPEC.params, min_samples_leaf=5))
+    host = Host(tmp_path, keypair[0], TEST_POLICY, spec)
+    _chosen_gradients(host, keypair, tree=0, per_ciphertext=1)
+    assert host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 0)).kind == MsgType.ACK
+    host.histograms()
+    one_row = np.zeros(ROWS, dtype=bool)
+    one_row[7] = True
+    host.from_guest(MsgType.NODE_POSITIONS,
+                    NodePositions(0, 0, [NodeSplit(0, 1, 2, encode_mask(one_row))]))
+    refused = host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 1))
+    assert isinstance(refused.body, ErrorReply)
+    assert "node 0 split into 1 and 39 rows" in refused.body.message
+    everything_right = encode_mask(np.zeros(ROWS, dtype=bool))
+    host.from_guest(MsgType.NODE_POSITIONS,
+                    NodePositions(0, 0, [NodeSplit(0, 1, 2, everything_right)]))
+    assert host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 1)).kind == MsgType.ACK

@@ -28,7 +28,7 @@ from boosting.fixedpoint import peak_exponent, quantize_at
 from boosting.losses import gradients, transform
 from boosting.metrics import evaluate
 from boosting.params import BoostParams
-from boosting.privacy import PrivacyPlan, deal_rows, keep_rows
+from boosting.privacy import PrivacyPlan, clip_gradients, deal_rows
 from boosting.tree import node_values
 from messages.bodies import Ack, Metric, Opened, Resumed, ResumeJob, Step, TreeFinished
 from messages.envelope import MsgType
@@ -94,8 +94,8 @@ def _check_labels(me: str, path: str, objective: str, y: FloatArray) -> None:
 
 def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     """FedTree step 2, first half: g and h of every row under the model so far (under
-    differential privacy: unit hessians, and only this tree's rows of its DPBoost ensemble
-    whose |g| is within the bound); the aggregator gets their peak exponents."""
+    differential privacy: unit hessians, gradients clipped to the bound, and only this tree's
+    rows of its DPBoost ensemble); the aggregator gets their peak exponents."""
     job: MemberJob = ctx.state
     me = ctx.party.name
     _check_round(job, me, body)
@@ -115,12 +115,12 @@ def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     else:
         in_tree = np.ones(n, dtype=bool)
     plan = private_plan(job.spec, job.params, me, job.classes)
-    if plan is not None:  # DPBoost: this tree's rows of its ensemble, filtered; unit hessians
+    if plan is not None:  # DPBoost: this tree's rows of its ensemble, clipped; unit hessians
         ensemble, position = plan.ensemble_of(body.tree)
         dealt = deal_rows(plan, ensemble, n,
                           np.random.default_rng([job.params.seed, index, ensemble]))
-        in_tree &= (dealt == position) & keep_rows(g, plan.bound)
-        g, h = np.where(in_tree, g, 0.0), np.ones_like(h)
+        in_tree &= dealt == position
+        g, h = np.where(in_tree, clip_gradients(g, plan.bound), 0.0), np.ones_like(h)
     job.round, job.live = (body.tree, body.attempt), list(body.members)
     job.prefix = released.tree_prefix(job.run, job.trees)
     job.grad, job.hess, job.g_ints, job.h_ints = g, h, None, None

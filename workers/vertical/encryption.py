@@ -13,8 +13,8 @@ from boosting._typing import FloatArray
 from boosting.fixedpoint import Quantized, quantize
 from boosting.grow import TreeGrower, sample_rows
 from boosting.losses import gradients
-from boosting.privacy import (PrivacyPlan, PrivateTree, deal_rows, keep_rows, split_candidates,
-                              tree_rng)
+from boosting.privacy import (PrivacyPlan, PrivateTree, clip_gradients, deal_rows,
+                              split_candidates, tree_rng)
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from messages.bodies import Ack, Step
@@ -36,15 +36,15 @@ GRADIENT_CHUNK = 4096
 def _private_tree(state: JobState, run: ActiveTraining, plan: PrivacyPlan, tree: int,
                   in_tree: np.ndarray, g: FloatArray) -> tuple[np.ndarray, FloatArray,
                                                                PrivateTree]:
-    """DPBoost's tree ``tree``: its rows of its ensemble, gradients filtered (GDF: a row
-    beyond the bound stays in with g = 0, so the rows in a tree, which passive parties see,
-    say nothing of gradients), the tree's mechanisms and noise source."""
+    """DPBoost's tree ``tree``: its rows of its ensemble (drawn without the data: the rows in
+    a tree, which passive parties see, say nothing of gradients), gradients clipped to the
+    bound, the tree's mechanisms and noise source."""
     ensemble, position = plan.ensemble_of(tree)
     dealt = deal_rows(plan, ensemble, g.size,
                       np.random.default_rng([run.params.seed, ensemble]))
     # the passive parties' cuts are theirs: every bin of theirs is a candidate
     candidates = {0: split_candidates([len(c) for c in state.cuts], run.params.max_bin)}
-    return (in_tree & (dealt == position), np.where(keep_rows(g, plan.bound), g, 0.0),
+    return (in_tree & (dealt == position), clip_gradients(g, plan.bound),
             PrivateTree(plan, tree, candidates, tree_rng(run.noise_seed, tree)))
 
 

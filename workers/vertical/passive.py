@@ -50,6 +50,9 @@ class PassiveTraining:
     """The passive party's training state for the tree being grown."""
 
     params: BoostParams
+    private: bool = False
+    """The job is under differential privacy: the active party draws every split among all
+    bins (it does not know this party's cuts), so a child may hold no rows."""
     public: PublicKey | None = None
     tree: int = -1
     growing: bool = False
@@ -88,7 +91,7 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
         check_bin_sum_packer(ctx.party.policy, ctx.party.name, "key_holder",
                              "the job's crypto.pack_bin_sums")
     state = open_passive(ctx, body.spec, PROTOCOL)
-    state.role_state = PassiveTraining(params=params_of(body))
+    state.role_state = PassiveTraining(params=params_of(body), private=body.spec.dp_epsilon > 0)
     ctx.state = state
     return MsgType.OPENED, Opened(rows=len(state.data.ids),
                                   checkpoints=checkpoint.available(
@@ -201,8 +204,10 @@ def apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
         n_left = int(run.in_tree[rows[mask]].sum())
         n_right = int(run.in_tree[rows[~mask]].sum())
         # the job's min_samples_leaf holds for every split honest training makes: a smaller
-        # child would be a node of chosen few rows, whose sums show the rows' bins
-        if min(n_left, n_right) < run.params.min_samples_leaf:
+        # child would be a node of chosen few rows, whose sums show the rows' bins. Under DP
+        # an empty child is honest (a bin past this party's last cut) and has no rows to show
+        smallest = min(n_left, n_right)
+        if smallest < run.params.min_samples_leaf and not (run.private and smallest == 0):
             raise ProtocolError(f"{ctx.party.name}: t{tree} d{depth - 1}: node {split.node} "
                                 f"split into {n_left} and {n_right} rows; the job's "
                                 f"min_samples_leaf is {run.params.min_samples_leaf}")
