@@ -6,11 +6,13 @@
   tree), so the protocol applies the documented mechanisms and nothing else; ``epsilon_spent``
   is the documented composition;
 - vertical SecureBoost: the active party grows full private trees and reports the same
-  accounting; the model scores its rows.
+  accounting; the model scores its rows; a tree dealt no rows is grown as the core's private
+  grower grows it (the same model, tree for tree).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,15 +21,17 @@ import pytest
 from boosting.fixedpoint import quantize
 from boosting.grow import TreeGrower
 from boosting.losses import base_score, gradients
+from boosting.params import BoostParams
 from boosting.privacy import (PrivacyPlan, PrivateTree, clip_gradients, deal_rows,
                               split_candidates, tree_rng)
-from boosting.train import bin_block, grow_tree
+from boosting.train import allowed_blocks, bin_block, grow_tree
 from boosting.tree import load_model, node_values
 from fedboost import embedded
-from fedboost.joined import pool_members
+from fedboost.joined import join_parties, pool_members
 from flows import run_charts
 from tests.flows.test_horizontal import assert_same_tree, members_model, params_of
-from tests.scenarios import config_with, horizontal_config
+from tests.scenarios import (assert_same_trees, centralized_view, config_with, federated_view,
+                             horizontal_config)
 from workers.data import load_party_data
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -97,3 +101,43 @@ def test_vertical_private_training_reports_the_composition_and_scores(tmp_path: 
     owners = {n.owner for tree in model.trees for n in tree.nodes if not n.is_leaf}
     assert owners <= {"guest", "host"}
     assert result["valid_auc"] > 0.6, result  # the flow's federated scoring of held-out rows
+
+
+def test_vertical_private_tree_of_no_rows_is_the_cores(tmp_path: Path) -> None:
+    """breast, one ensemble of 4 trees with eta 0.9: the shares 0.9, 0.09, 0.009, 0.0009 of
+    the 398 training rows deal tree 3 none (params.seed 0: 348 / 44 / 6 / 0 rows). The passive
+    party takes its gradients in 0 chunks, its histograms are empty, and the active party
+    draws a full tree among equal gains and gives its leaves the noise of empty leaves."""
+    config = config_with("breast.yaml", params={"n_trees": 4, "max_depth": 2,
+                                                "learning_rate": 0.9, "reg_lambda": 5.0,
+                                                "max_bin": 8},
+                         crypto={"key_bits": 1024},
+                         privacy={"epsilon": 4.0, "clip": 0.3, "trees_per_ensemble": 4,
+                                  "seed": 7})
+    joined = join_parties(config)
+    blocks, y = joined.part(valid=False)
+    params = BoostParams.from_dict(config.params.model_dump(exclude={"early_stopping_rounds"}))
+    plan = PrivacyPlan(4.0, 4, 2, 4, 0.3, params.reg_lambda, params.learning_rate)
+    dealt = deal_rows(plan, 0, y.size, np.random.default_rng([params.seed, 0]))
+    assert np.bincount(dealt, minlength=4)[3] == 0, "the test needs a tree of no rows"
+
+    result = embedded.train_embedded(config, tmp_path)
+
+    assert result["epsilon"] == 4.0 and result["epsilon_spent"] == 4.0
+    assert [h["epsilon_spent"] for h in result["history"]] == [4.0] * 4
+    model = load_model(tmp_path / config.active / "model.json")
+    assert all(len(tree.nodes) == 7 for tree in model.trees), "a private tree is always full"
+    # the core's private grower on the joined rows, with the active party's dealing and noise
+    binned = [bin_block(block, params.max_bin) for block in blocks]
+    candidates = {0: split_candidates([len(c) for c in binned[0].cuts], params.max_bin)}
+    margin = np.full((y.size, 1), base_score("binary", y, 2)[0])
+    trees = []
+    for t in range(4):
+        g = clip_gradients(gradients("binary", margin, y)[0][:, 0], 0.3)
+        grower = TreeGrower(params, quantize(g, y.size), quantize(np.ones(y.size), y.size),
+                            dealt == t, len(binned), PrivateTree(plan, t, candidates,
+                                                                 tree_rng(7, t)))
+        trees.append(grow_tree(params, grower, binned, allowed_blocks(params, t, 2, 1), 0))
+        margin[:, 0] += node_values(trees[-1])[grower.node_of_row]
+    assert_same_trees(federated_view(tmp_path, config),
+                      centralized_view(replace(model, trees=tuple(trees))))

@@ -14,14 +14,16 @@ import numpy as np
 import pytest
 
 from boosting.binning import fit_cuts
+from boosting.fixedpoint import value_bits
 from crypto.paillier import PaillierPrivateKey, PaillierPublicKey, generate_keypair
 from messages.bodies import ErrorReply, Step
-from messages.secureboost import NodePositions, NodeSplit, SplitChoice, SplitChoices
+from messages.secureboost import (NodePositions, NodeSplit, SplitChoice, SplitChoices,
+                                  TreeStart)
 from messages.envelope import Envelope, MsgType
-from messages.instance_space import encode_mask
+from messages.instance_space import decode_mask, encode_mask
 from messages.transport import MemoryHub
 from tests.scenarios import TEST_POLICY
-from tests.workers.test_chosen_gradients import Host, _chosen_gradients
+from tests.workers.test_chosen_gradients import FEATURES, Host, _chosen_gradients
 from tests.workers.test_tree_start import ROWS, SEALERS, SPEC, _gradients, _host
 from workers.runtime import Worker
 from workers.vertical.passive import PassiveTraining
@@ -154,3 +156,29 @@ def test_under_dp_an_empty_child_is_allowed_and_a_small_one_still_refused(
     host.from_guest(MsgType.NODE_POSITIONS,
                     NodePositions(0, 0, [NodeSplit(0, 1, 2, everything_right)]))
     assert host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 1)).kind == MsgType.ACK
+
+
+def test_gradients_in_no_chunk_only_for_a_private_tree_of_no_rows(
+        tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
+    """Under DP the last trees of an ensemble may be dealt no rows: their gradients come in no
+    chunk and their histograms are empty. Without DP no honest job starts such a tree, and
+    under DP no chunk with rows in the tree is still refused."""
+    none = TreeStart(tree=0, in_tree=encode_mask(np.zeros(ROWS, dtype=bool)), n_chunks=0,
+                     value_bits=value_bits(ROWS), max_rows=ROWS, per_ciphertext=1)
+    private = replace(SPEC, dp_epsilon=1.0)
+    for k, (spec, start, refusal) in enumerate((
+            (SPEC, none, "gradients in 0 chunks; only a job under differential privacy"),
+            (private, replace(none, in_tree=encode_mask(np.ones(ROWS, dtype=bool))),
+             f"gradients in 0 chunks for {ROWS} in-tree rows"))):
+        folder = tmp_path / f"refused{k}"
+        folder.mkdir()
+        host = Host(folder, keypair[0], TEST_POLICY, spec)
+        host.from_guest(MsgType.TREE_START, start)
+        refused = host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 0))
+        assert isinstance(refused.body, ErrorReply) and refusal in refused.body.message
+    host = Host(tmp_path, keypair[0], TEST_POLICY, private)
+    host.from_guest(MsgType.TREE_START, none)
+    assert host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 0)).kind == MsgType.ACK
+    empty = host.histograms()
+    assert empty.n_features == FEATURES and empty.ciphertexts == b""
+    assert not decode_mask(empty.filled, FEATURES * empty.n_bins).any()

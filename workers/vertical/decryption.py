@@ -142,13 +142,22 @@ def _check_feature_count(run: ActiveTraining, msg: EncryptedHistograms, sender: 
     """Bound a passive party's declared feature count by what this party can check before it
     allocates node x feature x bin sums: every feature of the root has a filled bin, so at
     depth 0 there are no more features than bin sums the ciphertexts carry; later levels of the
-    tree must declare the same count."""
+    tree must declare the same count. A tree of no rows (only under DP, ``_tree_has_no_rows``)
+    has no filled bin: its histograms carry nothing and declare the count known already."""
     width = run.public.ciphertext_bytes
     if len(msg.ciphertexts) % width:
         raise ProtocolError(f"{sender} sent {len(msg.ciphertexts)} bytes of histograms, not a "
                             f"multiple of {width}")
     known = run.passive_features.get(sender)
-    if msg.depth == 0:
+    if _tree_has_no_rows(run):
+        # under DP a tree may be dealt no rows: every bin of every node is empty, and nothing
+        # of the message bounds the count, so it must be the one of an earlier tree's root
+        if msg.ciphertexts or known != msg.n_features:
+            raise ProtocolError(f"{sender} sent {len(msg.ciphertexts) // width} ciphertexts of "
+                                f"{msg.n_features} features at depth {msg.depth} of a tree of "
+                                f"no rows; expected none, of the {known} features declared "
+                                f"before")
+    elif msg.depth == 0:
         carried = msg.per_ciphertext * (len(msg.ciphertexts) // width)
         if msg.n_features > carried or known not in (None, msg.n_features):
             raise ProtocolError(f"{sender} declared {msg.n_features} features at the root, "
@@ -157,3 +166,11 @@ def _check_feature_count(run: ActiveTraining, msg: EncryptedHistograms, sender: 
     elif msg.n_features != known:
         raise ProtocolError(f"{sender} declared {msg.n_features} features at depth "
                             f"{msg.depth}, {known} at the tree's root")
+
+
+def _tree_has_no_rows(run: ActiveTraining) -> bool:
+    """The tree being grown is private and was dealt no rows (DPBoost's shares ``eta
+    (1 - eta)^t`` leave the last trees of a large ensemble none). Without DP an honest job never
+    grows such a tree, and a root without filled bins stays refused."""
+    return (run.privacy is not None and run.grower is not None
+            and not bool(run.grower.in_tree.any()))

@@ -142,13 +142,15 @@ def start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: in
     # the shape the active party declares is the one honest gradients of this party's rows
     # have: it sets how wide each bin sum is, so how much of each a decryption shows
     if start.max_rows != n_train or start.value_bits != value_bits(n_train) \
-            or not 1 <= start.n_chunks <= n_train:
+            or not 0 <= start.n_chunks <= n_train:
         raise ProtocolError(f"tree {tree}: gradients of {start.value_bits} bits for "
                             f"{start.max_rows} rows in {start.n_chunks} chunks; this party has "
                             f"{n_train} rows, whose gradients have {value_bits(n_train)} bits")
+    in_tree = decode_mask(start.in_tree, n_train)
+    _check_tree_rows(tree, run, in_tree, start.n_chunks)
     key = (MsgType.ENCRYPTED_GRADIENTS, state.active, tree, -1)
     ctx.mailbox.require(key, counts=[start.n_chunks])
-    chunks: list[EncryptedGradients] = ctx.mailbox.items[key]
+    chunks: list[EncryptedGradients] = ctx.mailbox.items.get(key, [])  # none: a tree of no rows
     if sorted(c.chunk for c in chunks) != list(range(start.n_chunks)):
         raise ProtocolError(f"tree {tree}: gradient chunks {sorted(c.chunk for c in chunks)}")
     most = BinSumPacking.for_key(GradientPacker(start.value_bits, start.max_rows).cell_bits,
@@ -160,7 +162,6 @@ def start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: in
         check_bin_sum_packer(ctx.party.policy, ctx.party.name, "key_holder",
                              f"tree {tree} asks for one bin sum per ciphertext")
     packing = BinSumPacking(most.cell_bits, start.per_ciphertext)
-    in_tree = decode_mask(start.in_tree, n_train)
     ordered = tuple(c.ciphertexts for c in sorted(chunks, key=lambda c: c.chunk))
     count, rest = divmod(sum(len(c) for c in ordered), public.ciphertext_bytes)
     if rest or count != int(in_tree.sum()):
@@ -183,6 +184,21 @@ def start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: in
     run.depth = 0
     run.level_nodes, run.split_here, run.node_ids = {0}, set(), {0}
     run.level = None
+
+
+def _check_tree_rows(tree: int, run: PassiveTraining, in_tree: np.ndarray,
+                     n_chunks: int) -> None:
+    """A tree's gradients come in at least one chunk, except those of a tree of no rows, which
+    only a job under DP grows: its rows are dealt to the trees of an ensemble with shares
+    ``eta (1 - eta)^t``, and the last trees may get none. Such a tree sums nothing of this
+    party's (its histograms are empty), so it shows nothing; without DP an honest active party
+    never starts one, and its chunks' absence is refused as before."""
+    if n_chunks == 0 and not run.private:
+        raise ProtocolError(f"tree {tree}: gradients in 0 chunks; only a job under "
+                            f"differential privacy grows a tree of no rows")
+    if (n_chunks == 0) != (not in_tree.any()):
+        raise ProtocolError(f"tree {tree}: gradients in {n_chunks} chunks for "
+                            f"{int(in_tree.sum())} in-tree rows")
 
 
 def require_key(run: PassiveTraining) -> PublicKey:
