@@ -5,6 +5,7 @@ a passive party bounds the active party's row count and chunks by its own rows."
 from __future__ import annotations
 
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from boosting.fixedpoint import value_bits
+from boosting.fixedpoint import quantize, value_bits
+from boosting.grow import TreeGrower
 from boosting.params import BoostParams
+from boosting.privacy import PrivacyPlan
 from crypto.encoding import GradientPacker
 from crypto.paillier import PaillierPrivateKey, PaillierPublicKey, ciphertexts_to_bytes
 from messages.bodies import ErrorReply, Step
@@ -69,10 +72,44 @@ def test_later_levels_must_declare_the_roots_feature_count(run: ActiveTraining) 
         decrypt_histograms(run, _histograms(run, 5, depth=1, ciphertexts=5), [0], "host")
 
 
-@pytest.mark.parametrize("n_chunks, max_rows", [(10**9, ROWS), (1, 10**12), (0, ROWS)])
+def test_a_private_tree_of_no_rows_takes_empty_histograms_of_the_known_feature_count(
+        keypair_1024: tuple[PaillierPublicKey, PaillierPrivateKey]) -> None:
+    """Under DP a tree may be dealt no rows: its histograms carry no bin sum, so nothing in them
+    bounds the declared feature count; it must be the one of an earlier root."""
+    public, private = keypair_1024
+    params = BoostParams(max_bin=32, reg_lambda=1.0)
+    active = ActiveTraining(params=params, public=public, private=private,
+                            privacy=PrivacyPlan(1.0, 4, 3, 4, 1.0, 1.0, 0.3))
+    active.packer = GradientPacker(value_bits=20, max_rows=100)
+    none = np.zeros(100, dtype=bool)
+    active.grower = TreeGrower(params, quantize(np.zeros(100), 100), quantize(np.ones(100), 100),
+                               none, 2)
+
+    def empty(n_features: int, depth: int = 0) -> EncryptedHistograms:
+        return EncryptedHistograms(tree=0, depth=depth, nodes=[0], n_features=n_features,
+                                   n_bins=33, shard_features=[n_features],
+                                   filled=InstanceSpace(n_features * 33, GAPS, b""),
+                                   per_ciphertext=1, ciphertexts=b"")
+
+    with pytest.raises(ProtocolError, match="of no rows; expected none, of the None features"):
+        decrypt_histograms(active, empty(10**9), [0], "host")
+    active.passive_features["host"] = 3
+    assert not decrypt_histograms(active, empty(3), [0], "host").any()
+    assert not decrypt_histograms(active, empty(3, depth=2), [0], "host").any()
+    with pytest.raises(ProtocolError, match="expected none, of the 3 features"):
+        decrypt_histograms(active, _histograms(active, 3), [0], "host")  # a bin sum: a lie
+    active.grower = replace(active.grower, in_tree=~none)  # a tree with rows: as before
+    with pytest.raises(ProtocolError, match="declared 3 features at the root, with 0 bin sums"):
+        decrypt_histograms(active, empty(3), [0], "host")
+
+
+@pytest.mark.parametrize("n_chunks, max_rows, refusal", [
+    (10**9, ROWS, "this party has 40 rows"), (1, 10**12, "this party has 40 rows"),
+    # no chunk: only for a private tree of no rows (test_split_limits)
+    (0, ROWS, "only a job under differential privacy grows a tree of no rows")])
 def test_a_passive_party_bounds_the_declared_rows_and_chunks_by_its_own(
         tmp_path: Path, keypair_1024: tuple[PaillierPublicKey, PaillierPrivateKey],
-        n_chunks: int, max_rows: int) -> None:
+        n_chunks: int, max_rows: int, refusal: str) -> None:
     public, _ = keypair_1024
     worker, _, hub = _host(tmp_path, public)
     start = TreeStart(tree=0, in_tree=encode_mask(np.ones(ROWS, dtype=bool)), n_chunks=n_chunks,
@@ -84,4 +121,4 @@ def test_a_passive_party_bounds_the_declared_rows_and_chunks_by_its_own(
     data = hub.endpoint("flow").receive(timeout=5)
     assert data is not None, "the step waited for chunks the party's rows cannot fill"
     reply = SEALERS["flow"].open(data)
-    assert isinstance(reply.body, ErrorReply) and "this party has 40 rows" in reply.body.message
+    assert isinstance(reply.body, ErrorReply) and refusal in reply.body.message
