@@ -119,6 +119,17 @@ def test_positions_must_leave_the_jobs_min_samples_leaf_in_each_child(
     """A malicious active party's positions could put one chosen row in a node: the node's
     bin sums (its count slot alone) would show that row's bin of every feature."""
     host = Host(tmp_path, keypair[0], TEST_POLICY, replace(SPEC, params=replace(SPEC.params, min_samples_leaf=5)))
+    refused = _split_off_one_row(host, keypair)
+    assert "node 0 split into 1 and 39 rows; the job's min_samples_leaf is 5" in refused.message
+    assert host.hub.endpoint("guest").receive(timeout=0.2) is None  # no sums of that node
+    halves = encode_mask(np.arange(ROWS) < ROWS // 2)
+    host.from_guest(MsgType.NODE_POSITIONS, NodePositions(0, 0, [NodeSplit(0, 1, 2, halves)]))
+    assert host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 1)).kind == MsgType.ACK  # goes on
+
+
+def _split_off_one_row(host: Host,
+                       keypair: tuple[PaillierPublicKey, PaillierPrivateKey]) -> ErrorReply:
+    """Tree 0's root summed, then positions that put row 7 alone in a child: the refusal."""
     _chosen_gradients(host, keypair, tree=0, per_ciphertext=1)
     assert host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 0)).kind == MsgType.ACK
     host.histograms()
@@ -128,12 +139,7 @@ def test_positions_must_leave_the_jobs_min_samples_leaf_in_each_child(
                     NodePositions(0, 0, [NodeSplit(0, 1, 2, encode_mask(one_row))]))
     refused = host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 1))
     assert isinstance(refused.body, ErrorReply)
-    assert "node 0 split into 1 and 39 rows; the job's min_samples_leaf is 5" \
-        in refused.body.message
-    assert host.hub.endpoint("guest").receive(timeout=0.2) is None  # no sums of that node
-    halves = encode_mask(np.arange(ROWS) < ROWS // 2)
-    host.from_guest(MsgType.NODE_POSITIONS, NodePositions(0, 0, [NodeSplit(0, 1, 2, halves)]))
-    assert host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 1)).kind == MsgType.ACK  # goes on
+    return refused.body
 
 
 def test_under_dp_an_empty_child_is_allowed_and_a_small_one_still_refused(
@@ -142,16 +148,7 @@ def test_under_dp_an_empty_child_is_allowed_and_a_small_one_still_refused(
     too: a child of no rows is an honest split and shows nothing; one chosen row still is not."""
     spec = replace(SPEC, dp_epsilon=1.0, params=replace(SPEC.params, min_samples_leaf=5))
     host = Host(tmp_path, keypair[0], TEST_POLICY, spec)
-    _chosen_gradients(host, keypair, tree=0, per_ciphertext=1)
-    assert host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 0)).kind == MsgType.ACK
-    host.histograms()
-    one_row = np.zeros(ROWS, dtype=bool)
-    one_row[7] = True
-    host.from_guest(MsgType.NODE_POSITIONS,
-                    NodePositions(0, 0, [NodeSplit(0, 1, 2, encode_mask(one_row))]))
-    refused = host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 1))
-    assert isinstance(refused.body, ErrorReply)
-    assert "node 0 split into 1 and 39 rows" in refused.body.message
+    assert "node 0 split into 1 and 39 rows" in _split_off_one_row(host, keypair).message
     everything_right = encode_mask(np.zeros(ROWS, dtype=bool))
     host.from_guest(MsgType.NODE_POSITIONS,
                     NodePositions(0, 0, [NodeSplit(0, 1, 2, everything_right)]))
