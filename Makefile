@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 
 # compat: the checkout itself goes on sys.path, so 'import fedboost' finds the package even
 # beside a folder named fedboost (a clone), which the default editable finder loses to
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml setup.py crypto/_bin_products.c Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=compat

@@ -36,10 +36,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A virtualenv holding the wheel of a copy of the source (its bin folder)."""
     root = tmp_path_factory.mktemp("wheel")
     source = root / "source"  # pip builds in the source folder: never in the checkout
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so")  # built anew by the wheel
     for package in PACKAGES:
         shutil.copytree(REPO / package, source / package, ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, source / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     # as a user's 'pip wheel .': in an isolated build environment with pyproject's setuptools
@@ -52,6 +52,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     found = {path.parent.relative_to(source) for package in PACKAGES
              for path in (source / package).rglob("__init__.py")}
     assert found == shipped, found ^ shipped  # every subpackage, workers.vertical too
+    with zipfile.ZipFile(wheel) as archive:  # the C bin-products kernel, built for this Python
+        assert [n for n in archive.namelist() if n.startswith("crypto/_bin_products.")
+                and n.endswith(".so")], archive.namelist()
 
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
@@ -74,7 +77,8 @@ def _env() -> dict[str, str]:
 
 def test_the_wheel_imports_from_its_own_virtualenv(installed: Path, tmp_path: Path) -> None:
     code = ("import fedboost, workers.vertical, workers.horizontal, workers.simfl, "
-            "workers.forest; print(fedboost.__file__); print(workers.vertical.__file__)")
+            "workers.forest, crypto._bin_products; print(fedboost.__file__); "
+            "print(workers.vertical.__file__); print(crypto._bin_products.__file__)")
     done = subprocess.run([str(installed / "python"), "-c", code], cwd=tmp_path, env=_env(),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
