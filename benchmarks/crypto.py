@@ -6,7 +6,8 @@ Rows: encrypt (ours as key holder with CRT, with the short-exponent or the full 
 or with obfuscators made ahead as the crypto processes make them while the party waits;
 ours with the public key only; phe), add (ours,
 phe, raw gmpy2 ``c1*c2 % n2``), decrypt (ours CRT, phe CRT), histogram accumulation (the
-passive party's per-bin ciphertext products on a default_credit-sized node, as multiplies/s),
+passive party's per-bin ciphertext products on a default_credit-sized node, as multiplies/s,
+in crypto.bin_products' C kernel and again in its gmpy2 loop),
 and bin sums brought back to plaintext, one decryption each or packed several per ciphertext
 (crypto.compress: pack + decrypt + unpack), as sums/s.
 
@@ -78,13 +79,20 @@ def measure(bits: int, seconds: float) -> dict[str, float]:
         "decrypt phe (CRT)": rate(lambda k: [phe_priv.raw_decrypt(int(cts[i % 64])) for i in range(k)], seconds),
     }
     out["histogram accumulation (mults/s)"] = histogram_rate(public, private, seconds)
+    out[PYTHON_ROW] = histogram_rate(public, private, seconds, native=False)
     out.update(bin_sum_rates(public, private, seconds))
     return out
 
 
-def histogram_rate(public, private, seconds: float) -> float:  # type: ignore[no-untyped-def]
-    """The passive party's kernel on 4,096 rows x 10 features, as ciphertext multiplies per second."""
-    from workers.shards import _node_histogram
+PYTHON_ROW = "  the same in the gmpy2 loop (mults/s)"
+"""The histogram row again, in crypto.bin_products' Python loop rather than its C kernel."""
+
+
+def histogram_rate(public, private, seconds: float,  # type: ignore[no-untyped-def]
+                   native: bool | None = None) -> float:
+    """The passive party's kernel on 4,096 rows x 10 features, as ciphertext multiplies per
+    second (``native``: crypto.bin_products' C kernel, its gmpy2 loop, or whichever runs)."""
+    from crypto.bin_products import bin_products
 
     rows = 4096
     cts = private.encrypt_batch(random.getrandbits(100) for _ in range(rows))
@@ -92,8 +100,8 @@ def histogram_rate(public, private, seconds: float) -> float:  # type: ignore[no
     index = np.arange(rows)
 
     # rate() counts calls; each call is about one multiply per row and feature
-    return rows * 10 * rate(lambda k: [_node_histogram(bins, index, cts, 33,
-                                                       public.cipher_modulus)
+    return rows * 10 * rate(lambda k: [bin_products(bins, index, cts, 33,
+                                                    public.cipher_modulus, native)
                                        for _ in range(k)], seconds)
 
 
@@ -147,7 +155,7 @@ def bin_sum_rates(public, private, seconds: float) -> dict[str, float]:  # type:
 
 SCHEME_ROWS = ("encrypt ours (key holder, CRT)", "encrypt ours (obfuscators made ahead)",
                "encrypt ours (public key)", "add ours", "decrypt ours (CRT)",
-               "histogram accumulation (mults/s)",
+               "histogram accumulation (mults/s)", PYTHON_ROW,
                "bin sums folded by the key holder mod p^2 (sums/s)")
 """The rows both schemes have, measured the same way."""
 
@@ -167,7 +175,8 @@ def measure_ou(bits: int, seconds: float) -> dict[str, float]:
         SCHEME_ROWS[3]: rate(lambda k: [public.add(cts[i % 64], cts[(i + 1) % 64]) for i in range(k)], seconds),
         SCHEME_ROWS[4]: rate(lambda k: [private.raw_decrypt(cts[i % 64]) for i in range(k)], seconds),
         SCHEME_ROWS[5]: histogram_rate(public, private, seconds),
-        SCHEME_ROWS[6]: len(sums) * rate(lambda k: [decrypt_bin_sums(
+        SCHEME_ROWS[6]: histogram_rate(public, private, seconds, native=False),
+        SCHEME_ROWS[7]: len(sums) * rate(lambda k: [decrypt_bin_sums(
             private, sums, BENCH_PACKER.cell_bits) for _ in range(k)], seconds),
     }
 
@@ -217,7 +226,9 @@ def main() -> None:
         print(f"{b} bits: encrypt ours/phe = {r['encrypt ours (key holder, CRT)'] / r['encrypt phe']:.0f}x; "
               f"histogram accumulation / raw multiply = "
               f"{r['histogram accumulation (mults/s)'] / r['add raw gmpy2 c1*c2 % n2 (floor)']:.2f}; "
-              f"decrypt ours/phe = {r['decrypt ours (CRT)'] / r['decrypt phe (CRT)']:.1f}x")
+              f"decrypt ours/phe = {r['decrypt ours (CRT)'] / r['decrypt phe (CRT)']:.1f}x; "
+              f"histogram accumulation C kernel / gmpy2 loop = "
+              f"{r['histogram accumulation (mults/s)'] / r[PYTHON_ROW]:.2f}x")
         per = BinSumPacking.for_key(BENCH_PACKER.cell_bits, b).per_ciphertext
         by_holder = r["bin sums folded by the key holder mod p^2 (sums/s)"]
         print(f"{b} bits: per bin sum, folded by the key holder modulo p^2 {1e3 / by_holder:.3f} "

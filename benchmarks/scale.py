@@ -43,6 +43,7 @@ import yaml
 
 from benchmarks.rabbitmq import start_workers
 from benchmarks.train import JOB_STEPS, TREE_STEPS, step_seconds
+from crypto.bin_products import kernel
 from fedboost import _prefect_env
 from fedboost.local_workers import stop_workers
 from messages.rabbit_queues import delete_party_queues
@@ -229,7 +230,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if len(runs) > 1:
         numbers["by_scheme"] = {scheme: {"tree_seconds": r["tree_seconds"],
                                          "psi_seconds": r["psi_seconds"],
-                                         "steps_by_depth": r["steps_by_depth"]}
+                                         "steps": r["steps"],
+                                         "steps_by_depth": r["steps_by_depth"],
+                                         "cpu_seconds": r["cpu_seconds"]}
                                 for scheme, r in runs.items()}
     return numbers
 
@@ -258,7 +261,7 @@ def train(args: argparse.Namespace, work: Path, files: dict[str, Path],
     by_depth = step_seconds(state.state_details.flow_run_id, by_depth=True)
     return {"rows": args.rows, "features": args.features, "key_bits": args.bits, "scheme": scheme,
             "passive_helpers": args.passive_helpers, "data_seconds": made,
-            "n_train": result["n_train"], "psi_seconds": steps.get("align-entities", 0.0),
+            "bin_products": kernel(), "n_train": result["n_train"], "psi_seconds": steps.get("align-entities", 0.0),
             "tree_seconds": result["tree_seconds"], "steps": steps,
             "steps_by_depth": {k: v for k, v in by_depth.items() if "-d" in k},
             "peak_rss_bytes": dict(sorted(tracer.peak.items())),
@@ -271,7 +274,7 @@ def report(numbers: dict[str, Any]) -> None:
     print(f"\n{numbers['rows']:,} rows x {numbers['features']} features per id, "
           f"{numbers['key_bits']}-bit keys, {numbers['n_train']:,} aligned rows, host with "
           f"{numbers['passive_helpers']} helper process(es); data made in "
-          f"{numbers['data_seconds']:.1f} s")
+          f"{numbers['data_seconds']:.1f} s; bin products in {numbers['bin_products']}")
     print(f"PSI (align-entities): {numbers['psi_seconds']:.1f} s   (goal <= 180 s)")
     print("seconds per tree: " + ", ".join(f"{t:.1f}" for t in trees)
           + f"   (goal <= 600 s; mean {sum(trees) / len(trees):.1f})")
@@ -292,7 +295,10 @@ def report(numbers: dict[str, Any]) -> None:
         for scheme, r in schemes.items():
             mean = sum(r["tree_seconds"]) / len(r["tree_seconds"])
             print(f"  {scheme:<10} {mean:>8.1f} s/tree  {base / mean:>5.2f}x the first's speed; "
-                  f"PSI {r['psi_seconds']:.1f} s")
+                  f"PSI {r['psi_seconds']:.1f} s; CPU s per process "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in r["cpu_seconds"].items()))
+            for step in TREE_STEPS:
+                print(f"    {step:<24}{r['steps'].get(step, 0.0):>10.2f}")
             for step, seconds in sorted(r["steps_by_depth"].items()):
                 if step.startswith("build-histograms"):
                     print(f"    {step:<24}{seconds:>10.2f}")

@@ -34,6 +34,7 @@ from typing import Any
 
 from boosting import BoostingError
 from crypto import CryptoError
+from crypto.bin_products import kernel as bin_products_kernel
 from messages import DecodeError, MessageError, UnknownMessageType
 from messages.bodies import ErrorReply
 from messages.envelope import (COMMANDS, OPENERS, TRANSIENT, UNRECORDED, WORK, Envelope,
@@ -154,9 +155,10 @@ class Worker:
         signal.signal(signal.SIGTERM, self.stop)
         sys.setswitchinterval(SWITCH_INTERVAL)
         served = [p for p in sorted(self.protocols) if p in self.party.policy.protocols]
-        log.info("worker %s serving %s; %d answered commands on record", self.party.name,
+        log.info("worker %s serving %s; %d answered commands on record; bin products in %s",
+                 self.party.name,
                  ", ".join(served) or "no protocol (its policy lists none this worker has)",
-                 len(self.answered))
+                 len(self.answered), bin_products_kernel())
         while not self._stopping:
             data = self.transport.receive(timeout=0.5)
             if data is not None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from crypto._gmp import mpz
+from crypto.bin_products import bin_products
 from crypto.compress import BinSumPacking
 from crypto.schemes import (PublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
                             public_key_from_n)
@@ -56,8 +57,8 @@ class LevelData:
         offsets = np.concatenate([[0], np.cumsum(self.node_rows)]).astype(int).tolist()
         sums: list[mpz] = []
         for lo, hi in zip(offsets, offsets[1:]):
-            sums += _node_histogram(self.codes[lo:hi][:, features], np.arange(lo, hi),
-                                    self.ciphertexts, self.n_bins, self.public.cipher_modulus)
+            sums += bin_products(self.codes[lo:hi][:, features], np.arange(lo, hi),
+                                 self.ciphertexts, self.n_bins, self.public.cipher_modulus)
         filled = np.array([c != 1 for c in sums], dtype=bool)  # 1 is the trivial E(0): empty
         # folded here, the bits above the sums are random; one per ciphertext, the key holder
         # folds them and needs them whole
@@ -232,21 +233,3 @@ class LevelWork:
         return ([1] * self.n_features, np.concatenate([self.features[f][0] for f in order]),
                 b"".join(self.features[f][1] for f in order))
 
-
-def _node_histogram(bins: np.ndarray, enc_index: np.ndarray, ciphertexts: list[mpz],
-                    n_bins: int, nsquare: mpz) -> list[mpz]:
-    """Homomorphic bin sums (products of ciphertexts) of one node, features x bins.
-
-    Row by row: each ciphertext is read once and multiplied into one accumulator per feature,
-    which all stay in cache; a pass per feature would stream every ciphertext once per feature.
-    """
-    n_features = bins.shape[1]
-    acc: list[mpz | None] = [None] * (n_features * n_bins)
-    slots = (bins.astype(np.int64) + np.arange(n_features) * n_bins).tolist()
-    for row, row_slots in zip(enc_index.tolist(), slots, strict=True):
-        c = ciphertexts[row]
-        for slot in row_slots:
-            a = acc[slot]
-            acc[slot] = c if a is None else a * c % nsquare
-    one = mpz(1)  # the trivial encryption of 0 marks an empty bin
-    return [one if a is None else a for a in acc]

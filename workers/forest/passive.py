@@ -22,6 +22,7 @@ from boosting.binning import goes_left, split_threshold
 from boosting.forest import bootstrap_weights, tree_rng
 from boosting.tree import write_json_atomic
 from crypto._gmp import mpz
+from crypto.bin_products import bin_products
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from crypto.schemes import (PublicKey, ciphertexts_from_bytes, ciphertexts_to_bytes,
@@ -39,7 +40,6 @@ from workers.forest import trees as kept
 from workers.forest.active import PROTOCOL, REGRESSION_BITS
 from workers.handlers import StepContext
 from workers.policy import check_key_bits
-from workers.shards import _node_histogram
 from workers.state import JobState
 from workers.vertical.alignment import receive_alignment
 from workers.vertical.lookup import (LookupRecord, lookup_to_dict, record_from_dict,
@@ -242,7 +242,7 @@ def _histograms(party: str, run: PassiveForest, work: TreeWork, request: LevelRe
         drawn = np.repeat(rows, work.weights[rows])  # a row drawn k times is summed k times
         codes = bins[drawn][:, features]
         for g, labels in enumerate(run.labels):
-            sums[g] += _node_histogram(codes, drawn, labels, n_bins, public.cipher_modulus)
+            sums[g] += bin_products(codes, drawn, labels, n_bins, public.cipher_modulus)
     filled = np.array([c != 1 for c in sums[0]], dtype=bool) if sums else np.zeros(0, bool)
     blobs = [ciphertexts_to_bytes(packing.pack([c for c, full in zip(group, filled) if full],
                                                public.cipher_modulus, public), public)
