@@ -14,7 +14,7 @@ RUN for package in boosting crypto messages workers flows fedboost; do \
         mkdir -p "$package" && touch "$package/__init__.py"; done \
     && touch README.md && pip install "setuptools>=68" . && pip uninstall -y fedboost \
     && rm -rf build ./*.egg-info README.md
-COPY README.md ./
+COPY README.md setup.py ./
 COPY boosting ./boosting
 COPY crypto ./crypto
 COPY messages ./messages
@@ -23,9 +23,14 @@ COPY flows ./flows
 COPY fedboost ./fedboost
 COPY deploy/entrypoint.sh /usr/local/bin/fedboost-entrypoint
 COPY deploy/healthcheck.py /usr/local/bin/fedboost-healthcheck
+# the C bin-products kernel (crypto._bin_products) is compiled against GMP here; the compiler
+# and headers go again, GMP's library stays; the import fails the build if it was not built
 # writable for fedboost: /models (model parts and checkpoints), /prefect (the Prefect server's
 # database and UI files), its home (Prefect's and numba's caches) and /tmp; nothing else
-RUN pip install --no-deps --no-build-isolation . && rm -rf build ./*.egg-info \
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libgmp-dev \
+    && pip install --no-deps --no-build-isolation . && rm -rf build ./*.egg-info \
+    && apt-mark manual libgmp10 && apt-get purge -y --auto-remove gcc libc6-dev libgmp-dev \
+    && rm -rf /var/lib/apt/lists/* && cd / && python -c "import crypto._bin_products" && cd /app \
     && useradd --create-home --uid 10001 --user-group fedboost \
     && mkdir -p /models /prefect /keys /tls && chown fedboost:fedboost /models /prefect \
     && chmod 755 /usr/local/bin/fedboost-entrypoint /usr/local/bin/fedboost-healthcheck
