@@ -25,11 +25,15 @@ COPY deploy/entrypoint.sh /usr/local/bin/fedboost-entrypoint
 COPY deploy/healthcheck.py /usr/local/bin/fedboost-healthcheck
 # the C bin-products kernel (crypto._bin_products) is compiled against GMP here; the compiler
 # and headers go again, GMP's library stays; the import fails the build if it was not built
+# (Python's headers come with the official image; a Debian-built Python needs python3-dev)
 # writable for fedboost: /models (model parts and checkpoints), /prefect (the Prefect server's
 # database and UI files), its home (Prefect's and numba's caches) and /tmp; nothing else
-RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libgmp-dev \
+RUN build="gcc libc6-dev libgmp-dev" \
+    && include=$(python -c "import sysconfig; print(sysconfig.get_paths()['include'])") \
+    && { [ -e "$include/Python.h" ] || build="$build python3-dev"; } \
+    && apt-get update && apt-get install -y --no-install-recommends $build \
     && pip install --no-deps --no-build-isolation . && rm -rf build ./*.egg-info \
-    && apt-mark manual libgmp10 && apt-get purge -y --auto-remove gcc libc6-dev libgmp-dev \
+    && apt-mark manual libgmp10 && apt-get purge -y --auto-remove $build \
     && rm -rf /var/lib/apt/lists/* && cd / && python -c "import crypto._bin_products" && cd /app \
     && useradd --create-home --uid 10001 --user-group fedboost \
     && mkdir -p /models /prefect /keys /tls && chown fedboost:fedboost /models /prefect \
