@@ -1,4 +1,5 @@
-/* Homomorphic bin sums in C: products of ciphertexts, per bin, modulo an odd modulus.
+/* Homomorphic bin sums in C: products of ciphertexts, per bin, modulo an odd modulus; and,
+ * with the same Montgomery products, fixed-base window powers (the OU key holder's g^m).
  *
  * A passive party's encrypted histogram (SecureBoost Alg. 1 lines 4-9) multiplies each row's
  * ciphertext into one accumulator per feature: one modular product per row and feature, the
@@ -261,8 +262,148 @@ done:
     return result;
 }
 
+
+PyDoc_STRVAR(window_powers_doc,
+"window_powers(rows, exponents, width, window_bits, modulus) -> bytes\n\n"
+"base^e mod ``modulus`` (odd) for each exponent e, from a fixed-base window table:\n"
+"``rows[i][d]`` = base^(d * 2^(window_bits * i)) mod modulus, every entry a gmpy2.mpz in\n"
+"(0, modulus). ``exponents`` holds them as ``width`` little-endian bytes each. One product per\n"
+"nonzero window; results as the modulus's width of little-endian 64-bit limbs.");
+
+static PyObject *window_powers(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *rows_obj, *modulus_obj;
+    Py_buffer exps = {0};
+    Py_ssize_t width;
+    int window_bits;
+    if (!PyArg_ParseTuple(args, "O!y*niO", &PyList_Type, &rows_obj, &exps, &width,
+                          &window_bits, &modulus_obj))
+        return NULL;
+    PyObject *result = NULL;
+    mp_limb_t *m = NULL, *out = NULL, *rpow = NULL;
+    const mp_limb_t **picked = NULL;
+    mp_size_t *sizes = NULL;
+    uint8_t *n_picked = NULL;
+    const mp_limb_t *m_limbs;
+    mp_size_t n;
+    Py_ssize_t n_rows = PyList_GET_SIZE(rows_obj);
+    if (read_mpz(modulus_obj, &m_limbs, &n) < 0)
+        goto done;
+    if (n < 1 || n > MAX_LIMBS || !(m_limbs[0] & 1) || (n == 1 && m_limbs[0] == 1)) {
+        PyErr_SetString(PyExc_ValueError, "the modulus must be odd, above 1 and at most 8192 bits");
+        goto done;
+    }
+    if (window_bits < 1 || window_bits > 16 || width < 1 || exps.len % width) {
+        PyErr_SetString(PyExc_ValueError, "window_bits in [1, 16]; exponents a whole number of widths");
+        goto done;
+    }
+    Py_ssize_t count = exps.len / width;
+    Py_ssize_t windows = (width * 8 + window_bits - 1) / window_bits;
+    if (windows > 255) {
+        PyErr_SetString(PyExc_ValueError, "exponents too wide");
+        goto done;
+    }
+    m = PyMem_Malloc(n * sizeof(mp_limb_t));
+    out = PyMem_Malloc((size_t)(count ? count : 1) * n * sizeof(mp_limb_t));
+    rpow = PyMem_Malloc((size_t)(windows + 1) * n * sizeof(mp_limb_t));
+    picked = PyMem_Malloc((size_t)(count ? count : 1) * windows * sizeof(mp_limb_t *));
+    sizes = PyMem_Malloc((size_t)(count ? count : 1) * windows * sizeof(mp_size_t));
+    n_picked = PyMem_Calloc(count ? count : 1, 1);
+    if (!m || !out || !rpow || !picked || !sizes || !n_picked) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(m, m_limbs, n * sizeof(mp_limb_t));
+    const uint8_t *bytes = (const uint8_t *)exps.buf;
+    Py_ssize_t entries = (Py_ssize_t)1 << window_bits;
+    /* with the lock held: each exponent's table entries, checked; the table (its rows and their
+       numbers) belongs to the caller's key, which outlives the call */
+    for (Py_ssize_t e = 0; e < count; e++) {
+        const uint8_t *x = bytes + e * width;
+        for (Py_ssize_t i = 0; i < windows; i++) {
+            Py_ssize_t bit = i * window_bits, digit = 0;
+            for (int b = 0; b < window_bits && bit + b < width * 8; b++)
+                digit |= (Py_ssize_t)((x[(bit + b) >> 3] >> ((bit + b) & 7)) & 1) << b;
+            if (!digit)
+                continue;
+            PyObject *row = i < n_rows ? PyList_GET_ITEM(rows_obj, i) : NULL;
+            if (!row || !PyList_Check(row) || PyList_GET_SIZE(row) != entries) {
+                PyErr_Format(PyExc_ValueError, "the table has no full row %zd of %zd entries",
+                             i, entries);
+                goto done;
+            }
+            const mp_limb_t *limbs;
+            mp_size_t size;
+            if (read_mpz(PyList_GET_ITEM(row, digit), &limbs, &size) < 0)
+                goto done;
+            if (size <= 0 || size > n || (size == n && mpn_cmp(limbs, m, n) >= 0)) {
+                PyErr_SetString(PyExc_ValueError, "a table entry is not in (0, modulus)");
+                goto done;
+            }
+            sizes[e * windows + n_picked[e]] = size;
+            picked[e * windows + n_picked[e]++] = limbs;
+        }
+    }
+    mp_limb_t scratch[2 * MAX_LIMBS], power[2 * MAX_LIMBS + 1], r2[MAX_LIMBS];
+    Modulus mod = {m, n, 0, scratch};
+    mp_limb_t inv = m[0];
+    for (int s = 0; s < 6; s++)
+        inv *= 2 - m[0] * inv;
+    mod.minv = -inv;
+
+    Py_BEGIN_ALLOW_THREADS
+    /* rpow[j] = R^j mod m (j >= 1): a product of k entries carries R^-(k-1), and one more
+       Montgomery product by R^k takes it away */
+    memset(power, 0, (2 * n + 1) * sizeof(mp_limb_t));
+    power[n] = 1;
+    reduce(rpow + n, power, n + 1, &mod);
+    power[n] = 0;
+    power[2 * n] = 1;
+    reduce(r2, power, 2 * n + 1, &mod);
+    for (Py_ssize_t j = 2; j <= windows; j++)
+        mont_mul(rpow + j * n, rpow + (j - 1) * n, r2, &mod); /* R^(j-1) R^2 R^-1 */
+    mp_limb_t entry[MAX_LIMBS];
+    for (Py_ssize_t e = 0; e < count; e++) {
+        mp_limb_t *a = out + e * n;
+        int k = n_picked[e];
+        if (k == 0) {
+            memset(a, 0, n * sizeof(mp_limb_t));
+            a[0] = 1;
+            continue;
+        }
+        for (int t = 0; t < k; t++) {
+            const mp_limb_t *x = picked[e * windows + t];
+            mp_size_t size = sizes[e * windows + t];
+            if (size < n) { /* a number below the modulus's top limb: padded */
+                memcpy(entry, x, size * sizeof(mp_limb_t));
+                memset(entry + size, 0, (n - size) * sizeof(mp_limb_t));
+                x = entry;
+            }
+            if (t == 0)
+                memcpy(a, x, n * sizeof(mp_limb_t));
+            else
+                mont_mul(a, a, x, &mod);
+        }
+        if (k > 1)
+            mont_mul(a, a, rpow + (size_t)k * n, &mod);
+    }
+    Py_END_ALLOW_THREADS
+
+    result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)count * n * sizeof(mp_limb_t));
+done:
+    PyBuffer_Release(&exps);
+    PyMem_Free(m);
+    PyMem_Free(out);
+    PyMem_Free(rpow);
+    PyMem_Free(picked);
+    PyMem_Free(sizes);
+    PyMem_Free(n_picked);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"bin_products", bin_products, METH_VARARGS, bin_products_doc},
+    {"window_powers", window_powers, METH_VARARGS, window_powers_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -6,7 +6,8 @@ mpn layer, Montgomery products, the interpreter's lock released; built with the 
 a C compiler and GMP's headers are found) and the loop over gmpy2 numbers below. ``NATIVE``
 says which one runs; ``FEDBOOST_BIN_PRODUCTS=python`` chooses the loop (benchmarks compare
 them). The C kernel's products cost about a third less than gmpy2's ``a * c % m`` and the loop's
-per-product work in the interpreter goes away (docs/performance.md).
+per-product work in the interpreter goes away (docs/performance.md). The same products raise a
+fixed base from its window table (:func:`window_powers`: the OU key holder's ``g^m``).
 """
 
 from __future__ import annotations
@@ -77,3 +78,35 @@ def _python(codes: np.ndarray, rows: np.ndarray, ciphertexts: Sequence[mpz], n_b
             acc[slot] = c if a is None else a * c % modulus
     one = mpz(1)  # the trivial encryption of 0 marks an empty bin
     return [one if a is None else a for a in acc]
+
+
+def window_powers(rows: Sequence[Sequence[mpz]], exponents: Sequence[int], window_bits: int,
+                  modulus: mpz, native: bool | None = None) -> list[mpz]:
+    """``base^e mod modulus`` for each exponent from a fixed-base window table (``rows[i][d]``
+    = ``base^(d * 2^(window_bits * i))``, every row as long as the exponents need): one product
+    per nonzero window, in C when the kernel runs (the key holder's ``g^m`` under OU)."""
+    if not exponents:
+        return []
+    if NATIVE if native is None else native:
+        if _bin_products is None:
+            raise RuntimeError(f"the C kernel is not built: {_MISSING}")
+        width = max(1, (max(int(e) for e in exponents).bit_length() + 7) // 8)
+        blob = _bin_products.window_powers(
+            rows if isinstance(rows, list) else list(rows),
+            b"".join(int(e).to_bytes(width, "little") for e in exponents), width, window_bits,
+            mpz(modulus))
+        size = 8 * -(-modulus.bit_length() // 64)
+        return [mpz(int.from_bytes(blob[i:i + size], "little"))
+                for i in range(0, len(blob), size)]
+    mask, out = (1 << window_bits) - 1, []
+    for exponent in exponents:
+        exponent, acc = int(exponent), mpz(1)
+        for row in rows:
+            if not exponent:
+                break
+            digit = exponent & mask
+            if digit:
+                acc = acc * row[digit] % modulus
+            exponent >>= window_bits
+        out.append(acc)
+    return out

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from crypto import CryptoError, KeyMismatchError
 from crypto._gmp import crt_pair, invert, mpz, powmod, random_below, random_prime
+from crypto.bin_products import window_powers
 from crypto.paillier import OBFUSCATOR_EXPONENT_BITS, OBFUSCATORS, _FixedBaseTable, fold_runs
 
 SCHEME = "ou"
@@ -68,18 +69,15 @@ class _PlainTable:
             self.rows.append(row)
             self._next = row[-1] * step % modulus
 
-    def power(self, exponent: int) -> mpz:
+    def powers(self, exponents: Sequence[int]) -> list[mpz]:
+        """``base^e`` for each exponent: one product per nonzero window (in C where
+        :mod:`crypto.bin_products`' kernel runs)."""
         bits = self.window_bits
-        self._grow(-(-int(exponent).bit_length() // bits))
-        modulus, mask, acc = self.modulus, (1 << bits) - 1, mpz(1)
-        for row in self.rows:
-            if not exponent:
-                break
-            digit = exponent & mask
-            if digit:
-                acc = acc * row[digit] % modulus
-            exponent >>= bits
-        return acc
+        self._grow(-(-max((int(e).bit_length() for e in exponents), default=0) // bits))
+        return window_powers(self.rows, exponents, bits, self.modulus)
+
+    def power(self, exponent: int) -> mpz:
+        return self.powers([exponent])[0]
 
 
 def _derive_g(n: mpz) -> mpz:
@@ -256,13 +254,14 @@ class OUPrivateKey:
             self._tables = (_FixedBaseTable(h, self.psquare), _FixedBaseTable(h, self.q))
         return self._tables
 
-    def _g_power_pair(self, m: int) -> tuple[mpz, mpz]:
-        """``g^m`` modulo p^2 and q, from window tables over the plaintext's bits."""
+    def _g_powers(self, plaintexts: list[int]) -> tuple[list[mpz], list[mpz]]:
+        """``g^m`` modulo p^2 and modulo q of each plaintext, from window tables over the
+        plaintexts' bits."""
         if self._plain_tables is None:
             g = self.public_key.g
             self._plain_tables = (_PlainTable(g, self.psquare), _PlainTable(g, self.q))
         tp, tq = self._plain_tables
-        return tp.power(m), tq.power(m)
+        return tp.powers(plaintexts), tq.powers(plaintexts)
 
     def _obfuscator_pair(self) -> tuple[mpz, mpz]:
         """One fresh ``h^r`` as its residues modulo p^2 and q."""
@@ -285,12 +284,12 @@ class OUPrivateKey:
         """Encrypt as the key holder: ``g^m h^r`` modulo p^2 and q, joined once by CRT;
         obfuscators from the end of ``spare`` while it lasts (each taken out), then fresh."""
         psquare, q, inverse = self.psquare, self.q, self._psq_inv
-        public = self.public_key
-        out = []
+        plaintexts = list(plaintexts)
         for m in plaintexts:
-            public._check_plaintext(m)
+            self.public_key._check_plaintext(m)
+        out = []
+        for gp, gq in zip(*self._g_powers(plaintexts), strict=True):
             rp, rq = spare.pop() if spare else self._obfuscator_pair()
-            gp, gq = self._g_power_pair(m)
             out.append(crt_pair(gp * rp % psquare, gq * rq % q, psquare, q, inverse))
         return out
 

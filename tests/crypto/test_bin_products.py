@@ -122,3 +122,32 @@ def test_other_threads_run_while_it_multiplies() -> None:
     during = [t for t in ticks if started < t < started + took]
     # with the lock held the whole call, the other thread would not tick at all
     assert took > 0.05 and len(during) >= took / 0.01, (took, len(during))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 6),
+       st.lists(st.integers(0, 2 ** 70), min_size=0, max_size=12), st.data())
+def test_window_powers_in_c_equal_the_gmpy2_loop(limbs: int, window_bits: int,
+                                                  exponents: list[int], data: st.DataObject) -> None:
+    from crypto.bin_products import window_powers
+    from crypto.ou import _PlainTable
+
+    modulus = mpz(data.draw(st.integers(3, 2 ** (64 * limbs) - 1)) | 1)
+    base = mpz(data.draw(st.integers(2, int(modulus) - 1))) if modulus > 3 else mpz(2)
+    table = _PlainTable(base, modulus, window_bits)
+    table._grow(-(-71 // window_bits))  # exponents up to 2^70: 71 bits
+    # a base sharing a factor with the modulus can reach 0: such entries are refused in C
+    if any(x == 0 for row in table.rows for x in row):
+        return
+    native = window_powers(table.rows, exponents, window_bits, modulus, native=True)
+    assert native == window_powers(table.rows, exponents, window_bits, modulus, native=False)
+    assert native == [pow(base, e, modulus) for e in exponents]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_ou_encryptions_decrypt_whichever_kernel_raises_g(native: bool, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(kernel_module, "NATIVE", native)
+    public, private = generate_keypair("ou", 1024)
+    values = [0, 1, 2 ** 100 + 7] + [secrets.randbits(120) for _ in range(50)]
+    assert private.decrypt_batch(private.encrypt_batch(values)) == values
+    assert private.raw_decrypt(public.raw_encrypt(12345)) == 12345
