@@ -90,7 +90,7 @@ static void correction_table(mp_limb_t *table, int windows, const mp_limb_t *r2,
 
 static int read_mpz(PyObject *obj, const mp_limb_t **limbs, mp_size_t *size) {
     if (Py_TYPE(obj) != mpz_type) {
-        PyErr_Format(PyExc_TypeError, "ciphertexts must be gmpy2.mpz, not %s",
+        PyErr_Format(PyExc_TypeError, "numbers must be gmpy2.mpz, not %s",
                      Py_TYPE(obj)->tp_name);
         return -1;
     }
@@ -98,6 +98,34 @@ static int read_mpz(PyObject *obj, const mp_limb_t **limbs, mp_size_t *size) {
     *limbs = z->_mp_d;
     *size = z->_mp_size;
     return 0;
+}
+
+/* The modulus of a call: read, checked odd, above 1 and at most MAX_LIMBS limbs, copied into
+ * ``m`` (MAX_LIMBS limbs) and set up in ``mod`` with its Montgomery constant (``scratch``:
+ * 2 * MAX_LIMBS limbs). -1 with the exception set if it is not a usable modulus. */
+static int open_modulus(PyObject *obj, mp_limb_t *m, mp_limb_t *scratch, Modulus *mod) {
+    const mp_limb_t *limbs;
+    mp_size_t n;
+    if (read_mpz(obj, &limbs, &n) < 0)
+        return -1;
+    if (n < 1 || n > MAX_LIMBS || !(limbs[0] & 1) || (n == 1 && limbs[0] == 1)) {
+        PyErr_SetString(PyExc_ValueError, "the modulus must be odd, above 1 and at most 8192 bits");
+        return -1;
+    }
+    memcpy(m, limbs, n * sizeof(mp_limb_t));
+    mp_limb_t inv = m[0]; /* Newton: m^-1 mod 2^64, each step doubles the good bits */
+    for (int s = 0; s < 6; s++)
+        inv *= 2 - m[0] * inv;
+    *mod = (Modulus){m, n, -inv, scratch};
+    return 0;
+}
+
+/* R^e mod m for e in {1, 2} (R = 2^(64 n)), standard form */
+static void power_of_r(mp_limb_t *out, int e, const Modulus *mod) {
+    mp_limb_t power[2 * MAX_LIMBS + 1];
+    memset(power, 0, (e * mod->n + 1) * sizeof(mp_limb_t));
+    power[e * mod->n] = 1;
+    reduce(out, power, e * mod->n + 1, mod);
 }
 
 PyDoc_STRVAR(bin_products_doc,
@@ -108,19 +136,17 @@ PyDoc_STRVAR(bin_products_doc,
 "64-bit limbs; a bin no row fell in holds 1 (the trivial encryption of 0).");
 
 static PyObject *bin_products(PyObject *self, PyObject *args) {
+    (void)self;
     PyObject *ciphertexts, *rows_obj, *codes_obj, *modulus_obj;
     Py_ssize_t n_bins;
     if (!PyArg_ParseTuple(args, "O!OOnO", &PyList_Type, &ciphertexts, &rows_obj, &codes_obj,
                           &n_bins, &modulus_obj))
         return NULL;
-    const mp_limb_t *m_limbs;
-    mp_size_t n;
-    if (read_mpz(modulus_obj, &m_limbs, &n) < 0)
+    mp_limb_t m[MAX_LIMBS], scratch[2 * MAX_LIMBS];
+    Modulus mod;
+    if (open_modulus(modulus_obj, m, scratch, &mod) < 0)
         return NULL;
-    if (n < 1 || n > MAX_LIMBS || !(m_limbs[0] & 1) || (n == 1 && m_limbs[0] == 1)) {
-        PyErr_SetString(PyExc_ValueError, "the modulus must be odd, above 1 and at most 8192 bits");
-        return NULL;
-    }
+    mp_size_t n = mod.n;
     if (n_bins < 1 || n_bins > 256) {
         PyErr_SetString(PyExc_ValueError, "n_bins must be in [1, 256]");
         return NULL;
@@ -128,7 +154,7 @@ static PyObject *bin_products(PyObject *self, PyObject *args) {
     Py_buffer rows = {0}, codes = {0};
     PyObject *result = NULL;
     const PyObject **cts = NULL;
-    mp_limb_t *acc = NULL, *m = NULL;
+    mp_limb_t *acc = NULL;
     uint64_t *counts = NULL;
     mp_limb_t *table = NULL;
     if (PyObject_GetBuffer(rows_obj, &rows, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
@@ -157,15 +183,13 @@ static PyObject *bin_products(PyObject *self, PyObject *args) {
 
     /* with the lock held: check every input and hold a reference to each row's ciphertext */
     cts = PyMem_Calloc(n_rows ? n_rows : 1, sizeof(PyObject *));
-    m = PyMem_Malloc(n * sizeof(mp_limb_t));
     acc = PyMem_Malloc((size_t)(n_slots ? n_slots : 1) * n * sizeof(mp_limb_t));
     counts = PyMem_Calloc(n_slots ? n_slots : 1, sizeof(uint64_t));
     table = PyMem_Malloc((size_t)16 * WINDOW * n * sizeof(mp_limb_t)); /* k < 2^64: 16 windows */
-    if (!cts || !m || !acc || !counts || !table) {
+    if (!cts || !acc || !counts || !table) {
         PyErr_NoMemory();
         goto done;
     }
-    memcpy(m, m_limbs, n * sizeof(mp_limb_t));
     for (Py_ssize_t i = 0; i < n_rows; i++) {
         int64_t at = row_index[i];
         if (at < 0 || at >= n_cts) {
@@ -193,13 +217,7 @@ static PyObject *bin_products(PyObject *self, PyObject *args) {
         }
     }
 
-    mp_limb_t scratch[2 * MAX_LIMBS], c_limbs[MAX_LIMBS], r2[MAX_LIMBS];
-    mp_limb_t power[2 * MAX_LIMBS + 1];
-    Modulus mod = {m, n, 0, scratch};
-    mp_limb_t inv = m[0]; /* Newton: m^-1 mod 2^64, each step doubles the good bits */
-    for (int s = 0; s < 6; s++)
-        inv *= 2 - m[0] * inv;
-    mod.minv = -inv;
+    mp_limb_t c_limbs[MAX_LIMBS], r2[MAX_LIMBS];
 
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n_rows; i++) {
@@ -224,9 +242,7 @@ static PyObject *bin_products(PyObject *self, PyObject *args) {
     int windows = 0;
     while (windows < 16 && (most - (most > 0)) >> (WINDOW_BITS * windows))
         windows++;
-    memset(power, 0, (2 * n + 1) * sizeof(mp_limb_t));
-    power[2 * n] = 1;
-    reduce(r2, power, 2 * n + 1, &mod);
+    power_of_r(r2, 2, &mod);
     if (windows)
         correction_table(table, windows, r2, &mod);
     for (Py_ssize_t slot = 0; slot < n_slots; slot++) {
@@ -251,7 +267,6 @@ done:
             Py_XDECREF(cts[i]);
         PyMem_Free(cts);
     }
-    PyMem_Free(m);
     PyMem_Free(acc);
     PyMem_Free(counts);
     PyMem_Free(table);
@@ -280,19 +295,16 @@ static PyObject *window_powers(PyObject *self, PyObject *args) {
                           &window_bits, &modulus_obj))
         return NULL;
     PyObject *result = NULL;
-    mp_limb_t *m = NULL, *out = NULL, *rpow = NULL;
+    mp_limb_t *out = NULL, *rpow = NULL;
     const mp_limb_t **picked = NULL;
     mp_size_t *sizes = NULL;
     uint8_t *n_picked = NULL;
-    const mp_limb_t *m_limbs;
-    mp_size_t n;
+    mp_limb_t m[MAX_LIMBS], scratch[2 * MAX_LIMBS];
+    Modulus mod;
     Py_ssize_t n_rows = PyList_GET_SIZE(rows_obj);
-    if (read_mpz(modulus_obj, &m_limbs, &n) < 0)
+    if (open_modulus(modulus_obj, m, scratch, &mod) < 0)
         goto done;
-    if (n < 1 || n > MAX_LIMBS || !(m_limbs[0] & 1) || (n == 1 && m_limbs[0] == 1)) {
-        PyErr_SetString(PyExc_ValueError, "the modulus must be odd, above 1 and at most 8192 bits");
-        goto done;
-    }
+    mp_size_t n = mod.n;
     if (window_bits < 1 || window_bits > 16 || width < 1 || exps.len % width) {
         PyErr_SetString(PyExc_ValueError, "window_bits in [1, 16]; exponents a whole number of widths");
         goto done;
@@ -303,17 +315,15 @@ static PyObject *window_powers(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "exponents too wide");
         goto done;
     }
-    m = PyMem_Malloc(n * sizeof(mp_limb_t));
     out = PyMem_Malloc((size_t)(count ? count : 1) * n * sizeof(mp_limb_t));
     rpow = PyMem_Malloc((size_t)(windows + 1) * n * sizeof(mp_limb_t));
     picked = PyMem_Malloc((size_t)(count ? count : 1) * windows * sizeof(mp_limb_t *));
     sizes = PyMem_Malloc((size_t)(count ? count : 1) * windows * sizeof(mp_size_t));
     n_picked = PyMem_Calloc(count ? count : 1, 1);
-    if (!m || !out || !rpow || !picked || !sizes || !n_picked) {
+    if (!out || !rpow || !picked || !sizes || !n_picked) {
         PyErr_NoMemory();
         goto done;
     }
-    memcpy(m, m_limbs, n * sizeof(mp_limb_t));
     const uint8_t *bytes = (const uint8_t *)exps.buf;
     Py_ssize_t entries = (Py_ssize_t)1 << window_bits;
     /* with the lock held: each exponent's table entries, checked; the table (its rows and their
@@ -344,22 +354,13 @@ static PyObject *window_powers(PyObject *self, PyObject *args) {
             picked[e * windows + n_picked[e]++] = limbs;
         }
     }
-    mp_limb_t scratch[2 * MAX_LIMBS], power[2 * MAX_LIMBS + 1], r2[MAX_LIMBS];
-    Modulus mod = {m, n, 0, scratch};
-    mp_limb_t inv = m[0];
-    for (int s = 0; s < 6; s++)
-        inv *= 2 - m[0] * inv;
-    mod.minv = -inv;
+    mp_limb_t r2[MAX_LIMBS];
 
     Py_BEGIN_ALLOW_THREADS
     /* rpow[j] = R^j mod m (j >= 1): a product of k entries carries R^-(k-1), and one more
        Montgomery product by R^k takes it away */
-    memset(power, 0, (2 * n + 1) * sizeof(mp_limb_t));
-    power[n] = 1;
-    reduce(rpow + n, power, n + 1, &mod);
-    power[n] = 0;
-    power[2 * n] = 1;
-    reduce(r2, power, 2 * n + 1, &mod);
+    power_of_r(rpow + n, 1, &mod);
+    power_of_r(r2, 2, &mod);
     for (Py_ssize_t j = 2; j <= windows; j++)
         mont_mul(rpow + j * n, rpow + (j - 1) * n, r2, &mod); /* R^(j-1) R^2 R^-1 */
     mp_limb_t entry[MAX_LIMBS];
@@ -392,7 +393,6 @@ static PyObject *window_powers(PyObject *self, PyObject *args) {
     result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)count * n * sizeof(mp_limb_t));
 done:
     PyBuffer_Release(&exps);
-    PyMem_Free(m);
     PyMem_Free(out);
     PyMem_Free(rpow);
     PyMem_Free(picked);

@@ -12,15 +12,12 @@ fixed base from its window table (:func:`window_powers`: the OU key holder's ``g
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 
 import numpy as np
 
 from crypto._gmp import mpz
-
-log = logging.getLogger("fedboost.crypto")
 
 try:
     from crypto import _bin_products
@@ -59,6 +56,11 @@ def _native(codes: np.ndarray, rows: np.ndarray, ciphertexts: Sequence[mpz], n_b
         ciphertexts if isinstance(ciphertexts, list) else list(ciphertexts),
         np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(codes, dtype=np.uint8),
         n_bins, mpz(modulus))
+    return _numbers(blob, modulus)
+
+
+def _numbers(blob: bytes, modulus: mpz) -> list[mpz]:
+    """The C kernel's results: numbers of the modulus's width in little-endian 64-bit limbs."""
     width = 8 * -(-modulus.bit_length() // 64)
     return [mpz(int.from_bytes(blob[i:i + width], "little"))
             for i in range(0, len(blob), width)]
@@ -95,9 +97,7 @@ def window_powers(rows: Sequence[Sequence[mpz]], exponents: Sequence[int], windo
             rows if isinstance(rows, list) else list(rows),
             b"".join(int(e).to_bytes(width, "little") for e in exponents), width, window_bits,
             mpz(modulus))
-        size = 8 * -(-modulus.bit_length() // 64)
-        return [mpz(int.from_bytes(blob[i:i + size], "little"))
-                for i in range(0, len(blob), size)]
+        return _numbers(blob, modulus)
     mask, out = (1 << window_bits) - 1, []
     for exponent in exponents:
         exponent, acc = int(exponent), mpz(1)

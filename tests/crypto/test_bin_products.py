@@ -128,7 +128,8 @@ def test_other_threads_run_while_it_multiplies() -> None:
 @given(st.integers(1, 4), st.integers(1, 6),
        st.lists(st.integers(0, 2 ** 70), min_size=0, max_size=12), st.data())
 def test_window_powers_in_c_equal_the_gmpy2_loop(limbs: int, window_bits: int,
-                                                  exponents: list[int], data: st.DataObject) -> None:
+                                                  exponents: list[int],
+                                                  data: st.DataObject) -> None:
     from crypto.bin_products import window_powers
     from crypto.ou import _PlainTable
 
