@@ -38,9 +38,22 @@ class UserErrorFilter(logging.Filter):
             self.seen.add(str(exc))
             return False
         message = record.getMessage()
-        if isinstance(exc, KeyboardInterrupt) or _INTERRUPTED in message:
+        if _raised_by_interrupt(exc) or _INTERRUPTED in message:
             return False  # Ctrl-C: the command says so in one line
         return not any(text in message for text in self.seen)
+
+
+def _raised_by_interrupt(exc: BaseException | None) -> bool:
+    """``exc`` is a KeyboardInterrupt or was raised while one was being handled: Ctrl-C
+    between two task runs makes Prefect's crash handler fail with "Task run is not set", and
+    the flow logs that ValueError (its context the interrupt) with a traceback."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 class _BelowLevel(logging.Filter):
