@@ -7,7 +7,8 @@ or with obfuscators made ahead as the crypto processes make them while the party
 ours with the public key only; phe), add (ours,
 phe, raw gmpy2 ``c1*c2 % n2``), decrypt (ours CRT, phe CRT), histogram accumulation (the
 passive party's per-bin ciphertext products on a default_credit-sized node, as multiplies/s,
-in crypto.bin_products' C kernel and again in its gmpy2 loop),
+in crypto.bin_products' C kernel and again in its gmpy2 loop), obfuscators made (the key
+holder's short-exponent window powers, in the C kernel and in the loop),
 and bin sums brought back to plaintext, one decryption each or packed several per ciphertext
 (crypto.compress: pack + decrypt + unpack), as sums/s.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import secrets
 import time
 from collections.abc import Callable
 
@@ -78,6 +80,8 @@ def measure(bits: int, seconds: float) -> dict[str, float]:
         "decrypt ours (CRT)": rate(lambda k: [private.raw_decrypt(cts[i % 64]) for i in range(k)], seconds),
         "decrypt phe (CRT)": rate(lambda k: [phe_priv.raw_decrypt(int(cts[i % 64])) for i in range(k)], seconds),
     }
+    out[OBFUSCATOR_ROW] = obfuscator_rate(private, seconds, native=True)
+    out[OBFUSCATOR_PYTHON_ROW] = obfuscator_rate(private, seconds, native=False)
     out["histogram accumulation (mults/s)"] = histogram_rate(public, private, seconds)
     out[PYTHON_ROW] = histogram_rate(public, private, seconds, native=False)
     out.update(bin_sum_rates(public, private, seconds))
@@ -86,6 +90,24 @@ def measure(bits: int, seconds: float) -> dict[str, float]:
 
 PYTHON_ROW = "  the same in the gmpy2 loop (mults/s)"
 """The histogram row again, in crypto.bin_products' Python loop rather than its C kernel."""
+OBFUSCATOR_ROW = "obfuscators made (short exponent; C)"
+OBFUSCATOR_PYTHON_ROW = "  the same in the gmpy2 loop (obfuscators/s)"
+
+
+def obfuscator_rate(private: PrivateKey, seconds: float, native: bool) -> float:
+    """The key holder's short-exponent obfuscators per second, both residues (what the
+    preparer processes make ahead), from the key's window tables in the C kernel or its loop."""
+    from crypto.bin_products import window_powers
+    from crypto.paillier import OBFUSCATOR_EXPONENT_BITS
+
+    tables = private._short_tables()
+
+    def make(k: int) -> None:
+        exponents = [secrets.randbits(OBFUSCATOR_EXPONENT_BITS) for _ in range(k)]
+        for table in tables:
+            window_powers(table.rows, exponents, table.window_bits, table.modulus, native)
+
+    return rate(make, seconds)
 
 
 def histogram_rate(public, private, seconds: float,  # type: ignore[no-untyped-def]
@@ -156,7 +178,8 @@ def bin_sum_rates(public, private, seconds: float) -> dict[str, float]:  # type:
 SCHEME_ROWS = ("encrypt ours (key holder, CRT)", "encrypt ours (obfuscators made ahead)",
                "encrypt ours (public key)", "add ours", "decrypt ours (CRT)",
                "histogram accumulation (mults/s)", PYTHON_ROW,
-               "bin sums folded by the key holder mod p^2 (sums/s)")
+               "bin sums folded by the key holder mod p^2 (sums/s)", OBFUSCATOR_ROW,
+               OBFUSCATOR_PYTHON_ROW)
 """The rows both schemes have, measured the same way."""
 
 
@@ -178,6 +201,8 @@ def measure_ou(bits: int, seconds: float) -> dict[str, float]:
         SCHEME_ROWS[6]: histogram_rate(public, private, seconds, native=False),
         SCHEME_ROWS[7]: len(sums) * rate(lambda k: [decrypt_bin_sums(
             private, sums, BENCH_PACKER.cell_bits) for _ in range(k)], seconds),
+        OBFUSCATOR_ROW: obfuscator_rate(private, seconds, native=True),
+        OBFUSCATOR_PYTHON_ROW: obfuscator_rate(private, seconds, native=False),
     }
 
 
@@ -228,7 +253,9 @@ def main() -> None:
               f"{r['histogram accumulation (mults/s)'] / r['add raw gmpy2 c1*c2 % n2 (floor)']:.2f}; "
               f"decrypt ours/phe = {r['decrypt ours (CRT)'] / r['decrypt phe (CRT)']:.1f}x; "
               f"histogram accumulation C kernel / gmpy2 loop = "
-              f"{r['histogram accumulation (mults/s)'] / r[PYTHON_ROW]:.2f}x")
+              f"{r['histogram accumulation (mults/s)'] / r[PYTHON_ROW]:.2f}x; "
+              f"obfuscators C kernel / gmpy2 loop = "
+              f"{r[OBFUSCATOR_ROW] / r[OBFUSCATOR_PYTHON_ROW]:.2f}x")
         per = BinSumPacking.for_key(BENCH_PACKER.cell_bits, b).per_ciphertext
         by_holder = r["bin sums folded by the key holder mod p^2 (sums/s)"]
         print(f"{b} bits: per bin sum, folded by the key holder modulo p^2 {1e3 / by_holder:.3f} "

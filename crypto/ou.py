@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 from crypto import CryptoError, KeyMismatchError
 from crypto._gmp import crt_pair, invert, mpz, powmod, random_below, random_prime
-from crypto.bin_products import window_powers
-from crypto.paillier import OBFUSCATOR_EXPONENT_BITS, OBFUSCATORS, _FixedBaseTable, fold_runs
+from crypto.paillier import (OBFUSCATOR_EXPONENT_BITS, OBFUSCATORS, _FixedBaseTable, fold_runs,
+                             short_obfuscators, take_obfuscators)
 
 SCHEME = "ou"
 
@@ -47,37 +47,13 @@ MIN_KEY_BITS = 768
 
 PLAIN_WINDOW_BITS = 12
 """Fixed-base windows for ``g^m``, as for obfuscators; rows are built as plaintexts reach them
-(:class:`_PlainTable`), so packed gradients (~130 bits) need 11 rows, not the 57 that reach
+(:func:`_plain_table`), so packed gradients (~130 bits) need 11 rows, not the 57 that reach
 p's bits at 2048."""
 
 
-class _PlainTable:
-    """``base^m mod modulus`` by fixed windows whose rows are built on first use: the key
-    holder's plaintexts are far shorter than p, and ``g^m`` costs one product per window."""
-
-    def __init__(self, base: mpz, modulus: mpz, window_bits: int = PLAIN_WINDOW_BITS) -> None:
-        self.modulus, self.window_bits = modulus, window_bits
-        self.rows: list[list[mpz]] = []
-        self._next = base % modulus  # base^(2^(window_bits * len(rows)))
-
-    def _grow(self, rows: int) -> None:
-        while len(self.rows) < rows:
-            step, modulus = self._next, self.modulus
-            row = [mpz(1), step]
-            for _ in range(2, 1 << self.window_bits):
-                row.append(row[-1] * step % modulus)
-            self.rows.append(row)
-            self._next = row[-1] * step % modulus
-
-    def powers(self, exponents: Sequence[int]) -> list[mpz]:
-        """``base^e`` for each exponent: one product per nonzero window (in C where
-        :mod:`crypto.bin_products`' kernel runs)."""
-        bits = self.window_bits
-        self._grow(-(-max((int(e).bit_length() for e in exponents), default=0) // bits))
-        return window_powers(self.rows, exponents, bits, self.modulus)
-
-    def power(self, exponent: int) -> mpz:
-        return self.powers([exponent])[0]
+def _plain_table(base: mpz, modulus: mpz) -> _FixedBaseTable:
+    """``base^m mod modulus`` for plaintexts ``m``: rows built as plaintexts reach them."""
+    return _FixedBaseTable(base, modulus, PLAIN_WINDOW_BITS, exponent_bits=0)
 
 
 def _derive_g(n: mpz) -> mpz:
@@ -104,7 +80,7 @@ class OUPublicKey:
     h: mpz = field(init=False)
     plaintext_bits: int = field(init=False)
     """Packed plaintexts stay below ``2**(plaintext_bits - 1)``, which is below p."""
-    _plain_table: _PlainTable | None = field(init=False, default=None, repr=False)
+    _plain_table: _FixedBaseTable | None = field(init=False, default=None, repr=False)
     _table: _FixedBaseTable | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -148,7 +124,7 @@ class OUPublicKey:
         """``g^m mod n`` (the plaintext part of a ciphertext; a known plaintext's encryption
         without obfuscator, for adding it to a ciphertext)."""
         if self._plain_table is None:
-            self._plain_table = _PlainTable(self.g, self.n)
+            self._plain_table = _plain_table(self.g, self.n)
         return self._plain_table.power(m)
 
     def _obfuscator(self) -> mpz:
@@ -196,7 +172,7 @@ class OUPrivateKey:
     gp_inverse: mpz = field(init=False)
     """``L(g^(p-1) mod p^2)^-1 mod p``, the decryption's constant."""
     _psq_inv: mpz = field(init=False)
-    _plain_tables: tuple[_PlainTable, _PlainTable] | None = field(init=False, default=None)
+    _plain_tables: tuple[_FixedBaseTable, _FixedBaseTable] | None = field(init=False, default=None)
     _tables: tuple[_FixedBaseTable, _FixedBaseTable] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -259,25 +235,23 @@ class OUPrivateKey:
         plaintexts' bits."""
         if self._plain_tables is None:
             g = self.public_key.g
-            self._plain_tables = (_PlainTable(g, self.psquare), _PlainTable(g, self.q))
+            self._plain_tables = (_plain_table(g, self.psquare), _plain_table(g, self.q))
         tp, tq = self._plain_tables
         return tp.powers(plaintexts), tq.powers(plaintexts)
 
-    def _obfuscator_pair(self) -> tuple[mpz, mpz]:
-        """One fresh ``h^r`` as its residues modulo p^2 and q."""
-        if self.obfuscator == "full":
-            r = random_below(self.public_key.n)
-            h = self.public_key.h
-            return (powmod(h, r % (self.p * (self.p - 1)), self.psquare),
-                    powmod(h, r % (self.q - 1), self.q))
-        tp, tq = self._short_tables()
-        a = secrets.randbits(OBFUSCATOR_EXPONENT_BITS)
-        return tp.power(a), tq.power(a)
+    def _full_obfuscator(self) -> tuple[mpz, mpz]:
+        """A uniform r's h^r modulo p^2 and q (exponents reduced mod the groups' orders)."""
+        r = random_below(self.public_key.n)
+        h = self.public_key.h
+        return (powmod(h, r % (self.p * (self.p - 1)), self.psquare),
+                powmod(h, r % (self.q - 1), self.q))
 
     def obfuscators(self, count: int) -> list[tuple[mpz, mpz]]:
         """``count`` fresh obfuscators (residues modulo p^2 and q), made ahead of the
         plaintexts they will hide. Each must be used once and never leaves the key holder."""
-        return [self._obfuscator_pair() for _ in range(count)]
+        if self.obfuscator == "full":
+            return [self._full_obfuscator() for _ in range(count)]
+        return short_obfuscators(self._short_tables(), count)
 
     def encrypt_batch(self, plaintexts: Iterable[int],
                       spare: list[tuple[mpz, mpz]] | None = None) -> list[mpz]:
@@ -288,8 +262,9 @@ class OUPrivateKey:
         for m in plaintexts:
             self.public_key._check_plaintext(m)
         out = []
-        for gp, gq in zip(*self._g_powers(plaintexts), strict=True):
-            rp, rq = spare.pop() if spare else self._obfuscator_pair()
+        for gp, gq, (rp, rq) in zip(*self._g_powers(plaintexts),
+                                    take_obfuscators(spare, len(plaintexts), self.obfuscators),
+                                    strict=True):
             out.append(crt_pair(gp * rp % psquare, gq * rq % q, psquare, q, inverse))
         return out
 

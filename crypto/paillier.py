@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from crypto import CryptoError, KeyMismatchError, OverflowRiskError
 from crypto._gmp import crt_pair, invert, mpz, powmod, random_below, random_prime
+from crypto.bin_products import window_powers
 
 DEFAULT_KEY_BITS = 2048
 """NIST SP 800-57 puts 2048-bit factoring moduli at 112-bit security, acceptable to 2030."""
@@ -51,30 +52,58 @@ table of 22 x 4096 residues (about 23 MB per prime factor at 2048 bits, built on
 
 
 class _FixedBaseTable:
-    """``base^a mod modulus`` for ``a < 2**OBFUSCATOR_EXPONENT_BITS`` by fixed windows."""
+    """``base^a mod modulus`` by fixed windows: ``rows[i][d] = base^(d * 2^(window_bits * i))``,
+    one product per nonzero window of ``a``. The rows for ``exponent_bits``-bit exponents are
+    built at once; longer exponents grow the table as they come (OU's ``g^m``: plaintexts far
+    shorter than p need only the rows they reach)."""
 
-    def __init__(self, base: mpz, modulus: mpz, window_bits: int = WINDOW_BITS) -> None:
-        self.modulus = modulus
-        self.window_bits = window_bits
+    def __init__(self, base: mpz, modulus: mpz, window_bits: int = WINDOW_BITS,
+                 exponent_bits: int = OBFUSCATOR_EXPONENT_BITS) -> None:
+        self.modulus, self.window_bits = modulus, window_bits
         self.rows: list[list[mpz]] = []
-        step = base % modulus
-        for _ in range(-(-OBFUSCATOR_EXPONENT_BITS // window_bits)):
+        self._next = base % modulus  # base^(2^(window_bits * len(rows)))
+        self._grow(-(-exponent_bits // window_bits))
+
+    def _grow(self, rows: int) -> None:
+        while len(self.rows) < rows:
+            step, modulus = self._next, self.modulus
             row = [mpz(1), step]
-            for _ in range(2, 1 << window_bits):
+            for _ in range(2, 1 << self.window_bits):
                 row.append(row[-1] * step % modulus)
             self.rows.append(row)
-            step = row[-1] * step % modulus  # base^(2^(window_bits * (i+1)))
+            self._next = row[-1] * step % modulus
+
+    def _reach(self, exponents: Sequence[int]) -> None:
+        bits = max((int(e).bit_length() for e in exponents), default=0)
+        self._grow(-(-bits // self.window_bits))
 
     def power(self, exponent: int) -> mpz:
-        modulus = self.modulus
-        acc = mpz(1)
-        mask = (1 << self.window_bits) - 1
-        for row in self.rows:
-            digit = exponent & mask
-            if digit:
-                acc = acc * row[digit] % modulus
-            exponent >>= self.window_bits
-        return acc
+        """One power, by the interpreter's loop: for a single exponent the C kernel's set-up
+        (powers of its Montgomery radix) would cost as much as the products."""
+        self._reach([exponent])
+        return window_powers(self.rows, [exponent], self.window_bits, self.modulus,
+                             native=False)[0]
+
+    def powers(self, exponents: Sequence[int]) -> list[mpz]:
+        """Many powers at once, in C when the kernel is built (``crypto.bin_products``)."""
+        self._reach(exponents)
+        return window_powers(self.rows, exponents, self.window_bits, self.modulus)
+
+
+def short_obfuscators(tables: tuple[_FixedBaseTable, _FixedBaseTable],
+                      count: int) -> list[tuple[mpz, mpz]]:
+    """``count`` short-exponent obfuscators ``hs^a`` (module docstring) as residues modulo the
+    two tables' moduli, each with its own random ``a``, the same in both residues."""
+    exponents = [secrets.randbits(OBFUSCATOR_EXPONENT_BITS) for _ in range(count)]
+    return list(zip(tables[0].powers(exponents), tables[1].powers(exponents), strict=True))
+
+
+def take_obfuscators(spare: list[tuple[mpz, mpz]] | None, count: int,
+                     fresh: Callable[[int], list[tuple[mpz, mpz]]]) -> list[tuple[mpz, mpz]]:
+    """``count`` obfuscators for a batch: taken out of the end of ``spare`` (so never used
+    twice) while it lasts, the rest made now by ``fresh``, all at once."""
+    taken = [spare.pop() for _ in range(min(count, len(spare)))] if spare else []
+    return taken + fresh(count - len(taken))
 
 
 @dataclass(eq=False)
@@ -247,19 +276,13 @@ class PaillierPrivateKey:
         return (powmod(r, n % (self.p * (self.p - 1)), self.psquare),
                 powmod(r, n % (self.q * (self.q - 1)), self.qsquare))
 
-    def _obfuscator_pair(self) -> tuple[mpz, mpz]:
-        """One fresh obfuscator as its residues modulo p^2 and q^2."""
-        if self.obfuscator == "full":
-            return self._full_obfuscator()
-        tp, tq = self._short_tables()
-        a = secrets.randbits(OBFUSCATOR_EXPONENT_BITS)
-        return tp.power(a), tq.power(a)
-
     def obfuscators(self, count: int) -> list[tuple[mpz, mpz]]:
         """``count`` fresh obfuscators (residues modulo p^2 and q^2), made ahead of the
         plaintexts they will hide: they do not depend on them. Each must be used once
         (:meth:`encrypt_batch`'s ``spare``) and, like the key, never leaves the key holder."""
-        return [self._obfuscator_pair() for _ in range(count)]
+        if self.obfuscator == "full":
+            return [self._full_obfuscator() for _ in range(count)]
+        return short_obfuscators(self._short_tables(), count)
 
     def encrypt_batch(self, plaintexts: Iterable[int],
                       spare: list[tuple[mpz, mpz]] | None = None) -> list[mpz]:
@@ -269,11 +292,13 @@ class PaillierPrivateKey:
         lasts, then fresh."""
         n = self.public_key.n
         psquare, qsquare, inverse = self.psquare, self.qsquare, self._psq_inv
-        out = []
+        plaintexts = list(plaintexts)
         for m in plaintexts:
             if not 0 <= m < n:
                 raise CryptoError("plaintext outside [0, n)")
-            rp, rq = spare.pop() if spare else self._obfuscator_pair()
+        out = []
+        for m, (rp, rq) in zip(plaintexts, take_obfuscators(spare, len(plaintexts),
+                                                            self.obfuscators), strict=True):
             g_m = 1 + mpz(m) * n
             out.append(crt_pair(g_m % psquare * rp % psquare, g_m % qsquare * rq % qsquare,
                                 psquare, qsquare, inverse))

@@ -131,11 +131,11 @@ def test_window_powers_in_c_equal_the_gmpy2_loop(limbs: int, window_bits: int,
                                                   exponents: list[int],
                                                   data: st.DataObject) -> None:
     from crypto.bin_products import window_powers
-    from crypto.ou import _PlainTable
+    from crypto.paillier import _FixedBaseTable
 
     modulus = mpz(data.draw(st.integers(3, 2 ** (64 * limbs) - 1)) | 1)
     base = mpz(data.draw(st.integers(2, int(modulus) - 1))) if modulus > 3 else mpz(2)
-    table = _PlainTable(base, modulus, window_bits)
+    table = _FixedBaseTable(base, modulus, window_bits, exponent_bits=0)
     table._grow(-(-71 // window_bits))  # exponents up to 2^70: 71 bits
     # a base sharing a factor with the modulus can reach 0: such entries are refused in C
     if any(x == 0 for row in table.rows for x in row):
@@ -146,9 +146,27 @@ def test_window_powers_in_c_equal_the_gmpy2_loop(limbs: int, window_bits: int,
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_ou_encryptions_decrypt_whichever_kernel_raises_g(native: bool, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("scheme", ["paillier", "ou"])
+def test_encryptions_decrypt_whichever_kernel_raises_the_fixed_bases(  # type: ignore[no-untyped-def]
+        scheme: str, native: bool, monkeypatch) -> None:
+    """Obfuscators (both schemes) and OU's g^m come from window tables in C or in the loop."""
     monkeypatch.setattr(kernel_module, "NATIVE", native)
-    public, private = generate_keypair("ou", 1024)
+    public, private = generate_keypair(scheme, 1024)
     values = [0, 1, 2 ** 100 + 7] + [secrets.randbits(120) for _ in range(50)]
-    assert private.decrypt_batch(private.encrypt_batch(values)) == values
+    spare = private.obfuscators(20)  # made ahead, then 33 made with the batch
+    assert private.decrypt_batch(private.encrypt_batch(values, spare)) == values
+    assert spare == []
     assert private.raw_decrypt(public.raw_encrypt(12345)) == 12345
+
+
+@pytest.mark.parametrize("scheme", ["paillier", "ou"])
+def test_obfuscator_tables_give_the_same_powers_in_c_and_one_at_a_time(scheme: str) -> None:
+    """A key's short-exponent tables: many powers at once (C) equal one at a time (the loop)
+    and Python's pow of the table's base."""
+    _, private = generate_keypair(scheme, 1024)
+    exponents = [0, 1, 2 ** 256 - 1] + [secrets.randbits(256) for _ in range(30)]
+    for table in private._short_tables():
+        base = table.rows[0][1]
+        many = table.powers(exponents)
+        assert many == [table.power(e) for e in exponents]
+        assert many == [pow(base, e, table.modulus) for e in exponents]
