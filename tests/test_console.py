@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from fedboost._console import UserErrorFilter
 
 
@@ -48,3 +50,55 @@ def test_other_errors_still_reach_the_console_with_their_traceback() -> None:
             raise ValueError("Task run is not set")  # noqa: B904  chained to a plain error
     except ValueError as error:
         assert UserErrorFilter().filter(_record(error))
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_prefects_own_lines_after_ctrl_c_before_a_task_run_exists_stay_off_the_console(
+        prefect_harness, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The race CI met: Ctrl-C lands while Prefect's task engine is creating a task run (made
+    to happen here by raising it from that call). Prefect's crash handler then fails with
+    "Task run is not set" and the flow logs that error with a traceback; none of what Prefect
+    logs about it passes the console's filter."""
+    import prefect.task_engine
+    from prefect import flow, task
+
+    @task
+    def step() -> int:
+        return 1
+
+    @flow
+    def job() -> int:
+        return step()
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prefect.task_engine, "_create_task_run_locally", interrupted)
+    seen = _Records()
+    loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]
+    for logger in loggers:
+        logger.addHandler(seen)
+    try:
+        with pytest.raises(BaseException) as raised:
+            job()
+    finally:
+        for logger in loggers:
+            logger.removeHandler(seen)
+    error: BaseException | None = raised.value
+    chain = []
+    while error is not None:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    assert any(isinstance(e, KeyboardInterrupt) for e in chain), chain
+    noisy = [r for r in seen.records if r.levelno >= logging.WARNING]
+    assert any(r.exc_info for r in noisy), [r.getMessage() for r in noisy]  # the traceback CI saw
+    keep = UserErrorFilter()
+    assert [r.getMessage() for r in noisy if keep.filter(r)] == []
