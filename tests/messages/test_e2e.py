@@ -32,6 +32,8 @@ def test_pair_keys_agree_from_both_ends_and_differ_per_pair() -> None:
     guest, host, other = SEALERS["guest"], SEALERS["host"], SEALERS["other"]
     assert guest._pair_key("host") == host._pair_key("guest")
     assert guest._pair_key("host") != guest._pair_key("other")
+    assert guest._pair_key("other") == other._pair_key("guest")
+    assert host._pair_key("other") not in (guest._pair_key("host"), guest._pair_key("other"))
     assert pair_key(guest.private, "guest", host.trusted["host"], "host") == host._pair_key("guest")
 
 
