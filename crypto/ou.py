@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 from crypto import CryptoError, KeyMismatchError
 from crypto._gmp import crt_pair, invert, mpz, powmod, random_below, random_prime
-from crypto.paillier import (OBFUSCATOR_EXPONENT_BITS, OBFUSCATORS, _FixedBaseTable, fold_runs,
-                             short_obfuscators, take_obfuscators)
+from crypto.paillier import (OBFUSCATOR_EXPONENT_BITS, OBFUSCATORS, KeyHolder, _FixedBaseTable,
+                             fold_runs, take_obfuscators)
 
 SCHEME = "ou"
 
@@ -160,7 +160,7 @@ class OUPublicKey:
 
 
 @dataclass(eq=False)
-class OUPrivateKey:
+class OUPrivateKey(KeyHolder):
     """Private key ``(p, q)``. It has no wire codec: it never leaves the key holder."""
 
     public_key: OUPublicKey
@@ -207,10 +207,6 @@ class OUPrivateKey:
         self.public_key.check_ciphertext(c)
         return self._decrypt_mod_psquare(c % self.psquare)
 
-    def decrypt_batch(self, ciphertexts: Sequence[int]) -> list[mpz]:
-        """Decrypt many ciphertexts."""
-        return [self.raw_decrypt(c) for c in ciphertexts]
-
     def decrypt_folded(self, ciphertexts: Sequence[int], shift_bits: int, run: int) -> list[mpz]:
         """As :meth:`crypto.paillier.PaillierPrivateKey.decrypt_folded`: each run of ``run``
         ciphertexts folded by Horner's rule modulo p^2 and decrypted once; runs stay below p
@@ -218,10 +214,6 @@ class OUPrivateKey:
         return [self._decrypt_mod_psquare(acc)
                 for acc in fold_runs(ciphertexts, shift_bits, run, self.p, self.psquare,
                                      self.public_key.check_ciphertext)]
-
-    def fold_run(self, shift_bits: int) -> int:
-        """The longest run :meth:`decrypt_folded` takes for sums of ``shift_bits`` bits."""
-        return (self.p.bit_length() - 1) // shift_bits
 
     def _short_tables(self) -> tuple[_FixedBaseTable, _FixedBaseTable]:
         """The window tables of ``h`` modulo p^2 and q (built on first use)."""
@@ -245,13 +237,6 @@ class OUPrivateKey:
         h = self.public_key.h
         return (powmod(h, r % (self.p * (self.p - 1)), self.psquare),
                 powmod(h, r % (self.q - 1), self.q))
-
-    def obfuscators(self, count: int) -> list[tuple[mpz, mpz]]:
-        """``count`` fresh obfuscators (residues modulo p^2 and q), made ahead of the
-        plaintexts they will hide. Each must be used once and never leaves the key holder."""
-        if self.obfuscator == "full":
-            return [self._full_obfuscator() for _ in range(count)]
-        return short_obfuscators(self._short_tables(), count)
 
     def encrypt_batch(self, plaintexts: Iterable[int],
                       spare: list[tuple[mpz, mpz]] | None = None) -> list[mpz]:

@@ -187,8 +187,34 @@ class PaillierPublicKey:
             raise CryptoError("ciphertext outside (0, n^2)")
 
 
+class KeyHolder:
+    """What a private key of either scheme does the same way (``crypto.ou`` shares it); each
+    scheme's key brings ``p``, ``obfuscator``, ``raw_decrypt``, ``_short_tables`` and
+    ``_full_obfuscator``."""
+
+    p: mpz
+    obfuscator: str
+
+    def obfuscators(self, count: int) -> list[tuple[mpz, mpz]]:
+        """``count`` fresh obfuscators (residues modulo the key's two obfuscator moduli), made
+        ahead of the plaintexts they will hide: they do not depend on them. Each must be used
+        once (``encrypt_batch``'s ``spare``) and, like the key, never leaves the key holder."""
+        if self.obfuscator == "full":
+            return [self._full_obfuscator() for _ in range(count)]  # type: ignore[attr-defined]
+        return short_obfuscators(self._short_tables(), count)  # type: ignore[attr-defined]
+
+    def decrypt_batch(self, ciphertexts: Sequence[int]) -> list[mpz]:
+        """Decrypt many ciphertexts."""
+        return [self.raw_decrypt(c) for c in ciphertexts]  # type: ignore[attr-defined]
+
+    def fold_run(self, shift_bits: int) -> int:
+        """The longest run ``decrypt_folded`` takes for sums of ``shift_bits`` bits (runs stay
+        below p)."""
+        return (self.p.bit_length() - 1) // shift_bits
+
+
 @dataclass(eq=False)
-class PaillierPrivateKey:
+class PaillierPrivateKey(KeyHolder):
     """Private key ``(p, q)``. It has no wire codec: it never leaves the key holder."""
 
     public_key: PaillierPublicKey
@@ -238,10 +264,6 @@ class PaillierPrivateKey:
         mq = _l_function(powmod(c, self.q - 1, self.qsquare), self.q) * self.hq % self.q
         return crt_pair(mp, mq, self.p, self.q, self.p_inverse)
 
-    def decrypt_batch(self, ciphertexts: Sequence[int]) -> list[mpz]:
-        """Decrypt many ciphertexts."""
-        return [self.raw_decrypt(c) for c in ciphertexts]
-
     def decrypt_folded(self, ciphertexts: Sequence[int], shift_bits: int, run: int) -> list[mpz]:
         """Decrypt ``sum_j m_j * 2**(shift_bits * (k - 1 - j))`` for each run of ``run``
         ciphertexts (the last run may be shorter): the plaintext a sender's Horner fold
@@ -255,10 +277,6 @@ class PaillierPrivateKey:
         return [_l_function(powmod(acc, p - 1, self.psquare), p) * self.hp % p
                 for acc in fold_runs(ciphertexts, shift_bits, run, p, self.psquare,
                                      self.public_key.check_ciphertext)]
-
-    def fold_run(self, shift_bits: int) -> int:
-        """The longest run :meth:`decrypt_folded` takes for sums of ``shift_bits`` bits."""
-        return (self.p.bit_length() - 1) // shift_bits
 
     def _short_tables(self) -> tuple[_FixedBaseTable, _FixedBaseTable]:
         """The window tables of ``hs`` modulo p^2 and q^2 (built on first use)."""
@@ -275,14 +293,6 @@ class PaillierPrivateKey:
         r = random_below(n)
         return (powmod(r, n % (self.p * (self.p - 1)), self.psquare),
                 powmod(r, n % (self.q * (self.q - 1)), self.qsquare))
-
-    def obfuscators(self, count: int) -> list[tuple[mpz, mpz]]:
-        """``count`` fresh obfuscators (residues modulo p^2 and q^2), made ahead of the
-        plaintexts they will hide: they do not depend on them. Each must be used once
-        (:meth:`encrypt_batch`'s ``spare``) and, like the key, never leaves the key holder."""
-        if self.obfuscator == "full":
-            return [self._full_obfuscator() for _ in range(count)]
-        return short_obfuscators(self._short_tables(), count)
 
     def encrypt_batch(self, plaintexts: Iterable[int],
                       spare: list[tuple[mpz, mpz]] | None = None) -> list[mpz]:
