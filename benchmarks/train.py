@@ -19,7 +19,11 @@ writes the numbers (``tree_seconds`` per key size, ``steps``, ``steps_by_depth``
 ``--scheme paillier ou`` runs each key size under both encryption schemes in the same run
 (``crypto.scheme``) and prints OU against Paillier: seconds per tree and bytes between the
 parties per tree (every message between two parties, counted on the embedded hub; the flow's
-commands are not counted).
+commands are not counted). With ``--rounds R`` the schemes run R times, alternating their
+order (A B, B A, A B, ...) so that a machine whose speed drifts during the run weighs on both
+alike; the printout adds each round's ratio and their median, and the JSON's ``by_scheme`` holds
+each scheme's median seconds per tree (``tree_seconds``) and every round's
+(``tree_seconds_by_round``). The step tables are the first round's.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import argparse
 import json
 import random
 import re
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -139,8 +144,12 @@ def main() -> None:
                         help="who folds bin sums into shared ciphertexts (crypto.pack_bin_sums)")
     parser.add_argument("--scheme", nargs="+", choices=["paillier", "ou"], default=["paillier"],
                         help="encryption schemes (crypto.scheme), each in the same run")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the schemes this many times, alternating their order")
     parser.add_argument("--json", type=Path, help="write the numbers to this file")
     args = parser.parse_args()
+    if args.rounds < 1 or (args.rounds > 1 and len(args.scheme) < 2):
+        parser.error("--rounds takes a number >= 1, and more than one round needs two schemes")
     bits_list = args.bits or ([2048] if args.workload == "fedtree" else [1024, 2048])
     _prefect_env.configure()
     import logging
@@ -154,9 +163,11 @@ def main() -> None:
     logging.getLogger("prefect.flow_runs").setLevel(logging.WARNING)
     rows = []
     breakdowns, by_depth, tree_seconds = {}, {}, {}
-    by_scheme: dict[str, dict[str, float]] = {}
-    runs = [(bits, scheme) for bits in bits_list for scheme in args.scheme]
-    for bits, scheme in runs:
+    by_scheme: dict[str, dict[str, object]] = {}
+    by_round: dict[str, list[tuple[float, float]]] = {}  # (s/tree, bytes/tree) per round
+    runs = [(bits, scheme, r) for r in range(args.rounds) for bits in bits_list
+            for scheme in (args.scheme if r % 2 == 0 else args.scheme[::-1])]
+    for bits, scheme, round_ in runs:
         counted = len(args.scheme) > 1
         with tempfile.TemporaryDirectory() as out:
             config = workload_config(args.workload, Path(out), bits, args.trees,
@@ -172,13 +183,14 @@ def main() -> None:
             finally:
                 hub.close()
         result = state.result()
+        if counted:
+            by_round.setdefault(f"{bits}-{scheme}", []).append(
+                (sum(result["tree_seconds"]) / len(result["tree_seconds"]), wire / args.trees))
+        if round_:
+            continue  # the step tables and the phe baseline are the first round's
         column = f"{bits} {scheme}" if counted else bits
         breakdowns[column] = step_seconds(state.state_details.flow_run_id)
         by_depth[column] = step_seconds(state.state_details.flow_run_id, by_depth=True)
-        if counted:
-            by_scheme[f"{bits}-{scheme}"] = {
-                "tree_seconds": sum(result["tree_seconds"]) / len(result["tree_seconds"]),
-                "wire_bytes_per_tree": wire / args.trees}
         if scheme != args.scheme[0]:
             continue  # the first table and the JSON's top level are of the first scheme
         per_tree = result["tree_seconds"]
@@ -209,8 +221,14 @@ def main() -> None:
     for step in JOB_STEPS:
         cells = [breakdowns[b].get(step, 0.0) for b in columns]
         print(f"  {step:<26}" + "".join(f"{c:>16.3f}" for c in cells))
+    for key, rounds in by_round.items():
+        by_scheme[key] = {
+            "tree_seconds": statistics.median(seconds for seconds, _ in rounds),
+            "wire_bytes_per_tree": statistics.median(wire for _, wire in rounds),
+            "tree_seconds_by_round": [seconds for seconds, _ in rounds]}
     if by_scheme:
-        print(f"\nencryption schemes, same run ({', '.join(args.scheme)}): per tree")
+        print(f"\nencryption schemes, same run ({', '.join(args.scheme)}): per tree"
+              + (f", median of {args.rounds} rounds" if args.rounds > 1 else ""))
         print(f"{'run':<16}{'s/tree':>9}{'MB on the wire':>16}{'s ratio':>9}{'bytes ratio':>12}")
         for bits in bits_list:
             base = by_scheme[f"{bits}-{args.scheme[0]}"]
@@ -222,6 +240,8 @@ def main() -> None:
                       f"{r['wire_bytes_per_tree'] / base['wire_bytes_per_tree']:>11.2f}x")
         print("s ratio: the first scheme's seconds per tree over this one's (> 1: faster); "
               "bytes ratio: this one's bytes over the first's")
+        if args.rounds > 1:
+            print_rounds(by_round, bits_list, args.scheme)
     if args.json:
         only = bits_list[-1]  # the contract's top-level keys: the largest key size's run
         first = f"{only} {args.scheme[0]}" if len(args.scheme) > 1 else only
@@ -234,6 +254,21 @@ def main() -> None:
             "by_key_bits": {str(b): {"tree_seconds": tree_seconds[b]} for b in bits_list},
             "by_scheme": by_scheme,
         }, indent=2) + "\n")
+
+
+def print_rounds(by_round: dict[str, list[tuple[float, float]]], bits_list: list[int],
+                 schemes: list[str]) -> None:
+    """Each round's seconds per tree and its ratio to the first scheme's, and their median."""
+    print("\nby round (order alternates): s/tree " + " / ".join(schemes) + ", ratio")
+    for bits in bits_list:
+        first = [seconds for seconds, _ in by_round[f"{bits}-{schemes[0]}"]]
+        for scheme in schemes[1:]:
+            other = [seconds for seconds, _ in by_round[f"{bits}-{scheme}"]]
+            ratios = [a / b for a, b in zip(first, other, strict=True)]
+            for r, (a, b, ratio) in enumerate(zip(first, other, ratios, strict=True)):
+                print(f"  {bits} round {r + 1}: {a:.2f} / {b:.2f}  {ratio:.2f}x")
+            print(f"  {bits} {scheme}: median {statistics.median(ratios):.2f}x, "
+                  f"range {min(ratios):.2f}-{max(ratios):.2f}x over {len(ratios)} rounds")
 
 
 if __name__ == "__main__":
