@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import secrets
 import time
 from collections.abc import Callable
 
@@ -97,17 +96,10 @@ OBFUSCATOR_PYTHON_ROW = "  the same in the gmpy2 loop (obfuscators/s)"
 def obfuscator_rate(private: PrivateKey, seconds: float, native: bool) -> float:
     """The key holder's short-exponent obfuscators per second, both residues (what the
     preparer processes make ahead), from the key's window tables in the C kernel or its loop."""
-    from crypto.bin_products import window_powers
-    from crypto.paillier import OBFUSCATOR_EXPONENT_BITS
+    from crypto.paillier import short_obfuscators
 
     tables = private._short_tables()
-
-    def make(k: int) -> None:
-        exponents = [secrets.randbits(OBFUSCATOR_EXPONENT_BITS) for _ in range(k)]
-        for table in tables:
-            window_powers(table.rows, exponents, table.window_bits, table.modulus, native)
-
-    return rate(make, seconds)
+    return rate(lambda k: short_obfuscators(tables, k, native), seconds)
 
 
 def histogram_rate(public, private, seconds: float,  # type: ignore[no-untyped-def]

@@ -80,22 +80,23 @@ class _FixedBaseTable:
     def power(self, exponent: int) -> mpz:
         """One power, by the interpreter's loop: for a single exponent the C kernel's set-up
         (powers of its Montgomery radix) would cost as much as the products."""
-        self._reach([exponent])
-        return window_powers(self.rows, [exponent], self.window_bits, self.modulus,
-                             native=False)[0]
+        return self.powers([exponent], native=False)[0]
 
-    def powers(self, exponents: Sequence[int]) -> list[mpz]:
-        """Many powers at once, in C when the kernel is built (``crypto.bin_products``)."""
+    def powers(self, exponents: Sequence[int], native: bool | None = None) -> list[mpz]:
+        """Many powers at once, in C when the kernel is built (``crypto.bin_products``;
+        ``native`` chooses, as there)."""
         self._reach(exponents)
-        return window_powers(self.rows, exponents, self.window_bits, self.modulus)
+        return window_powers(self.rows, exponents, self.window_bits, self.modulus, native)
 
 
-def short_obfuscators(tables: tuple[_FixedBaseTable, _FixedBaseTable],
-                      count: int) -> list[tuple[mpz, mpz]]:
+def short_obfuscators(tables: tuple[_FixedBaseTable, _FixedBaseTable], count: int,
+                      native: bool | None = None) -> list[tuple[mpz, mpz]]:
     """``count`` short-exponent obfuscators ``hs^a`` (module docstring) as residues modulo the
-    two tables' moduli, each with its own random ``a``, the same in both residues."""
+    two tables' moduli, each with its own random ``a``, the same in both residues (``native``:
+    the C kernel, its loop, or whichever runs; benchmarks compare them)."""
     exponents = [secrets.randbits(OBFUSCATOR_EXPONENT_BITS) for _ in range(count)]
-    return list(zip(tables[0].powers(exponents), tables[1].powers(exponents), strict=True))
+    return list(zip(tables[0].powers(exponents, native), tables[1].powers(exponents, native),
+                    strict=True))
 
 
 def take_obfuscators(spare: list[tuple[mpz, mpz]] | None, count: int,
