@@ -1,5 +1,6 @@
 /* Homomorphic bin sums in C: products of ciphertexts, per bin, modulo an odd modulus; and,
- * with the same Montgomery products, fixed-base window powers (the OU key holder's g^m).
+ * with the same Montgomery products, fixed-base window powers (the key holder's obfuscators
+ * under both schemes and OU's g^m).
  *
  * A passive party's encrypted histogram (SecureBoost Alg. 1 lines 4-9) multiplies each row's
  * ciphertext into one accumulator per feature: one modular product per row and feature, the

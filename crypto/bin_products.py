@@ -7,7 +7,8 @@ a C compiler and GMP's headers are found) and the loop over gmpy2 numbers below.
 says which one runs; ``FEDBOOST_BIN_PRODUCTS=python`` chooses the loop (benchmarks compare
 them). The C kernel's products cost about a third less than gmpy2's ``a * c % m`` and the loop's
 per-product work in the interpreter goes away (docs/performance.md). The same products raise a
-fixed base from its window table (:func:`window_powers`: the OU key holder's ``g^m``).
+fixed base from its window table (:func:`window_powers`: the key holder's obfuscators under
+both schemes, and ``g^m`` under OU).
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def window_powers(rows: Sequence[Sequence[mpz]], exponents: Sequence[int], windo
                   modulus: mpz, native: bool | None = None) -> list[mpz]:
     """``base^e mod modulus`` for each exponent from a fixed-base window table (``rows[i][d]``
     = ``base^(d * 2^(window_bits * i))``, every row as long as the exponents need): one product
-    per nonzero window, in C when the kernel runs (the key holder's ``g^m`` under OU)."""
+    per nonzero window, in C when the kernel runs (the key holder's obfuscators, and ``g^m``
+    under OU)."""
     if not exponents:
         return []
     if NATIVE if native is None else native:
