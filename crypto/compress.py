@@ -16,8 +16,9 @@ p are their own residues modulo p, so it folds and decrypts modulo p^2 only, whe
 costs about an eighth of one modulo n^2 (:func:`decrypt_bin_sums`). Sent one sum per
 ciphertext (16x the bytes of a histogram message), folded and decrypted by the key holder, a
 bin sum costs a fraction of the CPU it costs folded by the sender (``python -m
-benchmarks.crypto`` prints both): the default (``crypto.pack_bin_sums: key_holder``);
-``passive`` keeps the fold with the sender, for slow links between the parties.
+benchmarks.crypto`` prints both): ``crypto.pack_bin_sums: key_holder``, which a passive party
+allows only if its own policy lists it; ``passive`` (the default) keeps the fold with the
+sender, under random high bits.
 
 What the key holder learns is unchanged: the same bin sums, and which bins are empty. Empty bins
 (the trivial ciphertext 1) used to travel as such; now they travel as a mask and are not packed,

@@ -47,9 +47,10 @@ class PolicyConfig(Strict):
     """Key holder's Paillier obfuscators: short exponent (fast) or full-length r^n."""
     predict_modes: list[Literal["path", "batched"]] = ["path"]
     """Prediction modes a passive party answers (batched reveals all its decisions)."""
-    pack_bin_sums: list[Literal["key_holder", "passive"]] = ["key_holder", "passive"]
-    """Who may fold a passive party's encrypted bin sums: ``[passive]`` refuses jobs that send
-    one sum per ciphertext to the key holder (each shows a whole plaintext to it)."""
+    pack_bin_sums: list[Literal["key_holder", "passive"]] = ["passive"]
+    """Who may fold a passive party's encrypted bin sums: the default ``[passive]`` refuses
+    jobs that send one sum per ciphertext to the key holder (each shows a whole plaintext to
+    it); list ``key_holder`` to allow the key holder's faster fold."""
     roles: dict[Protocol, list[Literal["active", "passive", "member", "aggregator"]]] = {}
     """Per protocol, the only roles the party takes, e.g. ``{vertical_secureboost: [active],
     horizontal: [member]}`` (a protocol not named: any role a job gives it)."""

@@ -32,8 +32,10 @@ from messages.signing import write_key_pair
 from workers.policy import PartyPolicy
 
 REPO = Path(__file__).resolve().parents[1]
-TEST_POLICY = PartyPolicy(min_key_bits=1024, min_ou_key_bits=1024)
-"""Workers driven directly by tests accept the tests' 1024-bit keys (the default needs 2048)."""
+TEST_POLICY = PartyPolicy(min_key_bits=1024, min_ou_key_bits=1024,
+                          pack_bin_sums=("key_holder", "passive"))
+"""Workers driven directly by tests accept the tests' 1024-bit keys (the default needs 2048)
+and both packings of bin sums (the default refuses the key holder's fold)."""
 DATA = REPO.parent / "shared" / "data"
 
 

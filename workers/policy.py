@@ -34,13 +34,15 @@ class PartyPolicy:
     predict_modes: tuple[str, ...] = ("path",)
     """Prediction modes a passive party answers: ``path`` reveals only the decisions on each
     row's path; ``batched`` reveals all its decisions for every row to the active party."""
-    pack_bin_sums: tuple[str, ...] = ("key_holder", "passive")
+    pack_bin_sums: tuple[str, ...] = ("passive",)
     """Who may fold a passive party's encrypted bin sums (the job's ``crypto.pack_bin_sums``):
-    ``key_holder``, the faster, has it send one sum per ciphertext, each a whole plaintext to
-    the key holder; ``passive`` alone has it fold them itself under random high bits, so a
-    decryption shows only the bits honest sums fill. Against an active party that encrypts
-    chosen values (``2**i`` for row i) in place of gradients, ``passive`` alone cuts what each
-    decrypted sum shows from ``n_bits`` to ``cell_bits`` (docs/threat-model.md)."""
+    ``passive`` (the default, alone) has it fold them itself under random high bits, so a
+    decryption shows only the bits honest sums fill; ``key_holder``, the faster, has it send
+    one sum per ciphertext, each a whole plaintext to the key holder, and is allowed only where
+    the party's own policy lists it: a job never chooses it for a party. Against an active
+    party that encrypts chosen values (``2**i`` for row i) in place of gradients, ``passive``
+    cuts what each decrypted sum shows from ``n_bits`` to ``cell_bits``; over a job's trees it
+    still reads every row (docs/threat-model.md gives the number of trees)."""
     roles: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Per protocol, the only roles this party takes (a protocol not named here: any)."""
     schemes: tuple[str, ...] = ("paillier", "ou")

@@ -33,10 +33,13 @@ class CryptoConfig(Strict):
     """``paillier``, or ``ou`` (Okamoto-Uchiyama: half the ciphertext bytes and cheaper
     arithmetic at the same modulus size, docs/crypto.md). Vertical protocols only."""
     key_bits: int = Field(2048, ge=1024, le=4096)
-    pack_bin_sums: Literal["key_holder", "passive"] = "key_holder"
-    """Who folds several encrypted bin sums into one ciphertext (``crypto.compress``): the key
-    holder, modulo p^2 and q^2 (less CPU in all, 16x the histogram bytes), or each passive
-    party before sending (for slow links between the parties). SecureBoost only."""
+    pack_bin_sums: Literal["key_holder", "passive"] = "passive"
+    """Who folds several encrypted bin sums into one ciphertext (``crypto.compress``): each
+    passive party before sending, under random high bits (the default: what every party's
+    default policy allows), or the key holder, modulo p^2 and q^2 (less CPU in all, 16x the
+    histogram bytes; only with passive parties whose own ``policy.pack_bin_sums`` lists
+    ``key_holder``: a single sum shows its whole plaintext to the key holder). SecureBoost
+    only."""
 
     @field_validator("key_bits")
     @classmethod

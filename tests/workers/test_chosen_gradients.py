@@ -26,8 +26,10 @@ from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_
 from messages.bodies import ErrorReply, Step
 from messages.secureboost import (EncryptedGradients, EncryptedHistograms, JobSpec, OpenJob,
                                   TreeStart)
+from fedboost.embedded import embedded_policy
 from fedboost.worker import policy_of
 from flows.config import PolicyConfig
+from flows.declared.secureboost import CryptoConfig
 from messages.envelope import Envelope, MsgType
 from messages.instance_space import decode_mask, encode_mask
 from messages.transport import MemoryHub
@@ -150,3 +152,32 @@ def test_a_party_that_folds_its_own_sums_refuses_single_sums_and_shows_only_thei
         width = min(MOST, n_sums - k * MOST) * CELL_BITS
         assert a % (1 << width) == b % (1 << width)  # the same sums...
         assert a >> width != b >> width  # ...under fresh random bits, never the whole plaintext
+
+
+def test_a_default_policy_refuses_a_job_that_chooses_the_key_holders_fold(
+        tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey],
+        caplog: pytest.LogCaptureFixture) -> None:
+    # a worker file that says nothing of packing: the job cannot choose single sums for it
+    default = policy_of(PolicyConfig(min_key_bits=1024))
+    assert default.pack_bin_sums == PartyPolicy().pack_bin_sums == ("passive",)
+    with caplog.at_level("WARNING", logger="fedboost.worker"):
+        refused = Host(tmp_path / "open", keypair[0], default).opened  # job: key_holder
+    assert isinstance(refused.body, ErrorReply)
+    assert "party host refuses to send its bin sums for the key holder to fold (the job's " \
+        "crypto.pack_bin_sums): its policy (pack_bin_sums) allows passive only; set the " \
+        "job's crypto.pack_bin_sums: passive" in refused.body.message
+    assert any("refused OPEN_JOB" in r.getMessage() and "pack_bin_sums" in r.getMessage()
+               for r in caplog.records)  # the refusal is in the passive party's log
+
+    # a job that says nothing of packing asks for the passive party's own fold
+    assert CryptoConfig().pack_bin_sums == "passive"
+    host = Host(tmp_path / "tree", keypair[0], default, replace(SPEC, pack_bin_sums="passive"))
+    assert host.opened.kind == MsgType.OPENED  # the same worker file, the default job
+    _chosen_gradients(host, keypair, tree=0, per_ciphertext=1)  # a tree asking single sums
+    reply = host.command(MsgType.BUILD_HISTOGRAMS, Step(0, 0))
+    assert isinstance(reply.body, ErrorReply) and "one bin sum per ciphertext" in reply.body.message
+    _chosen_gradients(host, keypair, tree=1, per_ciphertext=MOST)  # still serving
+    assert host.command(MsgType.BUILD_HISTOGRAMS, Step(1, 0)).kind == MsgType.ACK
+    assert host.histograms().per_ciphertext == MOST
+    # the embedded default, where one operator runs every party, still allows both
+    assert embedded_policy().pack_bin_sums == ("key_holder", "passive")
