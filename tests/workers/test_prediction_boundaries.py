@@ -260,3 +260,48 @@ def test_an_honest_path_walk_is_answered_with_shaped_records(tmp_path: Path) -> 
                 break
     written = fed.call(["guest"], MsgType.WRITE_SCORES, Step(), "write")["guest"]
     assert written.kind == MsgType.ACK and written.body.count == 569
+
+
+def test_a_passive_party_answers_a_row_one_path_across_prediction_jobs(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Outside the model: the per-job bound (one record per row, tree and level) left more
+    prediction jobs over the same rows, each asking another node of a level, which collect
+    every decision (issue 36: 4 jobs, 3,983 of 3,983). The passive party's ledger keeps, per
+    model, the record it answered for each (row, tree, level) in any prediction job, and
+    refuses another; the same path again (scoring a row twice) is answered."""
+    shaped = {0: replace(HOST_RECORDS[0], tree=0, depth=0),
+              1: replace(HOST_RECORDS[1], tree=0, depth=1),
+              2: replace(HOST_RECORDS[2], tree=1, depth=0),
+              3: LookupRecord(1, 2, 0.1, False, tree=0, depth=1)}  # a sibling's split
+    _plant_model(tmp_path, "trained", shaped)
+    rows = list(range(100))
+    released: set[tuple[int, int]] = set()
+    for job, record in enumerate((1, 3, 1)):  # three prediction jobs over the same rows
+        fed = Federation(tmp_path)
+        fed.open_and_align()
+        with caplog.at_level("WARNING", logger="fedboost.worker"):
+            reply = _host_answers(fed, _request(rows, [record] * 100, depth=1), f"job{job}")
+        if reply.kind == MsgType.ACK:
+            assert fed.workers["guest"].transport.receive(timeout=5) is not None
+            released |= {(r, record) for r in rows}
+        else:
+            assert isinstance(reply.body, ErrorReply)
+            assert "refused: row " in reply.body.message and "was answered at tree 0 level " \
+                "1 about another record in an earlier prediction job of this model" \
+                in reply.body.message and "(100 such pairs" in reply.body.message
+            assert fed.workers["guest"].transport.receive(timeout=0.2) is None  # nothing sent
+            assert any("earlier prediction job" in r.getMessage() for r in caplog.records)
+    # before the ledger: 200 of the 200 level-1 decisions of these rows; now one path's worth
+    assert len(released) == 100 and {rec for _, rec in released} == {1}
+    ledger = tmp_path / ".fedboost" / "host" / "released" / "trained.npz"
+    assert ledger.stat().st_mode & 0o777 == 0o600
+    ids = fed.workers["host"].jobs["job"].state.data.ids[:100]
+    assert not any(i.encode() in ledger.read_bytes() for i in ids if len(i) > 3)  # no id kept
+    # other rows of the same model are still answered, at the node the active party picks
+    fed = Federation(tmp_path)
+    fed.open_and_align()
+    fed.send("guest", "host", MsgType.DECISION_REQUEST,
+             DecisionRequest(1, 1, np.arange(100, dtype="<u4").tobytes(),
+                             np.full(100, 3, dtype="<u4").tobytes()), "req-other")
+    other = fed.call(["host"], MsgType.TRAVERSE_LEVEL, Step(1, 1), "other", pump=("host",))
+    assert other["host"].kind == MsgType.ACK and other["host"].body.count == 100

@@ -222,6 +222,13 @@ def answer_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     rows, records = _checked_pairs(state, request, x.shape[0])
     feature, threshold, missing_left, flip, tree = records
     _answer_once(state, request, rows, tree)
+    ledger = getattr(state.role_state, "ledger", None)
+    if ledger is not None:  # a prediction job: the model's releases over every job so far
+        ids = state.data.ids
+        positions = state.require_aligned()[0][state.batch_rows(body.tree)][rows]
+        ledger.release(ctx.party.name, f"decision request for batch {request.batch} level "
+                       f"{request.depth}", [ids[int(p)] for p in positions], tree, body.depth,
+                       np.frombuffer(request.records, dtype="<u4").astype(np.int64))
     values = x[rows, feature]
     bits = goes_left_raw(values, threshold, missing_left).astype(bool) ^ flip
     ctx.send(state.active, MsgType.PATH_DECISIONS, PathDecisions(

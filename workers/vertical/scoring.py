@@ -38,6 +38,7 @@ from workers.state import JobState
 from workers.vertical.active_state import ActiveTraining
 from workers.vertical.alignment import receive_alignment
 from workers.vertical.lookup import LookupRecord, lookup_from_dict
+from workers.vertical.released import DecisionLedger
 
 
 SCORES_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -76,6 +77,8 @@ class PassiveScoring:
     """A saved lookup table being used to score new rows."""
 
     records: dict[int, LookupRecord]
+    ledger: DecisionLedger | None = None
+    """The path-mode decisions this model has released per row, across prediction jobs."""
 
 
 def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, Any]:
@@ -98,7 +101,8 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
             expected, records = lookup_from_dict(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError) as exc:
             raise DataError(f"party {ctx.party.name}: cannot read {path}: {exc}") from None
-        role_state = PassiveScoring(records=records)
+        role_state = PassiveScoring(records=records, ledger=DecisionLedger.of_model(
+            ctx.party.private_dir(), body.model_job))
     data = rows_to_score(ctx.party.name, own, directory, expected)
     state = JobState(kind="predict", party=ctx.party.name, active=actives[0], passives=passives,
                      data=data, predict_batch=body.batch_size)
