@@ -38,6 +38,7 @@ from workers import ProtocolError, StageError, checkpoint
 from workers.data import save_categories
 from workers.forest import trees as kept
 from workers.forest.active import PROTOCOL, REGRESSION_BITS
+from workers.forest.budget import check_features_summed
 from workers.handlers import StepContext
 from workers.policy import check_key_bits
 from workers.state import JobState
@@ -79,6 +80,9 @@ class PassiveForest:
     trees: dict[int, TreeWork] = field(default_factory=dict)
     records: dict[int, LookupRecord] = field(default_factory=dict)
     """Every finished tree's records (the lookup table)."""
+    summed: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Per level, over every tree (and attempt) of the job so far: the nodes asked about and
+    the features summed for them (``workers.forest.budget``)."""
 
 
 def open_job(ctx: StepContext, body: OpenForest) -> tuple[MsgType, Any]:
@@ -228,8 +232,8 @@ def _histograms(party: str, run: PassiveForest, work: TreeWork, request: LevelRe
     public, packing = run.public, run.packing
     if public is None or packing is None:
         raise StageError("prepare has not run")
-    sums: list[list[mpz]] = [[] for _ in run.labels]
-    for req in request.requests:
+    node_rows = []
+    for req in request.requests:  # every request checked before anything is summed
         features = list(req.features)
         if not features or len(set(features)) != len(features) \
                 or not all(0 <= f < n_features for f in features):
@@ -239,6 +243,12 @@ def _histograms(party: str, run: PassiveForest, work: TreeWork, request: LevelRe
         if rows.size < 2 * run.spec.min_samples_leaf:  # distinct rows: weights can repeat one
             raise ProtocolError(f"{party}: node {req.node} holds fewer than two leaves' "
                                 f"{run.spec.min_samples_leaf} rows: refused")
+        node_rows.append((features, rows))
+    run.summed[request.depth] = check_features_summed(
+        party, run.spec.max_features, n_features, request.depth,
+        run.summed.get(request.depth, (0, 0)), [len(f) for f, _ in node_rows])
+    sums: list[list[mpz]] = [[] for _ in run.labels]
+    for features, rows in node_rows:
         drawn = np.repeat(rows, work.weights[rows])  # a row drawn k times is summed k times
         codes = bins[drawn][:, features]
         for g, labels in enumerate(run.labels):
