@@ -29,8 +29,10 @@ import asyncio
 import logging
 import resource
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -47,6 +49,8 @@ ACCEPT_BACKLOG = 64
 """The listen backlog, which is also how many connections asyncio accepts at once (uvicorn's
 default, 2,048, accepted a whole flood of idle sockets in one turn of the loop, past any cap and
 into "Too many open files"): two turns' worth stay within ``SPARE_DESCRIPTORS``."""
+TLS_RELOAD_SECONDS = 1.0
+"""How often, at most, the TLS files are looked at (at a connection's accept)."""
 QUIET_SECONDS = 60.0
 """asyncio's "out of system resource" on accept is logged at most this often, without its
 traceback (it was one traceback per failed accept: 11 MB of log in 30 s)."""
@@ -64,11 +68,52 @@ class ConnectionLimits:
     """A TLS handshake not done within this is aborted (asyncio's default: 60 s)."""
 
 
+class ServerTLS:
+    """The server's TLS context, made again when one of its files changes (looked at, at most
+    every ``TLS_RELOAD_SECONDS``, when a connection is accepted): a renewed certificate, a new
+    client CA or revocation list takes effect without a restart; files that do not load are
+    logged and the last good context is kept."""
+
+    def __init__(self, make: Callable[[], ssl.SSLContext], files: list[Path]) -> None:
+        self.make = make
+        self.files = files
+        self._seen = self._stat()
+        self.current = make()
+        self._checked = time.monotonic()
+
+    def _stat(self) -> tuple[tuple[int, int, int], ...] | None:
+        try:
+            return tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in
+                         (path.stat() for path in self.files))
+        except OSError:
+            return None
+
+    def __call__(self) -> ssl.SSLContext:
+        """The context for a connection accepted now."""
+        now = time.monotonic()
+        if now - self._checked < TLS_RELOAD_SECONDS:
+            return self.current
+        self._checked = now
+        seen = self._stat()
+        if seen is None or seen == self._seen:
+            return self.current
+        self._seen = seen  # a file that does not load is tried again when it changes again
+        log = logging.getLogger("fedboost.serving")
+        try:
+            self.current = self.make()
+            log.warning("TLS files reloaded: %s", ", ".join(str(p) for p in self.files))
+        except Exception as exc:  # noqa: BLE001 - keep serving with the last good files
+            log.error("TLS files not reloaded (keeping the last good ones): %s", exc)
+        return self.current
+
+
 def guarded_protocol(limits: ConnectionLimits, dropped: Callable[[str], None],
-                     tls: ssl.SSLContext | None = None) -> type[HttpToolsProtocol]:
+                     tls: Callable[[], ssl.SSLContext] | None = None
+                     ) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with ``limits``; ``dropped(reason)`` counts closures.
-    With ``tls`` the protocol does the TLS handshake of every connection it is given (serve
-    it without uvicorn's ``ssl_*`` options)."""
+    With ``tls`` (the context for a connection accepted now, ``ServerTLS``) the protocol does
+    the TLS handshake of every connection it is given (serve it without uvicorn's ``ssl_*``
+    options)."""
     handshaking: dict[HttpToolsProtocol, tuple[asyncio.BaseTransport, float]] = {}
     """Connections accepted whose TLS handshake is under way, with when they were accepted."""
     quieted: list[asyncio.AbstractEventLoop] = []
@@ -95,13 +140,13 @@ def guarded_protocol(limits: ConnectionLimits, dropped: Callable[[str], None],
             if len(self.connections) + len(handshaking) > limits.max_connections:
                 self._make_room()
             if self in handshaking:
-                self.loop.create_task(self._handshake(transport))
+                self.loop.create_task(self._handshake(transport, tls()))
 
-        async def _handshake(self, raw: asyncio.Transport) -> None:
+        async def _handshake(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
             early = _Early()
             try:
                 secured = await self.loop.start_tls(
-                    raw, early, tls, server_side=True,
+                    raw, early, context, server_side=True,
                     ssl_handshake_timeout=limits.handshake_seconds)
             except (OSError, RuntimeError) as exc:  # SSLError, a deadline missed, a reset
                 if handshaking.pop(self, None) is not None:

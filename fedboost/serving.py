@@ -63,6 +63,9 @@ def add_command(sub: Any) -> None:
     auth.add_argument("--tls-key", type=Path, metavar="PEM", help="its private key")
     auth.add_argument("--tls-client-ca", type=Path, metavar="PEM", help="clients present a "
                       "certificate signed by this CA (mutual TLS; its CN names the client)")
+    auth.add_argument("--tls-crl", type=Path, metavar="PEM", help="with --tls-client-ca: "
+                      "client certificates this certificate revocation list names are refused "
+                      "(the CA's CRL; reread when it changes, as the other TLS files are)")
     auth.add_argument("--tls-min-version", choices=("1.2", "1.3"), default="1.2",
                       help="the oldest TLS version a client may use (default 1.2)")
     auth.add_argument("--tls-ciphers", metavar="LIST", help="OpenSSL cipher list for TLS 1.2 "
@@ -132,8 +135,12 @@ def serve_model(args: argparse.Namespace) -> int:
             or (args.request_timeout is not None and args.request_timeout <= 0)):
         raise ConfigError("--max-ids must be 1 to --round-rows, --in-flight at least 1 and "
                           "--timeout and --request-timeout positive")
+    from fedboost.scoring_http import ServerTLS
+
     policy, hosts, limits = _guards(args)
-    tls = tls_context(args)
+    tls = None if args.tls_cert is None else ServerTLS(
+        lambda: tls_context(args), [p for p in (args.tls_cert, args.tls_key, args.tls_client_ca,
+                                                args.tls_crl) if p is not None])
     config = _job_of(args.model_dir)
     plan = SessionPlan(job=f"{config.job[:40]}-serve-{uuid.uuid4().hex[:8]}",
                        model_job=config.job, protocol=config.protocol, active=config.active,
@@ -235,9 +242,12 @@ def tls_context(args: argparse.Namespace) -> Any:
         if args.tls_client_ca is not None:
             context.verify_mode = ssl.CERT_REQUIRED
             context.load_verify_locations(args.tls_client_ca)
+        if args.tls_crl is not None:
+            context.load_verify_locations(args.tls_crl)
+            context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
     except ssl.SSLError as exc:
         raise ConfigError(f"TLS: {exc.reason or exc} (--tls-cert, --tls-key, --tls-ciphers, "
-                          f"--tls-client-ca)") from None
+                          f"--tls-client-ca, --tls-crl)") from None
     return context
 
 
@@ -253,7 +263,9 @@ def _guards(args: argparse.Namespace) -> tuple[Any, list[str], Any]:
         raise ConfigError("--tls-cert and --tls-key go together")
     if args.tls_client_ca is not None and args.tls_cert is None:
         raise ConfigError("--tls-client-ca needs HTTPS: give --tls-cert and --tls-key")
-    for path in (args.tls_cert, args.tls_key, args.tls_client_ca):
+    if args.tls_crl is not None and args.tls_client_ca is None:
+        raise ConfigError("--tls-crl revokes client certificates: give --tls-client-ca")
+    for path in (args.tls_cert, args.tls_key, args.tls_client_ca, args.tls_crl):
         if path is not None and not path.is_file():
             raise ConfigError(f"{path}: no such file")
     authenticated = args.api_keys is not None or args.tls_client_ca is not None
