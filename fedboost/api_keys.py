@@ -39,6 +39,12 @@ KEY_PREFIX = "fbk_"
 KEY_FORM = re.compile(r"fbk_([0-9a-f]{8})_[A-Za-z0-9_-]{43}")
 CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 """A client's name, as access log lines and metrics show it."""
+SCOPES = ("score", "metrics")
+"""What a key may ask: ``score`` is ``POST /v1/score``; ``metrics`` is the operator's view,
+``/metrics``, ``/healthz`` and ``/readyz`` (they name the parties, the session and each
+party's round times)."""
+DEFAULT_SCOPES = ("score",)
+"""A key made without ``--scope``, or before keys had scopes: scoring only."""
 RELOAD_SECONDS = 1.0
 """How often the service looks at the keys file: a revoked key works at most this long."""
 
@@ -58,6 +64,16 @@ class KeyRecord:
     revoked: str | None = None
     rate: float | None = None
     """Requests per second this client may send (None: the service's ``--rate``)."""
+    scopes: tuple[str, ...] = DEFAULT_SCOPES
+    """What the key may ask (``SCOPES``)."""
+    certificates: tuple[str, ...] = ()
+    """The client certificate subjects (CN) the key may come with where the service asks for
+    client certificates too ((): the key's own name only)."""
+
+    def belongs_to(self, certificate: str) -> bool:
+        """Whether a request with this key and a client certificate named ``certificate`` is
+        one client (with mutual TLS and keys, both must name the same)."""
+        return certificate in (self.certificates or (self.name,))
 
 
 def digest(key: str) -> str:
@@ -78,10 +94,14 @@ def read_keys(path: Path) -> list[KeyRecord]:
         raise KeysFileError(f"{path}: not a {KEYS_FORMAT} v{KEYS_VERSION} file")
     try:
         records = [KeyRecord(**item) for item in raw["keys"]]
+        records = [replace(r, scopes=tuple(r.scopes), certificates=tuple(r.certificates))
+                   for r in records]
     except (KeyError, TypeError) as exc:
         raise KeysFileError(f"{path}: a malformed key record ({exc})") from None
     for record in records:
-        if not CLIENT_NAME.fullmatch(record.name) or not re.fullmatch(r"[0-9a-f]{8}", record.id):
+        if (not CLIENT_NAME.fullmatch(record.name) or not re.fullmatch(r"[0-9a-f]{8}", record.id)
+                or not record.scopes or not set(record.scopes) <= set(SCOPES)
+                or not all(isinstance(c, str) and c for c in record.certificates)):
             raise KeysFileError(f"{path}: a malformed key record ({record.name[:70]!r})")
     return records
 
@@ -94,13 +114,19 @@ def write_keys(path: Path, records: list[KeyRecord]) -> None:
         handle.write(json.dumps(body, indent=1) + "\n")
 
 
-def add_key(path: Path, name: str, rate: float | None = None) -> str:
-    """Make a key for client ``name``; the key is returned once and never stored."""
+def add_key(path: Path, name: str, rate: float | None = None,
+            scopes: tuple[str, ...] = DEFAULT_SCOPES, certificates: tuple[str, ...] = ()) -> str:
+    """Make a key for client ``name`` that may ask ``scopes``, with the client certificates
+    named ``certificates`` (default: ``name``) where those are asked for too; the key is
+    returned once and never stored."""
     if not CLIENT_NAME.fullmatch(name):
         raise KeysFileError(f"client name {name[:70]!r}: 1 to 64 letters, digits, '_', '.', "
                             f"'@' or '-', starting with a letter or digit")
     if rate is not None and not rate > 0:
         raise KeysFileError("--rate must be positive")
+    if not scopes or not set(scopes) <= set(SCOPES):
+        raise KeysFileError(f"--scope {', '.join(scopes) or '(none)'}: one or more of "
+                            f"{', '.join(SCOPES)}")
     records = read_keys(path)
     if any(r.name == name and r.revoked is None for r in records):
         raise KeysFileError(f"{path}: client {name!r} has a key already (revoke it first)")
@@ -109,7 +135,9 @@ def add_key(path: Path, name: str, rate: float | None = None) -> str:
     while key_id in taken:
         key_id = secrets.token_hex(4)
     key = f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-    records.append(KeyRecord(name, key_id, digest(key), _now(), rate=rate))
+    records.append(KeyRecord(name, key_id, digest(key), _now(), rate=rate,
+                             scopes=tuple(dict.fromkeys(scopes)),
+                             certificates=tuple(dict.fromkeys(certificates))))
     write_keys(path, records)
     return key
 
@@ -190,6 +218,13 @@ def add_command(sub: Any) -> None:
     add.add_argument("name", help="the client's name (shown in access logs and metrics)")
     add.add_argument("--rate", type=float, help="requests per second this client may send "
                      "(default: serve-model --rate)")
+    add.add_argument("--scope", action="append", choices=SCOPES, metavar="SCOPE",
+                     help="what the key may ask (repeat): 'score' (POST /v1/score) or "
+                          "'metrics' (/metrics, /healthz, /readyz); default: score")
+    add.add_argument("--certificate", action="append", default=[], metavar="CN",
+                     help="with serve-model --tls-client-ca: the client certificate subject "
+                          "(CN) this key comes with (repeat; default: NAME); the key with "
+                          "another client's certificate is refused")
     actions.add_parser("list", help="the clients, their key ids, and which keys are revoked")
     revoke = actions.add_parser("revoke", help="revoke a client's key (a running service "
                                 "refuses it within a second)")
@@ -203,7 +238,8 @@ def keys_command(args: argparse.Namespace) -> int:
 
     try:
         if args.action == "add":
-            key = add_key(args.keys, args.name, args.rate)
+            key = add_key(args.keys, args.name, args.rate,
+                          tuple(args.scope or DEFAULT_SCOPES), tuple(args.certificate))
             print(key)
             print(f"(client {args.name}: keep this key secret; it is not stored and cannot "
                   f"be shown again)", file=sys.stderr)
@@ -214,7 +250,9 @@ def keys_command(args: argparse.Namespace) -> int:
             for r in read_keys(args.keys):
                 state = f"revoked {r.revoked}" if r.revoked else "in use"
                 rate = f", {r.rate:g} requests/s" if r.rate else ""
-                print(f"{r.name}\t{r.id}\tmade {r.created}\t{state}{rate}")
+                certs = f"\tcertificates {','.join(r.certificates)}" if r.certificates else ""
+                print(f"{r.name}\t{r.id}\tmade {r.created}\t{state}{rate}\t"
+                      f"scopes {','.join(r.scopes)}{certs}")
     except KeysFileError as exc:
         raise ConfigError(str(exc)) from None
     return 0

@@ -2,7 +2,8 @@
 
 ``POST /v1/score {"ids": [...]}`` answers ``{"ids", "scores", "model", "objective", "ensemble",
 "round", "rows_in_round"}``; ``GET /healthz`` says whether the session is open, ``GET /readyz``
-whether every party answers, ``GET /metrics`` gives Prometheus metrics. Bad requests get a 4xx
+whether every party answers, ``GET /metrics`` gives Prometheus metrics, and ``GET /livez``,
+the one endpoint without authentication, says ``ok`` and nothing else. Bad requests get a 4xx
 with one line in ``detail``: 422 for a malformed body, 413 for too many ids or bytes, 404 for
 ids that cannot be scored (the ``unknown`` list; which party lacks them is only logged); a
 party that does not answer within the round timeout, or answers with an error, gets a 503
@@ -34,6 +35,9 @@ from fedboost.scoring_metrics import CONTENT_TYPE, AccessLog, ScoringMetrics
 
 MAX_ID_CHARS = 256
 """Longer ids are refused before they reach the parties (envelopes carry short strings)."""
+_INT_IDS = 10**MAX_ID_CHARS
+"""Numeric ids are below this in magnitude (``str`` refuses ints of over 4,300 digits)."""
+LIVEZ = "/livez"
 READY_SECONDS = 2.0
 """``/readyz`` answers at once when every party answered a round this recently; else it asks
 them (a membership round of no ids)."""
@@ -58,20 +62,38 @@ class ScoreRequest(BaseModel):
 def _one_line(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():
-        where = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+        where = ".".join(_shown_key(x) for x in err.get("loc", ()) if x != "body") or "body"
         parts.append(f"{where}: {err.get('msg', 'invalid')}")
     return "; ".join(parts[:5]) + ("; ..." if len(parts) > 5 else "")
 
 
+def _shown_key(part: object) -> str:
+    """A key of the body as an error line shows it: the caller's own text, but one line."""
+    text = str(part)[:64]
+    return text if text.isprintable() else repr(text)
+
+
 def _checked_ids(raw: list[str | int], max_ids: int) -> list[str]:
+    """The ids as the parties' rounds carry them: 1 to ``MAX_ID_CHARS`` characters of text
+    the envelope's encoder takes (UTF-8: valid JSON may still hold a lone surrogate, ``\ud800``,
+    which no UTF-8 encoder takes), else the 4xx naming the first bad one."""
     if not raw:
         raise ScoringFailure(422, "ids: give at least one id")
     if len(raw) > max_ids:
         raise ScoringFailure(413, f"ids: at most {max_ids} ids per request, got {len(raw)}")
-    ids = [str(i) for i in raw]
-    for k, ident in enumerate(ids):
+    ids = []
+    for k, item in enumerate(raw):
+        if isinstance(item, int) and not -_INT_IDS < item < _INT_IDS:
+            raise ScoringFailure(422, f"ids[{k}]: an id is 1 to {MAX_ID_CHARS} characters")
+        ident = str(item)
         if not ident or len(ident) > MAX_ID_CHARS:
             raise ScoringFailure(422, f"ids[{k}]: an id is 1 to {MAX_ID_CHARS} characters")
+        try:
+            ident.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ScoringFailure(422, f"ids[{k}]: not valid Unicode text (a lone surrogate "
+                                      f"such as \\ud800 cannot be encoded)") from None
+        ids.append(ident)
     return ids
 
 
@@ -79,12 +101,18 @@ def _failure(failure: ScoringFailure) -> JSONResponse:
     content: dict[str, Any] = {"detail": failure.message}
     if failure.unknown:
         content["unknown"] = failure.unknown
-    return JSONResponse(status_code=failure.status, content=content)
+    headers = ({"Retry-After": str(failure.retry_after)} if failure.retry_after is not None
+               else None)
+    return JSONResponse(status_code=failure.status, content=content, headers=headers)
 
 
 def make_app(link: ScoringLink, info: ModelInfo, max_ids: int, *, policy: GatePolicy,
-             allowed_hosts: list[str], metrics: ScoringMetrics) -> Any:
-    """The HTTP API in front of a scoring link, behind its guards (an ASGI app)."""
+             allowed_hosts: list[str], metrics: ScoringMetrics,
+             deadline: float | None = None) -> Any:
+    """The HTTP API in front of a scoring link, behind its guards (an ASGI app). A request
+    the link has not answered within ``deadline`` seconds (default: three round timeouts, a
+    reopen, a membership and a scoring round) gets a 504."""
+    seconds = deadline if deadline is not None else 3 * link.plan.timeout
     app = FastAPI(title="fedboost scoring", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(RequestValidationError)
@@ -101,7 +129,10 @@ def make_app(link: ScoringLink, info: ModelInfo, max_ids: int, *, policy: GatePo
                 future.set_result(outcome)
 
         submit(lambda outcome: loop.call_soon_threadsafe(settle, outcome))
-        return await future
+        try:
+            return await asyncio.wait_for(future, seconds)
+        except TimeoutError:  # the link's own deadlines failed: never leave a client hanging
+            return ScoringFailure(504, f"no answer from the scoring link within {seconds:g} s")
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
@@ -149,4 +180,25 @@ def make_app(link: ScoringLink, info: ModelInfo, max_ids: int, *, policy: GatePo
                              "round": outcome.round, "rows_in_round": outcome.rows_in_round})
 
     guarded = TrustedHostMiddleware(Gate(app, policy), allowed_hosts=allowed_hosts)
-    return AccessLog(guarded, metrics)
+    return AccessLog(Liveness(guarded, link), metrics)
+
+
+class Liveness:
+    """ASGI middleware: ``GET /livez`` answers before the ``Host`` check and authentication,
+    for probes that can send neither; it tells nothing but whether the scoring link runs
+    (``ok``, or 503 ``unavailable``: a failed request says as much)."""
+
+    def __init__(self, app: Any, link: ScoringLink) -> None:
+        self.app = app
+        self.link = link
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != LIVEZ:
+            await self.app(scope, receive, send)
+            return
+        live = self.link.alive()
+        body = b"ok" if live else b"unavailable"
+        await send({"type": "http.response.start", "status": 200 if live else 503,
+                    "headers": [(b"content-type", b"text/plain"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

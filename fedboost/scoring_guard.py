@@ -2,7 +2,8 @@
 
 ``Gate`` is ASGI middleware in front of the API (behind the ``Host`` check): the client
 authenticates (an API key, ``fedboost.api_keys``, and/or a client certificate the TLS layer
-verified, ``fedboost.scoring_http``), stays within its rate (a token bucket per client: 429
+verified, ``fedboost.scoring_http``), its key has the scope the path needs (``score`` for
+scoring, ``metrics`` for the operator's endpoints; a certificate alone may ask both), stays within its rate (a token bucket per client: 429
 with ``Retry-After``), and sends a body no larger than the limit, by its ``Content-Length`` and
 by the bytes that actually arrive (413 without reading the rest). Every refusal closes the
 connection, so nothing more of that body is read.
@@ -24,6 +25,10 @@ from typing import Any
 from starlette.exceptions import HTTPException
 
 from fedboost.api_keys import KeyRing
+
+METRICS_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
+"""Paths a key needs the ``metrics`` scope for (the operator's view); any other needs
+``score``."""
 
 BURST_SECONDS = 2.0
 """A client may send this many seconds' worth of its rate at once."""
@@ -122,8 +127,16 @@ class Gate:
         record = policy.keys.identify(key.strip())
         if record is None:
             return 401, "the API key is not valid (unknown or revoked)", challenge
+        if policy.certificates and not record.belongs_to(cert_name):
+            # one client, one identity: another client's certificate does not make a key valid
+            return 403, (f"the API key of client {record.name} does not go with the client "
+                         f"certificate of {cert_name[:64]}"), CLOSE
         scope["fedboost.client"] = record.name
         scope["fedboost.rate"] = record.rate
+        needed = "metrics" if scope["path"] in METRICS_PATHS else "score"
+        if needed not in record.scopes:
+            return 403, (f"this API key may not ask {scope['path'][:100]}: it needs the "
+                         f"{needed} scope (serve-model-keys add --scope {needed})"), CLOSE
         return None
 
     def _within_rate(self, scope: dict[str, Any]) -> tuple[int, str, list[Any]] | None:

@@ -10,10 +10,15 @@ uvicorn's httptools protocol to add:
   response) and one for the body (from the end of the headers): a client that misses it gets
   ``408`` and the connection is closed;
 - a cap on the bytes of the request line and headers (``431``);
-- a cap on open connections: when a new one would exceed it, the connection that has been
+- a cap on open connections, counted from the moment a connection is accepted, before its
+  TLS handshake: when a new one would exceed it, the connection that has been in its handshake,
   sending its request (or idling) the longest is closed, so clients that complete their
   requests promptly keep being served while slow ones hold connections; with none to evict,
-  the new one is closed;
+  the new one is closed. The TLS handshake is ours (``loop.start_tls`` on the accepted
+  connection, with a deadline of its own), not the listening socket's: there, asyncio hands a
+  connection to the protocol only once its handshake is done, so 1,100 sockets that never sent
+  a ClientHello held every descriptor of a 1,024-descriptor service (and 256 KiB of TLS
+  buffers each) while counting against no limit;
 - the verified client certificate's subject (``CN``) in the request scope (the ASGI TLS
   extension's ``client_cert_name``), for ``fedboost.scoring_guard``.
 """
@@ -21,9 +26,13 @@ uvicorn's httptools protocol to add:
 from __future__ import annotations
 
 import asyncio
+import logging
 import resource
+import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -33,7 +42,18 @@ from fedboost.scoring_metrics import log_access
 READING = ("idle", "headers", "body")
 """Phases of a connection that is not waiting for the service: it may be closed to make room."""
 SPARE_DESCRIPTORS = 256
-"""Descriptors kept beyond the connection cap: the broker, logs, files, the listening socket."""
+"""Descriptors kept beyond the connection cap: the broker, logs, files, the listening socket,
+and the connections accepted in one turn of the loop before those beyond the cap are closed
+(the next turn: see ``ACCEPT_BACKLOG``)."""
+ACCEPT_BACKLOG = 64
+"""The listen backlog, which is also how many connections asyncio accepts at once (uvicorn's
+default, 2,048, accepted a whole flood of idle sockets in one turn of the loop, past any cap and
+into "Too many open files"): two turns' worth stay within ``SPARE_DESCRIPTORS``."""
+TLS_RELOAD_SECONDS = 1.0
+"""How often, at most, the TLS files are looked at (at a connection's accept)."""
+QUIET_SECONDS = 60.0
+"""asyncio's "out of system resource" on accept is logged at most this often, without its
+traceback (it was one traceback per failed accept: 11 MB of log in 30 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +64,59 @@ class ConnectionLimits:
     header_seconds: float
     body_seconds: float
     max_header_bytes: int
+    handshake_seconds: float = 5.0
+    """A TLS handshake not done within this is aborted (asyncio's default: 60 s)."""
 
 
-def guarded_protocol(limits: ConnectionLimits,
-                     dropped: Callable[[str], None]) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with ``limits``; ``dropped(reason)`` counts closures."""
+class ServerTLS:
+    """The server's TLS context, made again when one of its files changes (looked at, at most
+    every ``TLS_RELOAD_SECONDS``, when a connection is accepted): a renewed certificate, a new
+    client CA or revocation list takes effect without a restart; files that do not load are
+    logged and the last good context is kept."""
+
+    def __init__(self, make: Callable[[], ssl.SSLContext], files: list[Path]) -> None:
+        self.make = make
+        self.files = files
+        self._seen = self._stat()
+        self.current = make()
+        self._checked = time.monotonic()
+
+    def _stat(self) -> tuple[tuple[int, int, int], ...] | None:
+        try:
+            return tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in
+                         (path.stat() for path in self.files))
+        except OSError:
+            return None
+
+    def __call__(self) -> ssl.SSLContext:
+        """The context for a connection accepted now."""
+        now = time.monotonic()
+        if now - self._checked < TLS_RELOAD_SECONDS:
+            return self.current
+        self._checked = now
+        seen = self._stat()
+        if seen is None or seen == self._seen:
+            return self.current
+        self._seen = seen  # a file that does not load is tried again when it changes again
+        log = logging.getLogger("fedboost.serving")
+        try:
+            self.current = self.make()
+            log.warning("TLS files reloaded: %s", ", ".join(str(p) for p in self.files))
+        except Exception as exc:  # noqa: BLE001 - keep serving with the last good files
+            log.error("TLS files not reloaded (keeping the last good ones): %s", exc)
+        return self.current
+
+
+def guarded_protocol(limits: ConnectionLimits, dropped: Callable[[str], None],
+                     tls: Callable[[], ssl.SSLContext] | None = None
+                     ) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with ``limits``; ``dropped(reason)`` counts closures.
+    With ``tls`` (the context for a connection accepted now, ``ServerTLS``) the protocol does
+    the TLS handshake of every connection it is given (serve it without uvicorn's ``ssl_*``
+    options)."""
+    handshaking: dict[HttpToolsProtocol, tuple[asyncio.BaseTransport, float]] = {}
+    """Connections accepted whose TLS handshake is under way, with when they were accepted."""
+    quieted: list[asyncio.AbstractEventLoop] = []
 
     class GuardedProtocol(HttpToolsProtocol):
         _phase = "idle"
@@ -59,11 +127,45 @@ def guarded_protocol(limits: ConnectionLimits,
         _too_large = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            if self.loop not in quieted:
+                quieted.append(self.loop)
+                self.loop.set_exception_handler(_QuietAccept())
+            if tls is None:
+                self._made(transport)
+                if len(self.connections) > limits.max_connections:
+                    self._make_room()
+                return
+            transport.pause_reading()  # the bytes of the handshake are for the TLS layer
+            handshaking[self] = (transport, self.loop.time())
+            if len(self.connections) + len(handshaking) > limits.max_connections:
+                self._make_room()
+            if self in handshaking:
+                self.loop.create_task(self._handshake(transport, tls()))
+
+        async def _handshake(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
+            early = _Early()
+            try:
+                secured = await self.loop.start_tls(
+                    raw, early, context, server_side=True,
+                    ssl_handshake_timeout=limits.handshake_seconds)
+            except (OSError, RuntimeError) as exc:  # SSLError, a deadline missed, a reset
+                if handshaking.pop(self, None) is not None:
+                    dropped("tls_timeout" if isinstance(exc, ConnectionAbortedError)
+                            else "tls_failed")
+                raw.abort()
+                return
+            if handshaking.pop(self, None) is None or early.lost:  # evicted, or gone
+                raw.abort()
+                return
+            secured.set_protocol(self)
+            self._made(secured)  # type: ignore[arg-type]
+            if early.data:
+                self.data_received(bytes(early.data))
+
+        def _made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
             self._tls_name = _certificate_name(transport)
             self._enter("idle", limits.header_seconds, "header_timeout")
-            if len(self.connections) > limits.max_connections:
-                self._make_room()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
@@ -127,12 +229,28 @@ def guarded_protocol(limits: ConnectionLimits,
                 self._drop(reason, b"408 Request Timeout")
 
         def _make_room(self) -> None:
-            waiting = [c for c in self.connections
+            waiting = [(c._since, c) for c in self.connections
                        if c is not self and getattr(c, "_phase", "busy") in READING]
+            if handshaking:
+                oldest = min(handshaking.items(), key=lambda item: item[1][1])
+                if oldest[0] is not self:
+                    waiting.append((oldest[1][1], oldest[0]))
             if waiting:
-                min(waiting, key=lambda c: c._since)._drop("evicted", b"503 Service Unavailable")
+                victim = min(waiting, key=lambda item: item[0])[1]
             else:
-                self._drop("refused", b"503 Service Unavailable")
+                closing = [c for c in self.connections
+                           if c is not self and getattr(c, "_phase", "") == "closed"]
+                if closing:  # answered already: a TLS close waits up to 30 s for the peer
+                    closing[0].transport.abort()
+                    return
+                victim = self
+            if victim in handshaking:  # no response to write: TLS was never set up
+                raw, _ = handshaking.pop(victim)
+                raw.abort()
+                dropped("evicted" if victim is not self else "refused")
+            else:
+                victim._drop("evicted" if victim is not self else "refused",  # type: ignore[attr-defined]
+                             b"503 Service Unavailable")
 
         def _drop(self, reason: str, status: bytes) -> None:
             """Answer ``status`` unless a response started, and close the connection."""
@@ -149,6 +267,42 @@ def guarded_protocol(limits: ConnectionLimits,
                        else None)
 
     return GuardedProtocol
+
+
+class _QuietAccept:
+    """The loop's exception handler: asyncio's accept failures (out of descriptors) in one
+    line at most every ``QUIET_SECONDS``; anything else as asyncio logs it."""
+
+    def __init__(self) -> None:
+        self.said = -QUIET_SECONDS
+        self.since = 0
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if not str(context.get("message", "")).startswith("socket.accept() out of system"):
+            loop.default_exception_handler(context)
+            return
+        self.since += 1
+        if loop.time() - self.said >= QUIET_SECONDS:
+            logging.getLogger("fedboost.serving").warning(
+                "cannot accept connections (%d times): %s; raise the descriptor limit "
+                "(ulimit -n) or lower --max-connections", self.since, context.get("exception"))
+            self.said, self.since = loop.time(), 0
+
+
+class _Early(asyncio.Protocol):
+    """What arrives between the end of a TLS handshake and the HTTP protocol taking the
+    connection over (the next turn of the loop): a client may send its request in the same
+    flight as its last handshake message."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.lost = False
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
 
 
 def _certificate_name(transport: asyncio.Transport) -> str | None:

@@ -16,6 +16,15 @@ party is only logged here); the others are scored next. So a request that cannot
 no decisions to the active party. Ids every party has been found to hold are remembered for the
 session (each party indexed its rows once, at open): asked again, they are scored at once.
 
+A failure fails the requests it touches, never the link: a round that cannot be sealed or sent
+fails its own requests, a reply that cannot be handled fails its round; anything else that
+escapes the link's loop is a bug, and ends the link with every waiting request failed and
+``on_death`` called (``fedboost serve-model`` then exits non-zero, for a supervisor to restart
+it). A party whose worker is not connected to the broker (no consumer on its queue: killed, or
+stopped) is known gone: the link looks when it is idle or a round is late, at most once every
+``WATCH_SECONDS``; while a party is gone, every request fails at once with a 503 naming it (and
+``Retry-After``), and when its worker is back the session is opened again without a restart.
+
 One thread owns the broker connection (pika's is not thread-safe). Requests queue here from any
 thread; whenever fewer than ``max_in_flight`` rounds are out, the queued requests, up to
 ``max_rows`` rows, become one round: concurrent small requests are micro-batched. What a
@@ -28,6 +37,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +53,14 @@ from messages.envelope import Envelope, MsgType
 from messages.rabbitmq import RabbitTransport
 
 log = logging.getLogger("fedboost.serving")
+
+WATCH_SECONDS = 1.0
+"""How often the link asks the broker whether every party's worker is connected, while idle,
+while a round is late or while a party is gone (never while rounds answer promptly: the
+question costs broker round trips on the link's thread)."""
+RETRY_SECONDS = 2
+"""``Retry-After`` of a request refused because a party is gone: about when the link looks
+again."""
 
 
 @dataclass(slots=True)
@@ -69,12 +87,15 @@ class ScoringLink:
     """A scoring session at the parties' workers, fed by requests from any thread."""
 
     def __init__(self, plan: SessionPlan, coordinator: Coordinator, *,
-                 max_in_flight: int = 2, observe: Observer | None = None) -> None:
+                 max_in_flight: int = 2, observe: Observer | None = None,
+                 on_death: Callable[[], None] | None = None) -> None:
         self.plan = plan
         self.coordinator = coordinator
         self.transport: RabbitTransport = coordinator.transport  # type: ignore[assignment]
         self.max_in_flight = max_in_flight
         self.observe = observe
+        self.on_death = on_death
+        """Called (from the link's thread) when the link ends on a bug, not on ``stop``."""
         self.stats = LinkStats()
         self.problem = "the scoring session is not open yet"
         """Why the service cannot score now ("" when it can)."""
@@ -91,6 +112,10 @@ class ScoringLink:
         self._found: set[str] = set()
         """Ids every party holds (this session); at most the fewest rows a party indexed."""
         self._most_found = 0
+        self.gone: dict[str, str] = {}
+        """Parties known gone (no worker of theirs on the broker), with why."""
+        self._gone_since = 0.0
+        self._watched = 0.0
 
     # ---- the session ------------------------------------------------------------------------
 
@@ -118,8 +143,8 @@ class ScoringLink:
             self.coordinator.timeout = min(self.coordinator.timeout, 5.0)
             self.coordinator.call(self.plan.parties, MsgType.CLOSE_JOB, Step(),
                                   step_id(MsgType.CLOSE_JOB))
-        except (PartyError, TransportError) as exc:
-            log.warning("could not close scoring session %s: %s", self.plan.job, exc)
+        except Exception as exc:  # noqa: BLE001 - best effort, also after the link failed
+            log.warning("could not close scoring session %s: %r", self.plan.job, exc)
 
     def start(self) -> None:
         """Score queued requests in a thread of its own until ``stop``."""
@@ -139,6 +164,9 @@ class ScoringLink:
     def submit(self, ids: list[str], done: Done, client: str = "") -> None:
         """Queue a request (any thread); ``done`` gets its scores or its failure. ``client``
         names the caller in the log."""
+        if not self.alive():
+            done(ScoringFailure(503, self.problem or "the scoring link has stopped"))
+            return
         self._submitted.append(_Request(ids, done, client))
         self.transport.wake()
 
@@ -151,19 +179,34 @@ class ScoringLink:
     # ---- the link's thread ------------------------------------------------------------------
 
     def _serve(self) -> None:
-        while not self._stopping:
-            self._launch()
-            data = self.transport.receive(timeout=self._wait())
-            if data is not None:
-                self.transport.acknowledge()
-                self._file(data)
-            self._expire()
-        self._take_submitted()
-        for request in [*self._queue, *_drained(self._pings),
-                        *(r for x in self._in_flight.values() for r in x.requests)]:
-            self._finish(request, ScoringFailure(503, "the scoring service is shutting down"))
-        self._queue.clear()
+        try:
+            while not self._stopping:
+                self._launch()
+                data = self.transport.receive(timeout=self._wait())
+                if data is not None:
+                    self.transport.acknowledge()
+                    self._file(data)
+                self._expire()
+                self._watch()
+        except Exception as exc:  # a bug, or a broker gone for longer than reconnects try
+            log.critical("scoring session %s: the scoring link stopped: %r", self.plan.job,
+                         exc, exc_info=True)
+            self.problem = f"the scoring link stopped ({type(exc).__name__}; see the log)"
+            self._fail_waiting(ScoringFailure(503, self.problem))
+            if self.on_death is not None:
+                self.on_death()
+            return
+        self._fail_waiting(ScoringFailure(503, "the scoring service is shutting down"))
         self.close_session()
+
+    def _fail_waiting(self, failure: ScoringFailure) -> None:
+        """Fail every request queued, waiting for a round or in one."""
+        self._take_submitted()
+        waiting = [*_drained(self._queue), *_drained(self._pings),
+                   *(r for x in self._in_flight.values() for r in x.requests)]
+        self._in_flight.clear()
+        for request in waiting:
+            self._finish(request, failure)
 
     def _wait(self) -> float:
         if not self._in_flight:
@@ -176,6 +219,9 @@ class ScoringLink:
         holds, membership rounds of the others, up to ``max_in_flight`` of each kind at once
         (a membership round costs the parties a lookup: it does not hold up scoring)."""
         self._take_submitted()
+        if self.gone:
+            self._fail_waiting(self._gone_failure())
+            return
         if self._reopen and (self._queue or self._pings) and not self._in_flight:
             self._try_reopen()
         if self._reopen:
@@ -223,6 +269,8 @@ class ScoringLink:
                 self._finish(request, ScoringFailure(503, str(exc)))
 
     def _send_round(self, requests: list[_Request], ids: list[str], kind: MsgType) -> None:
+        """Send a round to every party; one that cannot be sealed or sent fails its own
+        requests (the API checked the ids: an encoding failure here is a bug, logged)."""
         self._number += 1
         task = f"{self.coordinator.session}/{kind.name.lower()}/r{self._number}"
         body: FindRows | ScoreRows = (
@@ -237,6 +285,13 @@ class ScoringLink:
         except MessageError as exc:
             for request in requests:
                 self._finish(request, ScoringFailure(503, f"cannot reach the parties: {exc}"))
+            return
+        except Exception as exc:  # noqa: BLE001 - one round's failure, not the link's
+            log.exception("scoring session %s: round %d could not be sent", self.plan.job,
+                          self._number)
+            for request in requests:
+                self._finish(request, ScoringFailure(
+                    500, f"round {self._number} could not be sent ({type(exc).__name__})"))
             return
         self._in_flight[task] = _Round(self._number, kind, requests, ids, time.monotonic())
         if kind == MsgType.SCORE_ROWS:
@@ -254,6 +309,17 @@ class ScoringLink:
         if (round_ is None or env.job != self.plan.job or env.sender not in self.plan.parties
                 or env.sender in round_.replies):
             return  # a round already given up, or not ours
+        try:
+            self._take_reply(env, round_)
+        except Exception as exc:  # noqa: BLE001 - one round's failure, not the link's
+            log.exception("scoring session %s: round %d: %s's reply could not be handled",
+                          self.plan.job, round_.number, env.sender)
+            self._in_flight.pop(env.task, None)
+            self._fail_requests(round_, ScoringFailure(
+                502, f"party {env.sender}'s answer to round {round_.number} could not be "
+                     f"handled ({type(exc).__name__})"))
+
+    def _take_reply(self, env: Envelope, round_: _Round) -> None:
         expected = (Scores if env.sender == self.plan.active
                     and round_.kind == MsgType.SCORE_ROWS else RowsFound)
         if isinstance(env.body, ErrorReply):
@@ -363,6 +429,38 @@ class ScoringLink:
             self._fail_round(task, ScoringFailure(
                 503, f"party {', '.join(silent)}: no answer to {what} round {round_.number} "
                      f"within {self.plan.timeout:g} s (is its worker running?)"))
+            self._watched = 0.0  # is it gone? look now: the requests queued behind it wait
+
+    def _watch(self) -> None:
+        """Ask the broker which parties' workers are gone: when idle, when a round is late,
+        or while a party is gone, at most every ``WATCH_SECONDS``."""
+        now = time.monotonic()
+        late = any(now - r.started > WATCH_SECONDS for r in self._in_flight.values())
+        if (now - self._watched < WATCH_SECONDS or self.coordinator.presence is None
+                or not (late or self.gone or not self._in_flight)):
+            return
+        self._watched = now
+        gone = self.coordinator.presence(self.plan.parties)
+        if gone and not self.gone:
+            self._gone_since = now
+            log.warning("scoring session %s: %s", self.plan.job, "; ".join(
+                f"party {p}: {why}" for p, why in gone.items()))
+        elif self.gone and not gone:
+            log.warning("scoring session %s: every party's worker is connected again",
+                        self.plan.job)
+            self.gone, self._reopen = {}, True
+            self._try_reopen()  # a worker that was gone holds no session: open it again now
+            return
+        self.gone = gone
+        if gone:
+            self.problem = self._gone_failure().message
+            self._fail_waiting(self._gone_failure())
+
+    def _gone_failure(self) -> ScoringFailure:
+        since = time.monotonic() - self._gone_since
+        return ScoringFailure(503, "; ".join(
+            f"party {p}: {why} (for {since:.0f} s)" for p, why in self.gone.items()),
+            retry_after=RETRY_SECONDS)
 
     def _finish(self, request: _Request, outcome: Scored | ScoringFailure) -> None:
         if request.ids:  # pings are not requests

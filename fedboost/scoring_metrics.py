@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import CONTENT_TYPE_LATEST
 
 access_log = logging.getLogger("fedboost.serving.access")
-PATHS = frozenset({"/v1/score", "/healthz", "/readyz", "/metrics"})
+PATHS = frozenset({"/v1/score", "/healthz", "/readyz", "/metrics", "/livez"})
 """Paths counted by name; any other is counted as ``other`` (a scanner cannot add labels)."""
 LATENCY_BUCKETS = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -41,13 +41,17 @@ class Scored:
 
 
 class ScoringFailure(Exception):
-    """A request that cannot be scored: an HTTP status, one line, and the unknown ids."""
+    """A request that cannot be scored: an HTTP status, one line, the unknown ids, and when
+    to try again."""
 
-    def __init__(self, status: int, message: str, unknown: list[str] | None = None) -> None:
+    def __init__(self, status: int, message: str, unknown: list[str] | None = None, *,
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.unknown = unknown or []
+        self.retry_after = retry_after
+        """Seconds a client should wait before asking again (``Retry-After``), if known."""
 
 
 Done = Callable[[Scored | ScoringFailure], None]

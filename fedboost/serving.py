@@ -51,6 +51,9 @@ def add_command(sub: Any) -> None:
     cmd.add_argument("--timeout", type=float, default=10.0,
                      help="seconds a round may take before the silent parties are named in a "
                           "503 (default 10)")
+    cmd.add_argument("--request-timeout", type=float, help="seconds a request may wait for its "
+                     "scores at most, then 504 (default: 3 x --timeout: a reopened session, a "
+                     "membership round and a scoring round)")
     auth = cmd.add_argument_group("authentication and TLS")
     auth.add_argument("--api-keys", type=Path, metavar="FILE", help="clients authenticate "
                       "with a key of this file (made with 'fedboost serve-model-keys'; reread "
@@ -60,6 +63,13 @@ def add_command(sub: Any) -> None:
     auth.add_argument("--tls-key", type=Path, metavar="PEM", help="its private key")
     auth.add_argument("--tls-client-ca", type=Path, metavar="PEM", help="clients present a "
                       "certificate signed by this CA (mutual TLS; its CN names the client)")
+    auth.add_argument("--tls-crl", type=Path, metavar="PEM", help="with --tls-client-ca: "
+                      "client certificates this certificate revocation list names are refused "
+                      "(the CA's CRL; reread when it changes, as the other TLS files are)")
+    auth.add_argument("--tls-min-version", choices=("1.2", "1.3"), default="1.2",
+                      help="the oldest TLS version a client may use (default 1.2)")
+    auth.add_argument("--tls-ciphers", metavar="LIST", help="OpenSSL cipher list for TLS 1.2 "
+                      "(default: Python's; TLS 1.3 suites are OpenSSL's)")
     auth.add_argument("--insecure-no-auth", action="store_true", help="serve scores to anyone "
                       "who can reach the port (no key, no client certificate)")
     auth.add_argument("--allowed-host", action="append", default=[], metavar="HOST",
@@ -78,6 +88,9 @@ def add_command(sub: Any) -> None:
                         "has to send a request's headers (default 10)")
     limits.add_argument("--body-timeout", type=float, default=10.0, help="seconds a client has "
                         "to send a request's body (default 10)")
+    limits.add_argument("--tls-handshake-timeout", type=float, default=5.0, help="seconds a "
+                        "client has to finish its TLS handshake (default 5); a connection "
+                        "counts against --max-connections from its accept, handshake included")
     cmd.add_argument("--access-log", default="-", metavar="FILE", help="JSON access log lines "
                      "to FILE ('-': stderr, the default; 'off': none)")
     cmd.set_defaults(run=serve_model)
@@ -92,6 +105,13 @@ class _Stop:
     def __init__(self) -> None:
         self.requested = False
         self.server: Any = None
+        self.link_died = False
+
+    def link_stopped(self) -> None:
+        """The scoring link ended on a failure (its thread): stop serving, exit non-zero."""
+        self.link_died = True
+        if self.server is not None:
+            self.server.should_exit = True
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
@@ -103,6 +123,7 @@ def serve_model(args: argparse.Namespace) -> int:
     """Open the scoring session, serve HTTP until SIGTERM or Ctrl-C, close the session."""
     from workers.runtime import SWITCH_INTERVAL
 
+    from fedboost.exit_codes import EXIT_SERVICE_FAILED
     from fedboost.scoring_link import ScoringLink
     from fedboost.scoring_session import SessionPlan
     from fedboost.scoring_metrics import ScoringMetrics
@@ -110,10 +131,16 @@ def serve_model(args: argparse.Namespace) -> int:
     from messages import TransportError
     from flows.config import ConfigError
 
-    if not 1 <= args.max_ids <= args.round_rows or args.in_flight < 1 or args.timeout <= 0:
+    if (not 1 <= args.max_ids <= args.round_rows or args.in_flight < 1 or args.timeout <= 0
+            or (args.request_timeout is not None and args.request_timeout <= 0)):
         raise ConfigError("--max-ids must be 1 to --round-rows, --in-flight at least 1 and "
-                          "--timeout positive")
+                          "--timeout and --request-timeout positive")
+    from fedboost.scoring_http import ServerTLS
+
     policy, hosts, limits = _guards(args)
+    tls = None if args.tls_cert is None else ServerTLS(
+        lambda: tls_context(args), [p for p in (args.tls_cert, args.tls_key, args.tls_client_ca,
+                                                args.tls_crl) if p is not None])
     config = _job_of(args.model_dir)
     plan = SessionPlan(job=f"{config.job[:40]}-serve-{uuid.uuid4().hex[:8]}",
                        model_job=config.job, protocol=config.protocol, active=config.active,
@@ -126,7 +153,7 @@ def serve_model(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     coordinator = broker_coordinator(config, plan.job, plan.timeout)
     link = ScoringLink(plan, coordinator, max_in_flight=args.in_flight,
-                       observe=metrics.observe_round)
+                       observe=metrics.observe_round, on_death=stop.link_stopped)
     # the HTTP thread and the link's thread hand requests and scores to each other: at
     # Python's default a thread waits up to 5 ms for the other to give up the GIL
     sys.setswitchinterval(SWITCH_INTERVAL)
@@ -140,52 +167,54 @@ def serve_model(args: argparse.Namespace) -> int:
             raise
         if not stop.requested:
             link.start()
-            _serve(args, config, link, metrics, policy, hosts, limits, stop)
+            _serve(args, config, link, metrics, policy, hosts, limits, tls, stop)
     finally:
         if link.alive():
             link.stop()  # fails what is queued, closes the session at every party
-        elif stop.requested:
+        elif stop.requested or stop.link_died:
             link.close_session()
-        coordinator.transport.delete_inbox()  # type: ignore[attr-defined]
-        coordinator.transport.close()
+        try:
+            coordinator.transport.delete_inbox()  # type: ignore[attr-defined]
+            coordinator.transport.close()
+        except Exception as exc:  # noqa: BLE001 - the broker connection the link lost
+            if not stop.link_died:
+                raise
+            logging.getLogger("fedboost.serving").warning("could not delete the reply queue: "
+                                                          "%r", exc)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if stop.link_died:
+        print(f"fedboost: error: the scoring link stopped ({link.problem}): exiting for a "
+              f"supervisor to restart the service", file=sys.stderr, flush=True)
+        return EXIT_SERVICE_FAILED
     return 0
 
 
 def _serve(args: argparse.Namespace, config: Any, link: Any, metrics: Any, policy: Any,
-           hosts: list[str], limits: Any, stop: _Stop) -> None:
+           hosts: list[str], limits: Any, tls: Any, stop: _Stop) -> None:
     """uvicorn until SIGTERM or Ctrl-C; it finishes the requests in flight before returning."""
-    import asyncio.constants
-    import ssl
-
     import uvicorn
 
     from fedboost.scoring_api import ModelInfo, make_app
-    from fedboost.scoring_http import guarded_protocol
+    from fedboost.scoring_http import ACCEPT_BACKLOG, guarded_protocol
     from flows.declared import declaration
 
     info = ModelInfo(config.job, config.params.objective,
                      declaration(config.protocol).scored_as or "boosting")
     app = make_app(link, info, args.max_ids, policy=policy, allowed_hosts=hosts,
-                   metrics=metrics)
-    protocol = guarded_protocol(limits, lambda reason: metrics.dropped.labels(reason).inc())
+                   metrics=metrics, deadline=args.request_timeout)
+    # TLS is the protocol's (the handshake of a connection counted from its accept), not
+    # uvicorn's: uvicorn would hand the listening socket an SSL context, and asyncio a
+    # connection to the protocol only after its handshake
+    protocol = guarded_protocol(limits, lambda reason: metrics.dropped.labels(reason).inc(),
+                                tls=tls)
     metrics.connections.set_function(lambda: len(server.server_state.connections))
-    tls = {} if args.tls_cert is None else {
-        "ssl_certfile": str(args.tls_cert), "ssl_keyfile": str(args.tls_key)}
-    if tls:
-        # a connection counts against --max-connections from the end of its TLS handshake;
-        # before that only asyncio's handshake deadline bounds it (60 s, read from this
-        # constant when a connection is accepted: uvicorn passes no deadline of its own)
-        asyncio.constants.SSL_HANDSHAKE_TIMEOUT = min(args.header_timeout, 60.0)
-    if args.tls_client_ca is not None:
-        tls.update(ssl_ca_certs=str(args.tls_client_ca), ssl_cert_reqs=ssl.CERT_REQUIRED)
     server = uvicorn.Server(uvicorn.Config(
         app, host=args.host, port=args.port, http=protocol, log_level="warning",
-        access_log=False, lifespan="off", timeout_keep_alive=5,
-        timeout_graceful_shutdown=int(args.timeout) + 5, **tls))
+        access_log=False, lifespan="off", timeout_keep_alive=5, backlog=ACCEPT_BACKLOG,
+        timeout_graceful_shutdown=int(args.timeout) + 5))
     stop.server = server
-    if stop.requested:
+    if stop.requested or stop.link_died:
         return
     scheme = "https" if args.tls_cert else "http"
     print(f"serving {config.job} at {scheme}://{args.host}:{args.port}/v1/score (session "
@@ -193,6 +222,33 @@ def _serve(args: argparse.Namespace, config: Any, link: Any, metrics: Any, polic
     # uvicorn handles SIGTERM and SIGINT itself while it runs (stop accepting, finish the
     # requests in flight), then raises the signal again, which ``stop`` notes
     server.run()
+
+
+def tls_context(args: argparse.Namespace) -> Any:
+    """The server's TLS context from the flags (None: plain HTTP)."""
+    import ssl
+
+    from flows.config import ConfigError
+
+    if args.tls_cert is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = (ssl.TLSVersion.TLSv1_3 if args.tls_min_version == "1.3"
+                               else ssl.TLSVersion.TLSv1_2)
+    try:
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+        if args.tls_ciphers:
+            context.set_ciphers(args.tls_ciphers)
+        if args.tls_client_ca is not None:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(args.tls_client_ca)
+        if args.tls_crl is not None:
+            context.load_verify_locations(args.tls_crl)
+            context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+    except ssl.SSLError as exc:
+        raise ConfigError(f"TLS: {exc.reason or exc} (--tls-cert, --tls-key, --tls-ciphers, "
+                          f"--tls-client-ca, --tls-crl)") from None
+    return context
 
 
 def _guards(args: argparse.Namespace) -> tuple[Any, list[str], Any]:
@@ -207,7 +263,9 @@ def _guards(args: argparse.Namespace) -> tuple[Any, list[str], Any]:
         raise ConfigError("--tls-cert and --tls-key go together")
     if args.tls_client_ca is not None and args.tls_cert is None:
         raise ConfigError("--tls-client-ca needs HTTPS: give --tls-cert and --tls-key")
-    for path in (args.tls_cert, args.tls_key, args.tls_client_ca):
+    if args.tls_crl is not None and args.tls_client_ca is None:
+        raise ConfigError("--tls-crl revokes client certificates: give --tls-client-ca")
+    for path in (args.tls_cert, args.tls_key, args.tls_client_ca, args.tls_crl):
         if path is not None and not path.is_file():
             raise ConfigError(f"{path}: no such file")
     authenticated = args.api_keys is not None or args.tls_client_ca is not None
@@ -240,7 +298,7 @@ def _guards(args: argparse.Namespace) -> tuple[Any, list[str], Any]:
                           f"Host values clients use with --allowed-host")
     max_body = args.max_body_bytes or 1024 + args.max_ids * (MAX_ID_CHARS + 8)
     if (min(args.max_connections, max_body, args.rate, args.header_timeout,
-            args.body_timeout) <= 0):
+            args.body_timeout, args.tls_handshake_timeout) <= 0):
         raise ConfigError("--max-connections, --max-body-bytes, --rate and the timeouts must "
                           "be positive")
     connections = descriptors_for(args.max_connections)
@@ -251,7 +309,8 @@ def _guards(args: argparse.Namespace) -> tuple[Any, list[str], Any]:
     policy = GatePolicy(keys=keys, certificates=args.tls_client_ca is not None,
                         rate=args.rate, max_body_bytes=max_body)
     limits = ConnectionLimits(connections, args.header_timeout, args.body_timeout,
-                              max_header_bytes=16 * 1024)
+                              max_header_bytes=16 * 1024,
+                              handshake_seconds=args.tls_handshake_timeout)
     return policy, hosts, limits
 
 

@@ -47,8 +47,9 @@ def federation(rabbit_url: str, prefect_harness: None,
 
 @pytest.fixture(scope="package")
 def api_key(federation: Federation) -> str:
-    """The key of client ``tests`` (the service reads the keys file)."""
-    return add_key(federation.keys, "tests")
+    """The key of client ``tests``, both scopes (the service reads the keys file)."""
+    return add_key(federation.keys, "tests", scopes=("score", "metrics"),
+                   certificates=("client_a", "client_b"))
 
 
 @pytest.fixture(scope="package")

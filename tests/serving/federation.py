@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import os
+import resource
 import signal
 import ssl
 import subprocess
@@ -171,15 +172,21 @@ class Federation:
                                            log=self.root / f"{name}.log", append=True,
                                            env=env(), cwd=self.root)
 
-    def serve(self, *flags: str, log_name: str = "serve") -> Service:
-        """Start 'fedboost serve-model' on the trained model; wait until it listens."""
+    def serve(self, *flags: str, log_name: str = "serve", files: int | None = None) -> Service:
+        """Start 'fedboost serve-model' on the trained model; wait until it listens. ``files``:
+        the process's descriptor limit (soft and hard), as ``ulimit -n`` sets it."""
         port = _free_port()
         log = self.root / f"{log_name}-{port}.log"
+
+        def limited() -> None:
+            if files is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+
         proc = subprocess.Popen(
             [*FEDBOOST, "serve-model", str(self.runs), "--port", str(port), "--timeout",
              str(ROUND_TIMEOUT), "--max-ids", "100", "--round-rows", "512", *flags],
             stdout=log.open("w"), stderr=subprocess.STDOUT,
-            env={**env(), "FEDBOOST_AMQP_URL": self.url}, cwd=self.root)
+            env={**env(), "FEDBOOST_AMQP_URL": self.url}, cwd=self.root, preexec_fn=limited)
         scheme = "https" if "--tls-cert" in flags else "http"
         service = Service(proc, f"{scheme}://127.0.0.1:{port}", log, port)
         deadline = time.monotonic() + 120
@@ -190,6 +197,14 @@ class Federation:
             time.sleep(0.2)
         _wait_listening(port)
         return service
+
+    def serve_https(self, *flags: str, log_name: str, files: int | None = None) -> Service:
+        """``serve`` as the package's service is deployed: HTTPS, client certificates signed
+        by the test CA, the API keys file."""
+        tls = self.tls
+        return self.serve("--api-keys", str(self.keys), "--tls-cert", str(tls / "server.pem"),
+                          "--tls-key", str(tls / "server.key"), "--tls-client-ca",
+                          str(tls / "ca.pem"), *flags, log_name=log_name, files=files)
 
     def tls_context(self, client: str | None = "client_a") -> ssl.SSLContext:
         """Trusts the test CA; presents ``client``'s certificate (None: none)."""

@@ -176,26 +176,45 @@ def test_a_session_that_cannot_open_stops_serve_model_with_one_line(
     assert service.proc.poll() is None  # the other goes on
 
 
-def test_a_passive_worker_that_is_down_gets_a_503_naming_it_and_readyz_says_so(
+def test_a_passive_worker_that_is_gone_fails_requests_at_once_naming_it_until_it_is_back(
         federation: Federation, service: Service, api_key: str) -> None:
+    """Issue 37, item 5: after a kill -9 the first error came 10 s later (a round timeout),
+    requests queued behind it up to 20 s, /healthz stayed 200. A party with no worker on the
+    broker is known gone: requests fail at once naming it, with Retry-After, /healthz and
+    /readyz say so, and scoring resumes without a restart when its worker is back."""
     ids = breast_ids()[:3]
     telco = federation.name("telco")
+
+    async def five() -> list[tuple[httpx.Response, float]]:
+        async with federation.async_client(service, api_key) as http:
+            async def timed(k: int) -> tuple[httpx.Response, float]:
+                started = time.monotonic()
+                reply = await http.post("/v1/score", json={"ids": ids[k % 3:]})
+                return reply, time.monotonic() - started
+            return await asyncio.gather(*(timed(k) for k in range(5)))
+
     with federation.client(service, api_key, timeout=60) as client:
         assert client.get("/readyz").json()["status"] == "ready"
         federation.workers["telco"].send_signal(signal.SIGKILL)
         federation.workers["telco"].wait(timeout=30)
-        started = time.monotonic()
-        reply = client.post("/v1/score", json={"ids": ids})
-        waited = time.monotonic() - started
-        assert reply.status_code == 503, reply.text
-        assert reply.json()["detail"].startswith(f"party {telco}: no answer")
-        assert waited < ROUND_TIMEOUT + 2.0
-        time.sleep(2.5)  # no party answered lately: /readyz asks them
-        ready = client.get("/readyz")
+        try:
+            answered = asyncio.run(five()) + asyncio.run(five())
+            health, ready = client.get("/healthz"), client.get("/readyz")
+        finally:  # the other tests need the telco
+            federation.start_worker("telco")
+        for reply, _ in answered:
+            assert reply.status_code == 503, reply.text
+            assert reply.json()["detail"].startswith(
+                f"party {telco}: no worker of it is connected to the broker"), reply.text
+            assert 1 <= int(reply.headers["retry-after"]) <= 5
+        waits = sorted(seconds for _, seconds in answered)
+        # was: the round timeout (--timeout 3) for the first, as long again for the next;
+        # now within a second of the kill (a loaded machine adds its TLS handshakes)
+        assert waits[-1] < ROUND_TIMEOUT - 0.5, waits
+        assert health.status_code == 503 and telco in health.json()["detail"], health.text
         assert ready.status_code == 503 and ready.json()["detail"].startswith(
-            f"party {telco}: no answer to membership round"), ready.text
-        # it comes back: the service opens its session again and scores
-        federation.start_worker("telco")
+            f"party {telco}: no worker of it is connected"), ready.text
+        # it is back: the service opens its session again and scores, without a restart
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             reply = client.post("/v1/score", json={"ids": ids})
@@ -204,3 +223,28 @@ def test_a_passive_worker_that_is_down_gets_a_503_naming_it_and_readyz_says_so(
             time.sleep(0.5)
         assert reply.status_code == 200, reply.text
         assert client.get("/readyz").json()["status"] == "ready"
+        assert client.get("/healthz").status_code == 200
+    assert service.proc.poll() is None
+
+
+def test_a_passive_worker_that_does_not_answer_gets_a_503_naming_it(
+        federation: Federation, service: Service, api_key: str) -> None:
+    """A worker still connected but silent (stopped): the round timeout names it."""
+    ids = breast_ids()[:3]
+    telco = federation.name("telco")
+    with federation.client(service, api_key, timeout=60) as client:
+        assert client.post("/v1/score", json={"ids": ids}).status_code == 200
+        federation.workers["telco"].send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            reply = client.post("/v1/score", json={"ids": ids})
+            waited = time.monotonic() - started
+        finally:
+            federation.workers["telco"].send_signal(signal.SIGCONT)
+        assert reply.status_code == 503, reply.text
+        assert reply.json()["detail"].startswith(f"party {telco}: no answer to scoring round")
+        assert waited < ROUND_TIMEOUT + 2.0
+        deadline = time.monotonic() + 30
+        while client.post("/v1/score", json={"ids": ids}).status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
