@@ -180,9 +180,9 @@ def test_a_run_that_died_mid_job_resumes_to_the_uninterrupted_model(
 
     config = _config("simfl-resume")
     reference = train_embedded(config, tmp_path / "reference")
-    # the members' noise and hash functions come from their own keys: the same keys, the same
-    # model (what the uninterrupted run would have given)
-    share_keys(tmp_path / "reference", tmp_path / "run", MEMBERS)
+    # the members' noise and hash functions come from their own keys, the aggregator's ties
+    # from its own: the same keys, the same model (what the uninterrupted run would have given)
+    share_keys(tmp_path / "reference", tmp_path / "run", [*MEMBERS, "aggregator"])
     share = flows.simfl.share
 
     def dies_at_tree_4(job: str, others: list[str], builder: str, tree: int) -> Any:
