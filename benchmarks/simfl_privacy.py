@@ -22,9 +22,10 @@ each attack uses only what its party received, and the members' files only to sc
   and from the mean of ``p_t - G_t`` over every tree the builder grew (``p_t`` its own row's
   prediction, a similar row's margin; prior: that prediction). Each against the same prior's
   guess without the sums: the difference is what the sums tell.
-- **Hash inversion** (aggregator). Functions rebuilt from the job spec's ``lsh_seed`` and
-  ``r``; each row estimated as the least-squares (minimum-norm) solution of
-  ``a x = r (F + 1/2) - b``; per feature the correlation with the true column and the RMS error
+- **Hash inversion** (aggregator). It receives keyed bucket ids, not hash values: without
+  the members' secret they are taken as numbers (which they are not); the functions rebuilt
+  from the job spec's ``lsh_seed`` and ``r``; each row estimated as the least-squares
+  (minimum-norm) solution of ``a x = r (F + 1/2) - b``; per feature the correlation with the true column and the RMS error
   in units of the column's standard deviation; medians. ``hash_agreement``: the share of hash
   values the rebuilt functions reproduce from the true rows.
 """
@@ -116,7 +117,9 @@ def builder_view(rec: Recording, builder: str, sender: str, builder_x: np.ndarra
     trees, margins, margin = {}, {}, np.zeros(len(order))
     sums = {}
     for got in rec.bodies(MsgType.S_GRADIENTS, sender=sender, recipient=builder):
-        g, h = np.frombuffer(got.g, "<f8"), np.frombuffer(got.h, "<f8")
+        g = np.frombuffer(got.g, "<f8")
+        # h per row before the totals (12e5b35 and earlier); now unknown per row
+        h = np.frombuffer(got.h, "<f8") if hasattr(got, "h") else np.full(g.size, np.nan)
         if hasattr(got, "handles"):  # wire version 2: sums for the similar rows only
             at = [position[int(x)] for x in np.frombuffer(got.handles, "<u8")]
             g, h = np.zeros(len(order)), np.zeros(len(order))
@@ -252,16 +255,38 @@ def _bayes(deviation: np.ndarray, spread: float, prior: np.ndarray) -> np.ndarra
 
 # --- the aggregator's view ------------------------------------------------------------------
 
+def received_values(sent: Any, secret: bytes | None = None, span: int = 1 << 12) -> np.ndarray:
+    """A member's per-row values as the aggregator received them: int32 hash values (12e5b35 and
+    before), or 64-bit bucket ids, read back into hash values when ``secret`` is
+    given (by the ids of every window within ``span`` of 0) and taken as numbers otherwise."""
+    rows = len(sent.handles) // 8
+    if len(sent.hashes) == 4 * rows * sent.functions:
+        return np.frombuffer(sent.hashes, "<i4").reshape(rows, sent.functions).astype(float)
+    ids = np.frombuffer(sent.hashes, "<u8").reshape(rows, sent.functions)
+    if secret is None:
+        return ids.astype(float)
+    from workers.simfl.lsh import bucket_ids
+
+    windows = np.arange(-span, span, dtype=np.int64)
+    table = bucket_ids(np.repeat(windows[:, None], sent.functions, axis=1), secret)
+    values = np.full(ids.shape, np.nan)
+    for k in range(sent.functions):
+        known = dict(zip(table[:, k].tolist(), windows.tolist()))
+        values[:, k] = [known.get(v, np.nan) for v in ids[:, k].tolist()]
+    return values
+
+
 def invert_hashes(rec: Recording, aggregator: str, member: str, x: np.ndarray,
-                  functions: Any = None) -> dict[str, float]:
+                  functions: Any = None, secret: bytes | None = None) -> dict[str, float]:
     """Least-squares inversion of ``member``'s hash values with the functions the aggregator
-    rebuilds from the job spec (or with ``functions``, to show the attack works with the right
-    ones); the median and largest correlation per feature with the true columns ``x``."""
+    rebuilds from the job spec (or with ``functions`` and the members' ``secret``, which reads
+    the bucket ids back, to show the attack works with the right ones); the median and largest
+    correlation per feature with the true columns ``x``."""
     from workers.simfl.lsh import DEFAULT_R, LshFunctions, default_functions
 
     spec = rec.bodies(MsgType.S_OPEN_JOB, recipient=aggregator)[0].spec
     sent = rec.bodies(MsgType.S_ROW_HASHES, sender=member, recipient=aggregator)[0]
-    values = np.frombuffer(sent.hashes, "<i4").reshape(-1, sent.functions).astype(float)
+    values = np.nan_to_num(received_values(sent, secret))
     d = len(sent.columns)
     if functions is None:
         functions = LshFunctions.from_seed(spec.lsh_seed, d,
@@ -275,7 +300,8 @@ def invert_hashes(rec: Recording, aggregator: str, member: str, x: np.ndarray,
         if column.std() > 0 and guess.std() > 0:
             correlations.append(float(np.corrcoef(column, guess)[0, 1]))
             errors.append(float(np.sqrt(np.mean((guess - column) ** 2)) / column.std()))
-    same = float(np.mean(functions.hash(np.nan_to_num(x)) == values.astype(np.int32)))
+    with np.errstate(invalid="ignore"):
+        same = float(np.mean(functions.hash(np.nan_to_num(x)) == values))
     return {"median_correlation": float(np.median(correlations)),
             "max_correlation": float(np.max(correlations)),
             "median_error": float(np.median(errors)), "hash_agreement": same}

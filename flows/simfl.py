@@ -53,9 +53,12 @@ def privacy_spent(config: SimflJobConfig, trees: int, per_round: int = 1) -> dic
     sums of a's trees and of b's trees by 1 each, and each class has its own persistent
     noise, so over the ``R`` rounds sent that builder ``rho = 2 R / (2 (sigma_tree^2 +
     R sigma_label^2))`` (no label sum is sent). ``row_epsilon``: one row's values replaced
-    (its gradient and hessian, and the builder row it is similar to), ``rho = 2.5 T /
-    sigma_tree^2`` over every tree ``T`` of every class; ``row_epsilon_per_tree`` the same for
-    one tree. The trees a member builds are outside both (every member receives them).
+    (its gradient and hessian, and the builder row it is similar to), ``rho = 2 T /
+    sigma_tree^2`` for the g sums over every tree ``T`` of every class plus ``1 / (2
+    sigma_tree^2)`` for the h totals of the whole job (their noise grows with ``sqrt(T)``);
+    ``row_epsilon_per_tree`` one tree's g sums and the job's h totals; ``hessian_epsilon``
+    the h totals alone, whatever ``T``. The trees a member builds are outside all of them
+    (every member receives them).
     """
     members, noise = config.members, config.params.privacy
     delta = noise.delta
@@ -80,8 +83,10 @@ def privacy_spent(config: SimflJobConfig, trees: int, per_round: int = 1) -> dic
     return {"delta": delta, "label_noise": noise.label_noise, "tree_noise": noise.tree_noise,
             "trees_sent": sent,
             "label_epsilon": label,
-            "row_epsilon": {m: epsilon(2.5 * t / noise.tree_noise ** 2) for m, t in sent.items()},
-            "row_epsilon_per_tree": epsilon(2.5 / noise.tree_noise ** 2)}
+            "row_epsilon": {m: epsilon((2.0 * t + 0.5) / noise.tree_noise ** 2)
+                            for m, t in sent.items()},
+            "row_epsilon_per_tree": epsilon(2.5 / noise.tree_noise ** 2),
+            "hessian_epsilon": epsilon(0.5 / noise.tree_noise ** 2)}
 
 
 @task(name="open_job", task_run_name="open-job", cache_policy=NO_CACHE)

@@ -1,8 +1,8 @@
 """SimFL's messages (seed 000): members exchange LSH values once, through the aggregator, and
 then per tree the summed gradients of their rows similar to the builder's rows.
 
-No message carries a feature value: hash values, opaque per-job row handles, randomised gradient
-sums and finished trees (whose thresholds are the builder's cut points, part of the shared
+No message carries a feature value: keyed ids of hash values, opaque per-job row handles,
+randomised gradient sums and finished trees (whose thresholds are the builder's cut points, part of the shared
 model). The hash functions' secret travels only between members, sealed.
 """
 
@@ -69,8 +69,9 @@ class MemberKey:
 # ---- peer messages ------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class RowHashes:
-    """Member -> aggregator: its column names, per row an opaque handle (uint64 LE) and L hash
-    values (int32 LE, row-major), its label sum (the base score; 0 in multiclass) and its
+    """Member -> aggregator: its column names, per row an opaque handle (uint64 LE) and the
+    keyed bucket ids of its L hash values (uint64 LE, row-major;
+    ``workers.simfl.lsh.bucket_ids``), its label sum (the base score; 0 in multiclass) and its
     classes."""
 
     columns: list[str]
@@ -119,12 +120,12 @@ class SimilarRows:
 @dataclass(frozen=True, slots=True)
 class SimilarGradients:
     """Member -> builder of tree ``tree``: for every builder row, in the builder's order, the
-    sums of g and h of the sender's rows most similar to it, randomised
-    (``workers.simfl.privacy``; float64 LE)."""
+    sum of g of the sender's rows most similar to it (float64 LE), and the total of h over
+    all the sender's rows (no h per row), randomised (``workers.simfl.privacy``)."""
 
     tree: int
     g: bytes
-    h: bytes
+    h_total: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -273,8 +273,9 @@ def test_a_simfl_job_over_the_same_workers_equals_its_embedded_run(
 
     over_broker = simfl(_load(tmp_path / "broker", simfl_job(False)))
     embedded_out = tmp_path / "embedded"
-    # SimFL's noise and hash functions come from each member's own key: the same keys here
-    for member in MEMBERS:
+    # SimFL's noise and hash functions come from each member's own key, the aggregator's ties
+    # from its own: the same keys here
+    for member in (*MEMBERS, "aggregator"):
         name = fed.names[member]
         own = embedded_out / ".fedboost" / name
         own.mkdir(parents=True, mode=0o700)

@@ -88,7 +88,8 @@ def test_no_feature_value_leaves_a_member_but_its_trees_thresholds(tmp_path: Pat
             assert not floats & values, (env.kind.name, sorted(floats & values)[:3])
             candidates = values
             if env.kind == MsgType.S_GRADIENTS:  # noisy sums, multiples of the noise's grid:
-                sums = np.frombuffer(env.body.g + env.body.h, "<f8")  # a feature value on
+                sums = np.frombuffer(env.body.g + np.float64(env.body.h_total).tobytes(),
+                                     "<f8")  # a feature value on
                 assert np.allclose(sums * 4096, np.round(sums * 4096), rtol=0, atol=1e-6)
                 candidates = {v for v in values if v * 4096 != round(v * 4096)}  # it: chance
             leaked = [v for v in list(candidates)[:200]
@@ -179,9 +180,9 @@ def test_a_run_that_died_mid_job_resumes_to_the_uninterrupted_model(
 
     config = _config("simfl-resume")
     reference = train_embedded(config, tmp_path / "reference")
-    # the members' noise and hash functions come from their own keys: the same keys, the same
-    # model (what the uninterrupted run would have given)
-    share_keys(tmp_path / "reference", tmp_path / "run", MEMBERS)
+    # the members' noise and hash functions come from their own keys, the aggregator's ties
+    # from its own: the same keys, the same model (what the uninterrupted run would have given)
+    share_keys(tmp_path / "reference", tmp_path / "run", [*MEMBERS, "aggregator"])
     share = flows.simfl.share
 
     def dies_at_tree_4(job: str, others: list[str], builder: str, tree: int) -> Any:

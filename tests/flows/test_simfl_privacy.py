@@ -102,10 +102,11 @@ def test_the_aggregator_cannot_rebuild_the_hash_functions(run: tuple[Any, Path, 
         from_spec = invert_hashes(rec, "aggregator", member, x)
         assert from_spec["hash_agreement"] < 0.5, from_spec
         assert abs(from_spec["median_correlation"]) < 0.3, from_spec
-        # with the members' functions, the same inversion finds the features (with L = d - 1
-        # functions one direction is missing: 0.2-0.84 over random secrets, 0.69-0.70 with
-        # these keys)
-        true = invert_hashes(rec, "aggregator", member, x, lsh_of(spec, x.shape[1], secret))
+        # with the members' secret (which reads the bucket ids back into hash values) and
+        # functions, the same inversion finds the features (with L = d - 1 functions one
+        # direction is missing: 0.2-0.84 over random secrets, 0.69-0.70 with these keys)
+        true = invert_hashes(rec, "aggregator", member, x, lsh_of(spec, x.shape[1], secret),
+                             secret)
         assert true["hash_agreement"] == 1.0 and true["median_correlation"] > 0.5, true
 
 

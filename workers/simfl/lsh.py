@@ -6,6 +6,9 @@ A function ``F_{a,b}(v) = floor((a . v + b) / r)`` with ``a ~ N(0, I_d)`` (the G
 same window with high probability. With L such functions, the row of another member that
 shares the most values with a row is taken as its most similar row (Algorithm 1, line 11).
 
+In a job the aggregator receives no hash value but its keyed bucket id (:func:`bucket_ids`):
+the same matching, with neither order nor distance between windows.
+
 What a holder of the hash values learns: for each row, L windows ``F_k <= (a_k . x + b_k) / r <
 F_k + 1``; with ``L < d`` these leave infinitely many rows possible (the paper's Theorem 1), but
 they do locate a row inside a slab of width ``r`` per function, and equal values across members
@@ -18,6 +21,8 @@ Pure numpy/numba; no protocol, no I/O.
 
 from __future__ import annotations
 
+import hmac
+import struct
 from dataclasses import dataclass
 
 import numba
@@ -42,6 +47,7 @@ _STREAM = 0x51F1
 _INT32 = np.iinfo(np.int32)
 
 HashArray = npt.NDArray[np.int32]
+BucketArray = npt.NDArray[np.uint64]
 
 
 def default_functions(n_features: int) -> int:
@@ -188,15 +194,45 @@ class LshFunctions:
         return windows.astype(np.int32)
 
 
+def bucket_ids(hashes: npt.ArrayLike, secret: bytes) -> BucketArray:
+    """The hash values as the aggregator sees them: for function ``k`` and value ``v`` the first
+    8 bytes of ``HMAC-SHA256(key, k || v)`` under a key derived from the members' secret.
+
+    Equal values of one function give equal ids (all that the matching compares, so the most
+    similar rows are the same as on the values); otherwise the ids are pseudorandom: neither
+    the order of the windows nor their distance survives, and without the secret nobody can
+    tell which window an id stands for. Ids of different functions are unrelated.
+
+    Raises
+    ------
+    ValueError
+        If ``hashes`` is not a 2-D integer array or ``secret`` is shorter than 32 bytes.
+    """
+    values = _hash_matrix(hashes, "hashes")
+    if len(secret) < 32:
+        raise ValueError(f"the LSH secret must have at least 32 bytes, got {len(secret)}")
+    key = derive_key(secret, "simfl lsh bucket ids v1")
+    out = np.empty(values.shape, dtype=np.uint64)
+    for k in range(values.shape[1]):  # one HMAC per distinct window of each function
+        windows, inverse = np.unique(values[:, k], return_inverse=True)
+        ids = np.array([int.from_bytes(hmac.digest(key, struct.pack(">Iq", k, int(v)),
+                                                   "sha256")[:8], "little") for v in windows],
+                       dtype=np.uint64)
+        out[:, k] = ids[inverse.reshape(-1)]
+    return out
+
+
 def most_similar(
-    query: npt.ArrayLike, candidates: npt.ArrayLike, rng: np.random.Generator
+    query: npt.ArrayLike, candidates: npt.ArrayLike,
+    rng: np.random.Generator | npt.NDArray[np.float64]
 ) -> npt.NDArray[np.int64]:
     """For each query row, the candidate row with the most identical hash values (Alg. 1, l. 11).
 
     ``query`` is ``(nq, L)`` hash values of one member's rows, ``candidates`` ``(nc, L)`` those
     of another member's rows under the same functions. The count for a pair is the number of
     functions ``k`` with ``query[i, k] == candidates[j, k]``. Among the candidates with the
-    highest count one is chosen uniformly at random with ``rng`` (the paper). A query row that
+    highest count one is chosen uniformly at random with ``rng`` (the paper), or by ``rng``'s
+    uniform in [0, 1) per query row when it is an array of them. A query row that
     shares no value with any candidate has every candidate tied at 0 and so gets a uniformly
     random candidate.
 
@@ -227,7 +263,10 @@ def most_similar(
     query_buckets, candidate_buckets = _bucket_ids(queries, table)
     # One uniform per query row picks among its tied maxima; drawn up front so the result
     # depends only on rng's state, not on the kernel's order.
-    picks = rng.random(queries.shape[0])
+    picks = rng.random(queries.shape[0]) if isinstance(rng, np.random.Generator) else \
+        np.asarray(rng, dtype=np.float64)
+    if picks.shape != (queries.shape[0],):
+        raise ValueError(f"{picks.shape} picks for {queries.shape[0]} query rows")
     counts_dtype = np.uint8 if table.shape[1] <= np.iinfo(np.uint8).max else np.uint16
     counts = np.zeros(table.shape[0], dtype=counts_dtype)
     return _most_similar_kernel(query_buckets, candidate_buckets, picks, counts)

@@ -3,11 +3,11 @@
 After preprocessing (``workers.simfl.preprocess``) a member knows, for each other member, the
 handle of that member's most similar row to each of its own rows, and all that member's
 handles. Training: members take turns building trees; for the builder's tree every other member
-sends, for every builder handle, the summed g and h of its rows most similar to that row,
-randomised (``workers.simfl.privacy``); the builder estimates the exact sums, adds them to its
-own rows' g and h (Weighted Gradient Boosting), grows the tree and shares it. No feature value
-leaves a member except the thresholds of the trees it builds. In multiclass a round is one tree
-per class, all grown by the round's builder on the gradients of the margins at the round's
+sends, for every builder handle, the summed g of its rows most similar to that row, and the
+total of its h, randomised (``workers.simfl.privacy``); the builder estimates the exact sums,
+adds them to its own rows' g and h (Weighted Gradient Boosting), grows the tree and shares
+it. No feature value leaves a member except the thresholds of the trees it builds. In
+multiclass a round is one tree per class, all grown by the round's builder on the gradients of the margins at the round's
 start (the core's softmax rounds); each class's sums carry noise of their own.
 """
 
@@ -42,7 +42,7 @@ from workers.horizontal.member_state import shared_model
 from workers.horizontal.tree import OWNER
 from workers.policy import check_protocol
 from workers.row_partitioned import load_member_data, members_of, params_of, save_member_model
-from workers.simfl.privacy import HESSIAN_BOUND, GradientNoise, denoise
+from workers.simfl.privacy import HESSIAN_BOUND, GradientNoise, denoise, hessian_share
 
 PROTOCOL = "simfl"
 MAX_ROWS = 1 << 26
@@ -62,12 +62,23 @@ def builder_of(spec: SimflSpec, tree: int, classes: int = 1) -> str:
     return members[(tree // classes) % len(members)]
 
 
-def noise_of(spec: SimflSpec) -> GradientNoise:
-    """The job's gradient noise. The logistic and softmax losses' |g| < 1 is their own clip
-    (C = 1, which the label guarantee needs: a flipped label then moves g by exactly 1 in
-    every tree of a class it is or was)."""
+def noise_of(spec: SimflSpec, builder: str, classes: int) -> GradientNoise:
+    """The job's gradient noise toward ``builder``. The logistic and softmax losses' |g| < 1 is
+    their own clip (C = 1, which the label guarantee needs: a flipped label then moves g by
+    exactly 1 in every tree of a class it is or was). The h total's noise is calibrated to
+    the trees any member sends that builder over the whole job."""
     clip = spec.gradient_clip if spec.params.objective == "regression" else 1.0
-    return GradientNoise(spec.noise_label, spec.noise_tree, clip, HESSIAN_BOUND[spec.params.objective])
+    return GradientNoise(spec.noise_label, spec.noise_tree, clip,
+                         HESSIAN_BOUND[spec.params.objective],
+                         max(1, trees_built_by(spec, builder, classes)))
+
+
+def trees_built_by(spec: SimflSpec, builder: str, classes: int = 1) -> int:
+    """How many of the job's trees (``n_trees`` rounds of ``classes`` trees) ``builder`` grows."""
+    members = members_of(spec)
+    rounds = spec.params.n_trees
+    mine = members.index(builder)
+    return classes * ((rounds - mine + len(members) - 1) // len(members)) if mine < rounds else 0
 
 
 def noise_stream(prep_key: str, builder: str, output: int, classes: int) -> str:
@@ -202,12 +213,12 @@ def send_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         raise StageError(f"{ctx.party.name}: tree {body.tree} by {body.owners}; {len(job.trees)} "
                          f"trees done, builder {builder}")
     g, h = _gradients(job, body.tree)
-    noise = noise_of(job.spec)
+    noise = noise_of(job.spec, builder, job.classes)
     g_sum, h_sum = noise.sums(g, h, job.target[builder], job.everyone[builder].size)
-    g_sent, h_sent = noise.randomize(g_sum, h_sum, checkpoint.key_of(ctx.party), noise_stream(
+    g_sent, h_total = noise.randomize(g_sum, h_sum, checkpoint.key_of(ctx.party), noise_stream(
         job.prep_key, builder, body.tree % job.classes, job.classes))
     ctx.send(builder, MsgType.S_GRADIENTS, SimilarGradients(
-        body.tree, g_sent.astype("<f8").tobytes(), h_sent.astype("<f8").tobytes()))
+        body.tree, g_sent.astype("<f8").tobytes(), h_total))
     return MsgType.ACK, Ack(count=int(g_sent.size))
 
 
@@ -225,19 +236,20 @@ def build_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     own_g, own_h = _gradients(job, body.tree)
     output = body.tree % job.classes
     g, h = own_g.copy(), own_h.copy()
-    noise = noise_of(job.spec)
+    noise = noise_of(job.spec, me, job.classes)
     n = job.y.size
     received = 0
     for m in others:
         part: SimilarGradients = ctx.mailbox.take(MsgType.S_GRADIENTS, m, body.tree)
-        if not len(part.g) == len(part.h) == 8 * n:
+        if len(part.g) != 8 * n:
             raise ProtocolError(f"{me}: {m} sent {len(part.g) // 8} gradient sums for {n} rows")
-        g_part, h_part = (np.frombuffer(v, "<f8") for v in (part.g, part.h))
-        if not (np.isfinite(g_part).all() and np.isfinite(h_part).all()):
+        g_part = np.frombuffer(part.g, "<f8")
+        if not (np.isfinite(g_part).all() and isinstance(part.h_total, float)
+                and np.isfinite(part.h_total)):
             raise ProtocolError(f"{me}: {m}'s gradient sums are not finite")
         g += denoise(g_part, noise.g_spread(), own_g, own_h)
-        h += np.maximum(denoise(h_part, noise.h_spread(), own_h), 0.0)  # sums of h >= 0
-        received += len(part.g) + len(part.h)
+        h += hessian_share(part.h_total, noise.h_spread(), own_h) * own_h  # sums of h >= 0
+        received += len(part.g) + 8
     grower = TreeGrower(job.params, quantize(g, n), quantize(h, n),
                         sample_rows(n, job.params.subsample, job.params.seed, body.tree), 1)
     tree = grow_tree(job.params, grower, [BinnedBlock(OWNER, job.cuts, job.bins)], [0], output)

@@ -1,8 +1,9 @@
 """A SimFL member's preprocessing (seed 000, Algorithm 1): the members' secret hash functions,
 this member's rows' hash values to the aggregator, the most similar rows back.
 
-The hash functions come from a secret only the members hold, so that the aggregator, which
-sees every row's hash values, cannot rebuild the functions and invert them. The first member
+The hash functions come from a secret only the members hold, so that the aggregator cannot
+rebuild the functions and invert them; it sees no hash value either, only each value's bucket
+id keyed under the same secret (equal values, equal ids; no order, no distance). The first member
 derives it (HMAC under its own checkpoint key of the federation's preprocessing key: the same
 federation, data and LSH parameters give the same functions, so preprocessing again shows the
 aggregator nothing new) and sends it to every other member sealed under a pair secret of
@@ -33,7 +34,7 @@ from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.handlers import StepContext
 from workers.horizontal.masking import MaskKey, pair_secret
 from workers.row_partitioned import aggregator_of, members_of
-from workers.simfl.lsh import DEFAULT_R, LshFunctions, default_functions
+from workers.simfl.lsh import DEFAULT_R, LshFunctions, bucket_ids, default_functions
 from workers.simfl.member import MAX_ROWS, SimflMember
 from workers.simfl.privacy import derive_key, standard_normal
 
@@ -86,8 +87,8 @@ def _cache_file(ctx: StepContext, key: str) -> Path:
 def hash_rows(ctx: StepContext, body: Prepare) -> tuple[MsgType, Any]:
     """Algorithm 1, l.1-4. Without ``force``: whether this federation's preprocessing is on
     record here (loaded; count: its trees per round, the classes or 1) or not (0). With it:
-    the members' secret functions, and this member's rows' LSH values under fresh opaque
-    handles to the aggregator."""
+    the members' secret functions, and this member's rows' LSH values, as keyed bucket ids
+    (``workers.simfl.lsh.bucket_ids``), under fresh opaque handles to the aggregator."""
     job: SimflMember = ctx.state
     cache = _cache_file(ctx, body.key)
     if not body.force:
@@ -95,15 +96,16 @@ def hash_rows(ctx: StepContext, body: Prepare) -> tuple[MsgType, Any]:
         if found:
             job.prep_key = body.key
         return MsgType.ACK, Ack(count=job.classes if found else 0)
-    functions = lsh_of(job.spec, job.data.x.shape[1], _functions_secret(ctx, job, body.key))
-    hashes = functions.hash(job.data.x)
+    secret = _functions_secret(ctx, job, body.key)
+    functions = lsh_of(job.spec, job.data.x.shape[1], secret)
+    buckets = bucket_ids(functions.hash(job.data.x), secret)  # what the aggregator may see
     handles = np.unique(np.frombuffer(secrets.token_bytes(8 * len(job.data.ids) * 2), "<u8"))
     handles = np.random.default_rng(secrets.randbits(64)).permutation(handles)[:len(job.data.ids)]
     if handles.size != len(job.data.ids):  # 2n random 64-bit values had n distinct
         raise ProtocolError(f"{ctx.party.name}: could not draw distinct row handles")
     job.handles, job.prep_key = handles.astype(np.uint64), body.key
     message = RowHashes(list(job.data.names), handles.astype("<u8").tobytes(),
-                        hashes.astype("<i4").tobytes(), functions.a.shape[0],
+                        buckets.astype("<u8").tobytes(), functions.a.shape[0],
                         _label_sum(ctx, job, body.key), _classes(job))
     ctx.send(aggregator_of(job.spec), MsgType.S_ROW_HASHES, message)
     return MsgType.ACK, Ack(count=len(message.handles) + len(message.hashes))

@@ -7,9 +7,12 @@ builder row ``j``, ``G_j = sum g_i`` and ``H_j = sum h_i`` over its rows ``S_j``
 alone in ``S_j`` shows its label; later trees likewise, the margins being enumerable from the
 shared trees. Here the sender adds Gaussian noise of two kinds, from its own secret:
 
-* ``G~_j = sum clip(g_i, C) + C (sigma_label Z_j + sigma_tree N_tj)`` and
-  ``H~_j = sum min(h_i, h_max) + h_max sigma_tree N'_tj``, for EVERY builder row ``j`` (an empty
-  ``S_j`` sends noise too, so the builder does not learn which of its rows have a similar row);
+* ``G~_j = sum clip(g_i, C) + C (sigma_label Z_j + sigma_tree N_tj)`` for EVERY builder row
+  ``j`` (an empty ``S_j`` sends noise too, so the builder does not learn which of its rows have
+  a similar row), and one total ``H~ = sum_i min(h_i, h_max) + h_max sigma_tree sqrt(T) N'_t``
+  over all its rows, ``T`` the trees it sends this builder in the job: no h goes per row (per
+  row, with noise fresh per tree, the mean over a long job gave each builder row's number of
+  similar rows), and the totals of the whole job are together as private as one tree's;
 * ``Z_j`` is drawn once per (preprocessing, builder) and is the same in every tree: a row's
   label enters every tree's ``G_j`` with the same sign, so averaging over trees would remove
   fresh noise, but not ``Z_j``; ``N``, ``N'`` are fresh per tree.
@@ -26,8 +29,9 @@ logistic loss, where ``|g| < 1`` and ``h <= 1/4`` need no clipping):
   carries noise ``sigma_tree`` too, adding ``1 / (2 sigma_tree^2)``. (eps, delta)-DP:
   ``eps = rho + 2 sqrt(rho ln(1/delta))``;
 * **row** (one row's values replaced: its gradient, hessian and the builder row it resembles):
-  at most two sums change, by ``2C`` in ``G`` and ``h_max`` in ``H`` at most, so each tree's
-  message is ``2.5 / sigma_tree^2``-zCDP; these compose over trees: ``2.5 T / sigma_tree^2``.
+  at most two sums change, by ``2C`` in ``G``, so each tree's g sums are ``2 / sigma_tree^2``-zCDP,
+  composing over trees to ``2 T / sigma_tree^2``; the h total moves by ``h_max`` at most per
+  tree, ``1 / (2 sigma_tree^2)`` over the whole job (its noise is calibrated to ``T``).
 
 The flow reports both as a job's ``privacy`` (``flows.simfl.privacy_spent``).
 
@@ -113,12 +117,18 @@ class GradientNoise:
     tree: float
     g_bound: float
     h_bound: float
+    trees: int = 1
+    """The trees the sender sends this builder over the whole job: the hessian total's noise
+    has ``sqrt(trees)`` times the per-tree scale, so all of them together are as private as one
+    tree's would be at ``tree``."""
 
     def __post_init__(self) -> None:
         for name in ("label", "tree", "g_bound", "h_bound"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"gradient noise {name} must be a positive number, got {value}")
+        if not (isinstance(self.trees, int) and self.trees >= 1):
+            raise ValueError(f"gradient noise trees must be a positive integer, got {self.trees}")
 
     def sums(self, g: FloatArray, h: FloatArray, target: npt.NDArray[np.intp],
              n_targets: int) -> tuple[FloatArray, FloatArray]:
@@ -130,35 +140,55 @@ class GradientNoise:
         return g_sum, h_sum
 
     def randomize(self, g_sum: FloatArray, h_sum: FloatArray, secret: bytes,
-                  stream: str) -> tuple[FloatArray, FloatArray]:
-        """The sums as sent: persistent noise from ``(secret, stream)``, fresh noise from
-        ``(secret, stream, the exact sums)``, rounded to the grid.
+                  stream: str) -> tuple[FloatArray, float]:
+        """What is sent: the g sums with persistent noise from ``(secret, stream)`` and fresh
+        noise from ``(secret, stream, the exact sums)``, and the total of the h sums with fresh
+        noise of :meth:`h_spread`, rounded to the grid.
 
         ``secret`` must be known to the sender only; ``stream`` names the preprocessing and
-        the builder (one persistent draw per builder row).
+        the builder (one persistent draw per builder row). No h goes per row: averaged over a
+        job's trees, per-row h sums with noise fresh per tree gave each builder row's number
+        of similar rows (correlation 0.85 on Adult over 200 trees).
         """
         n = g_sum.size
         persistent = standard_normal(derive_key(secret, "simfl label noise v1", stream), n)
         digest = hashlib.sha256(g_sum.astype("<f8").tobytes() + h_sum.astype("<f8").tobytes())
         fresh = standard_normal(derive_key(secret, "simfl tree noise v1", stream,
-                                           digest.digest()), 2 * n)
+                                           digest.digest()), n + 1)
         g = g_sum + self.g_bound * (self.label * persistent + self.tree * fresh[:n])
-        h = h_sum + self.h_bound * self.tree * fresh[n:]
-        return _on_grid(g, self.g_bound), _on_grid(h, self.h_bound)
+        h = float(h_sum.sum()) + self.h_spread() * float(fresh[n])
+        return _on_grid(g, self.g_bound), float(_on_grid(np.array([h]), self.h_bound)[0])
 
     def g_spread(self) -> float:
         """Standard deviation of the noise on one received g sum."""
         return self.g_bound * math.hypot(self.label, self.tree)
 
     def h_spread(self) -> float:
-        """Standard deviation of the noise on one received h sum."""
-        return self.h_bound * self.tree
+        """Standard deviation of the noise on one received h total: ``h_max sigma_tree
+        sqrt(trees)``, calibrated to the job (one row moves the total by ``h_max`` at most
+        per tree, so over the ``trees`` trees ``rho = 1 / (2 sigma_tree^2)``)."""
+        return self.h_bound * self.tree * math.sqrt(self.trees)
 
 
 def _on_grid(values: FloatArray, bound: float) -> FloatArray:
     step = GRID * bound
     rounded: FloatArray = np.rint(values / step).astype(np.float64) * step
     return rounded
+
+
+def hessian_share(total: float, noise_sd: float, own_h: FloatArray) -> float:
+    """The builder's estimate of the other member's h per unit of its own, from the noisy total
+    (post-processing): the rows similar to a builder row have about its hessian times their
+    count, so ``H_j ~ b own_h_j`` with ``b = total / sum own_h``; shrunk by
+    ``max(0, 1 - SIGNIFICANT^2 / t^2)`` as :func:`denoise` shrinks its coefficients, never
+    below 0."""
+    scale = float(np.sum(own_h))
+    if scale <= 0 or not math.isfinite(total):
+        return 0.0
+    share = total / scale
+    t_squared = (share * scale / noise_sd) ** 2 if noise_sd > 0 else math.inf
+    kept = max(0.0, 1.0 - SIGNIFICANT ** 2 / t_squared) if t_squared > 0 else 0.0
+    return max(share * kept, 0.0)
 
 
 def denoise(received: FloatArray, noise_sd: float, own: FloatArray,

@@ -11,6 +11,7 @@ from workers import DataError
 from workers.simfl.lsh import (
     DEFAULT_R,
     LshFunctions,
+    bucket_ids,
     default_functions,
     most_similar,
 )
@@ -191,3 +192,38 @@ def test_most_similar_is_mostly_among_the_10_nearest_on_breast() -> None:
     random_among_10 = (_rank_of_chosen(guest, host, random_choice) < 10).mean()
     assert among_10 >= 0.65
     assert among_10 >= 5 * random_among_10
+
+
+@pytest.mark.parametrize("name", ["breast_homo", "default_credit_homo"])
+def test_keyed_bucket_ids_give_the_same_matching_as_the_hash_values(name: str) -> None:
+    """The aggregator matches on keyed bucket ids: equal values give equal ids and nothing
+    else does, so with the same tie draws every row gets the very same most similar row (hence
+    the same model); the ids keep neither the windows' order nor their distance."""
+    host = "host" if name == "breast_homo" else "host_1"
+    guest, other = _features(f"{name}_guest")[:600], _features(f"{name}_{host}")[:1500]
+    secret = bytes(range(32))
+    functions = LshFunctions.from_secret(secret, guest.shape[1],
+                                         default_functions(guest.shape[1]), DEFAULT_R)
+    query, candidates = functions.hash(guest), functions.hash(other)
+    ids_query, ids_candidates = bucket_ids(query, secret), bucket_ids(candidates, secret)
+    assert ids_query.dtype == np.uint64 and ids_query.shape == query.shape
+    for k in range(query.shape[1]):  # per function: id equal exactly when the value is
+        both = np.concatenate([query[:, k], candidates[:, k]])
+        ids = np.concatenate([ids_query[:, k], ids_candidates[:, k]])
+        assert np.array_equal(both[:, None] == both[None, :], ids[:, None] == ids[None, :])
+    picks = np.random.default_rng(5).random(len(guest))
+    assert np.array_equal(most_similar(query, candidates, picks),
+                          most_similar(ids_query, ids_candidates, picks))
+    # no order: neighbouring windows' ids are unrelated, and another secret gives other ids
+    windows = np.arange(-50, 50, dtype=np.int32)[:, None]
+    ids = bucket_ids(windows, secret)[:, 0].astype(float)
+    assert abs(np.corrcoef(windows[:, 0], ids)[0, 1]) < 0.3
+    assert not np.isin(bucket_ids(query, bytes(32)), ids_query).any()
+
+
+def test_most_similar_takes_given_picks_and_refuses_a_wrong_count() -> None:
+    query = np.array([[1, 2], [1, 2]], np.int32)
+    candidates = np.array([[1, 2], [1, 2], [0, 0]], np.int32)  # two tied candidates
+    assert most_similar(query, candidates, np.array([0.1, 0.9])).tolist() == [0, 1]
+    with pytest.raises(ValueError, match="picks"):
+        most_similar(query, candidates, np.array([0.5]))

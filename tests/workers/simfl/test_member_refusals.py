@@ -125,17 +125,20 @@ def test_the_secret_reaches_b_sealed_and_sums_must_cover_the_builders_rows(
         prepared: tuple[Federation, bytes, int]) -> None:
     fed, secret, rows = prepared
     assert len(secret) == 32  # b opened it with its own key of this job
-    fed.peer("b", MsgType.S_GRADIENTS, SimilarGradients(0, bytes(8 * (rows - 1)),
-                                                        bytes(8 * (rows - 1))))
+    fed.peer("b", MsgType.S_GRADIENTS, SimilarGradients(0, bytes(8 * (rows - 1)), 1.0))
     reply = fed.command(MsgType.S_BUILD_TREE, Step(0, -1, ["a"]))
     assert isinstance(reply, ErrorReply) and f"b sent {rows - 1} gradient sums for {rows} rows" \
         in reply.message
-    fed.peer("b", MsgType.S_GRADIENTS, SimilarGradients(0, bytes(8 * rows), bytes(8 * rows)))
+    fed.peer("b", MsgType.S_GRADIENTS, SimilarGradients(0, bytes(8 * rows), float("nan")))
+    reply = fed.command(MsgType.S_BUILD_TREE, Step(0, -1, ["a"]))
+    assert isinstance(reply, ErrorReply) and "b's gradient sums are not finite" in reply.message
+    fed.peer("b", MsgType.S_GRADIENTS, SimilarGradients(0, bytes(8 * rows), 1.0))
     assert not isinstance(fed.command(MsgType.S_BUILD_TREE, Step(0, -1, ["a"])), ErrorReply)
     assert [e.kind for e in fed.received("b")] == [MsgType.S_TREE]
-    # tree 1 is b's: a sends a noisy g and h for each of b's 4 rows, on the noise's grid
+    # tree 1 is b's: a sends a noisy g for each of b's 4 rows and one noisy h total, on the
+    # noise's grid
     assert fed.command(MsgType.S_SEND_GRADIENTS, Step(1, -1, ["b"])).count == 4
     sent: SimilarGradients = fed.received("b")[0].body
-    g, h = np.frombuffer(sent.g, "<f8"), np.frombuffer(sent.h, "<f8")
-    assert g.size == h.size == 4 and (g != 0).all() and (h != 0).all()
+    g = np.frombuffer(sent.g, "<f8")
+    assert g.size == 4 and (g != 0).all() and isinstance(sent.h_total, float)
     assert np.array_equal(g / GRID, np.round(g / GRID))

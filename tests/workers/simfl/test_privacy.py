@@ -10,7 +10,8 @@ import pytest
 
 from flows.config import SimflJobConfig
 from flows.simfl import privacy_spent
-from workers.simfl.privacy import GRID, GradientNoise, denoise, derive_key, standard_normal
+from workers.simfl.privacy import (GRID, GradientNoise, denoise, derive_key, hessian_share,
+                                   standard_normal)
 
 NOISE = GradientNoise(label=2.0, tree=4.0, g_bound=1.0, h_bound=0.25)
 
@@ -35,10 +36,10 @@ def test_every_target_row_gets_noise_on_the_grid_and_sums_are_clipped() -> None:
     assert g_sum.tolist() == [-0.5, 0.0, 0.25, 0.0]  # -2 clipped to -1; rows 1, 3 empty
     assert h_sum.tolist() == [0.5, 0.0, 0.1, 0.0]  # 0.5 clipped to 0.25
     sent_g, sent_h = NOISE.randomize(g_sum, h_sum, bytes(32), "prep/builder")
-    assert (sent_g != g_sum).all() and (sent_h != h_sum).all()  # empty rows too
+    assert (sent_g != g_sum).all() and isinstance(sent_h, float)  # empty rows too
+    assert sent_h != h_sum.sum()  # one h total, no h per row
     assert np.allclose(sent_g / GRID, np.round(sent_g / GRID), rtol=0, atol=1e-9)
-    assert np.allclose(sent_h / (GRID * 0.25), np.round(sent_h / (GRID * 0.25)), rtol=0,
-                       atol=1e-9)
+    assert math.isclose(sent_h / (GRID * 0.25), round(sent_h / (GRID * 0.25)), abs_tol=1e-9)
 
 
 def test_the_same_sums_get_the_same_noise_and_the_label_part_persists() -> None:
@@ -56,7 +57,31 @@ def test_the_same_sums_get_the_same_noise_and_the_label_part_persists() -> None:
     # two trees share sigma_label^2 / (sigma_label^2 + sigma_tree^2) = 0.2 of their g noise
     assert abs(np.corrcoef(noise[0], noise[1])[0, 1] - 0.2) < 0.02
     assert abs(np.corrcoef(noise[0], noise[2])[0, 1]) < 0.02  # another member's secret
-    assert abs((sent[1] - first[1]).std() - 4.0 * 0.25) < 0.02
+
+
+def test_the_h_totals_noise_is_calibrated_to_the_jobs_trees() -> None:
+    """Over T trees to one builder the h totals are together as private as one tree's: their
+    noise is sqrt(T) times the per-tree scale (one row moves a total by h_max at most)."""
+    job = GradientNoise(label=2.0, tree=4.0, g_bound=1.0, h_bound=0.25, trees=100)
+    assert job.h_spread() == pytest.approx(10 * NOISE.h_spread()) and \
+        NOISE.h_spread() == pytest.approx(4.0 * 0.25)
+    g, h = np.zeros(3), np.array([0.25, 0.0, 0.1])
+    drawn = np.array([job.randomize(g, h + k * 1e-3, bytes(32), "prep/builder")[1] - h.sum()
+                      - k * 3e-3 for k in range(4000)])  # other exact sums: fresh noise
+    assert abs(drawn.std() - 10.0) < 0.5 and abs(drawn.mean()) < 0.5
+    with pytest.raises(ValueError, match="trees"):
+        GradientNoise(label=2.0, tree=4.0, g_bound=1.0, h_bound=0.25, trees=0)
+
+
+def test_the_builder_scales_its_own_hessians_by_the_received_total() -> None:
+    rng = np.random.default_rng(3)
+    own_h = rng.random(16_000) / 4
+    spread = 0.25 * 8.0 * math.sqrt(250)  # the defaults, 250 trees to this builder
+    # 8,000 similar rows with about the builder's hessians: half a row per builder row
+    share = hessian_share(0.5 * own_h.sum() + spread * rng.normal(), spread, own_h)
+    assert abs(share - 0.5) < 0.05
+    assert hessian_share(spread * 0.5, spread, own_h) == 0.0  # within the noise: nothing
+    assert hessian_share(-1e6, spread, own_h) == 0.0  # never below 0
 
 
 def test_the_builders_estimate_is_closer_than_what_it_received() -> None:
@@ -93,7 +118,9 @@ def test_the_reported_privacy_follows_the_zcdp_formulas() -> None:
     assert spent["label_epsilon"]["m0"] < privacy_spent(_config(), 10**6)["label_epsilon"][
         "m0"] < bound
     assert spent["row_epsilon_per_tree"] == pytest.approx(_epsilon(2.5 / sigma_t ** 2))
-    assert spent["row_epsilon"]["m1"] == pytest.approx(_epsilon(2.5 * 250 / sigma_t ** 2))
+    # the g sums compose over trees; the h totals' noise is calibrated to the job
+    assert spent["row_epsilon"]["m1"] == pytest.approx(_epsilon((2 * 250 + 0.5) / sigma_t ** 2))
+    assert spent["hessian_epsilon"] == pytest.approx(_epsilon(0.5 / sigma_t ** 2))
     assert privacy_spent(_config("regression"), 500)["label_epsilon"] is None
     assert privacy_spent(_config(members=3), 300)["trees_sent"] == {"m0": 100, "m1": 100,
                                                                     "m2": 100}
@@ -129,6 +156,6 @@ def test_multiclass_privacy_counts_rounds_for_labels_and_trees_for_rows() -> Non
     rho = 2 * 50 / (2 * (sigma_t ** 2 + 50 * sigma_l ** 2))
     assert spent["label_epsilon"]["m0"] == pytest.approx(_epsilon(rho))
     assert spent["label_epsilon"]["m0"] < _epsilon(1 / sigma_l ** 2)  # however many rounds
-    assert spent["row_epsilon"]["m0"] == pytest.approx(_epsilon(2.5 * 200 / sigma_t ** 2))
+    assert spent["row_epsilon"]["m0"] == pytest.approx(_epsilon((2 * 200 + 0.5) / sigma_t ** 2))
     assert privacy_spent(_config("multiclass", members=3), 12, per_round=4)["trees_sent"] == \
         {"m0": 4, "m1": 4, "m2": 4}
