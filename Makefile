@@ -6,12 +6,19 @@ PY := $(VENV)/bin/python
 
 .PHONY: train test test-all bench compose-test
 
-# compat: the checkout itself goes on sys.path, so 'import fedboost' finds the package even
-# beside a folder named fedboost (a clone), which the default editable finder loses to
+# strict: setuptools links the checkout's files into build/__editable__.*/ (symlinks: edits
+# show at once) and puts that folder on sys.path, so 'import fedboost' finds the package even
+# beside a folder named fedboost (a clone), which the default (lenient) editable finder loses
+# to; 'compat' did the same but is deprecated. A module added later is seen from the checkout
+# at once (Python looks in the current folder first) and from elsewhere after
+# 'make -B .venv/.installed'; removing build/ needs that too. The filter drops only
+# setuptools' notice saying so ("Editable installation. ... auxiliary directory"): its
+# deprecations and errors still show.
 $(VENV)/.installed: pyproject.toml setup.py crypto/_bin_products.c Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
+	PYTHONWARNINGS="ignore:Editable installation.:UserWarning" \
+	  $(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=strict
 	touch $@
 
 train: $(VENV)/.installed
