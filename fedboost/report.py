@@ -145,13 +145,12 @@ def _party_view(run_dir: Path, party: str, roles: dict[str, str]) -> PartyView:
                 view.own_names, view.lookup = lookup_from_dict(json.loads(lookup_file.read_text()))
             else:
                 view.notes.append(f"{lookup_file} is missing: {party}'s splits are unnamed")
-        model_owner = active if view.role == "passive" else party
-        model_file = run_dir / str(model_owner) / "model.json"
+            return view  # a data provider's own: never the active party's trees or gains
+        model_file = run_dir / party / "model.json"
         if model_file.exists():
             view.model = load_model(model_file)
-            if view.role != "passive":
-                view.own_names = tuple(view.model.features.get(party, ())) or tuple(
-                    next(iter(view.model.features.values()), ()))
+            view.own_names = tuple(view.model.features.get(party, ())) or tuple(
+                next(iter(view.model.features.values()), ()))
         else:
             view.notes.append(f"{model_file} is not in this folder: no trees to show")
         if active is not None:
@@ -196,9 +195,13 @@ def feature_importance(view: PartyView) -> list[tuple[str, int, float | None]]:
 def render(job: dict[str, Any], metrics: dict[str, Any], view: PartyView) -> str:
     """The report page."""
     history: list[dict[str, Any]] = metrics.get("trees") or []
-    sections = [_summary(job, metrics, view), _learning(history, metrics),
-                _timing(metrics, history),
-                _importance(view), _purity(job, history), _trees(view)]
+    if view.role == "passive":  # what a data provider holds or learns, nothing more
+        sections = [_summary(job, metrics, view), _passive_note(job, view),
+                    _importance(view), _own_splits(view)]
+    else:
+        sections = [_summary(job, metrics, view), _learning(history, metrics),
+                    _timing(metrics, history),
+                    _importance(view), _purity(job, history), _trees(view)]
     name = escape(str(job.get("job", "")))
     notes = "".join(f"<li>{escape(n)}</li>" for n in view.notes)
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -238,7 +241,7 @@ def _summary(job: dict[str, Any], metrics: dict[str, Any], view: PartyView) -> s
     params = job.get("params") or {}
     final = [[k, v] for k, v in metrics.items()
              if k.startswith(("train_", "valid_")) and k != "train_seconds"
-             and isinstance(v, (int, float))]
+             and isinstance(v, (int, float))] if view.role != "passive" else []
     rows = [["protocol", job.get("protocol")],
             ["parties", ", ".join(f"{n} ({p.get('role')})"
                                   for n, p in (job.get("parties") or {}).items())],
@@ -249,11 +252,19 @@ def _summary(job: dict[str, Any], metrics: dict[str, Any], view: PartyView) -> s
              f"{params.get('max_depth')}, {params.get('learning_rate')}, {params.get('max_bin')}"],
             ["Paillier key bits", metrics.get("key_bits")],
             ["Completely SecureBoost", "yes" if params.get("complete_secure") else "no"],
-            ["training seconds", metrics.get("train_seconds")],
-            ["resumed after trees", metrics.get("resumed_after")], *_stopping(metrics),
-            *_privacy(metrics),
+            *([["training seconds", _seconds(metrics.get("train_seconds"))]]
+              if view.role != "passive" else []),
+            ["resumed after trees", metrics.get("resumed_after")],
+            *(_stopping(metrics) if view.role != "passive" else []), *_privacy(metrics),
             *final]
     return _section("summary", "Run", _table([], rows))
+
+
+def _seconds(value: Any) -> str | None:
+    """Seconds as a reader wants them: '645.6', '12.3', '0.84'."""
+    if not isinstance(value, (int, float)):
+        return None
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
 def _stopping(metrics: dict[str, Any]) -> list[list[Any]]:
@@ -317,7 +328,9 @@ def _importance(view: PartyView) -> str:
         return _section("feature-importance", "Feature importance", "<p>No splits.</p>")
     top = rows[:TOP_FEATURES]
     parts = [f"<p>Own features by name; other parties' as <code>party:feature#k</code> "
-             f"(their column k). Party: {escape(view.party)}.</p>"]
+             f"(their column k). Party: {escape(view.party)}.</p>" if view.role != "passive"
+             else f"<p>How often each of {escape(view.party)}'s features splits (its lookup "
+                  f"table).</p>"]
     if any(gain is not None for _, _, gain in rows):
         parts.append("<figure>" + bar_chart([(n, g or 0.0) for n, _, g in top],
                                             title="total gain", value_label="sum of split gains",
@@ -327,7 +340,11 @@ def _importance(view: PartyView) -> str:
                                         title="split count",
                                         value_label="splits", chart_id="importance-splits",
                                         colour="#ff7f0e") + "</figure>")
-    parts.append(_folded(_table(["feature", "splits", "total gain"], [list(r) for r in rows])))
+    if view.role == "passive":  # gains come from the active party's gradients: not its own
+        parts.append(_folded(_table(["feature", "splits"], [[n, c] for n, c, _ in rows])))
+    else:
+        parts.append(_folded(_table(["feature", "splits", "total gain"],
+                                    [list(r) for r in rows])))
     return _section("feature-importance", "Feature importance", "".join(parts))
 
 
@@ -350,6 +367,35 @@ def _purity(job: dict[str, Any], history: list[dict[str, Any]]) -> str:
             ["later trees (mean)", sum(rest) / len(rest) if rest else None]]
     return _section("leaf-purity", "Leaf purity per tree", text + f"<figure>{chart}</figure>"
                     + _table(["", "leaf purity"], rows))
+
+
+def _passive_note(job: dict[str, Any], view: PartyView) -> str:
+    """What a data provider's report leaves out, and why."""
+    complete = bool((job.get("params") or {}).get("complete_secure"))
+    text = (f"<p>The data provider's view: what party <b>{escape(view.party)}</b> holds or "
+            f"learns, its own splits (its lookup table) and the job's size. The trees' shape, "
+            f"the other parties' splits, split gains, leaf values, the metrics and leaf "
+            f"purity stay with the active party (they come from its labels), and so does "
+            f"where the time went (the flow's record).")
+    if complete:
+        text += (" This run is <b>Completely SecureBoost</b>: the first tree was grown on the "
+                 "active party's features alone, so this party holds no split of it.")
+    return _section("view", "What this party holds", text + "</p>")
+
+
+def _own_splits(view: PartyView) -> str:
+    """A passive party's splits, tree by tree, as its lookup table holds them."""
+    if not view.lookup:
+        return _section("trees", "Own splits", "<p>This party owns no split.</p>")
+    records = sorted(view.lookup.items(), key=lambda item: (item[1].tree, item[1].depth,
+                                                             item[0]))
+    rows = [[r.tree if r.tree >= 0 else "-", r.depth if r.depth >= 0 else "-", ident,
+             view.own_names[r.feature], f"{r.threshold:.4g}"] for ident, r in records]
+    trees = sorted({r.tree for _, r in records if r.tree >= 0})
+    return _section("trees", "Own splits", f"<p>{len(records)} splits in {len(trees)} trees "
+                    f"on this party's features (value &le; threshold goes to the child its "
+                    f"record names).</p>" + _table(["tree", "depth", "record", "feature",
+                                                   "threshold"], rows))
 
 
 def _trees(view: PartyView) -> str:
