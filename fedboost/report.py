@@ -7,10 +7,12 @@ and total gain), the trees themselves and, for classification, the leaf purity p
 Completely SecureBoost keeps the first tree's from the passive parties).
 
 A report is one party's: it names that party's own features and shows every other party's as
-``party:feature#k`` (k: the column index in that party's data). It reads what the run folder
-holds of that party (its model part or lookup table) and of the active party (the trees, the
-gains it recorded in ``splits.json``); what is missing is left out and said so. Charts are
-inline SVG: the file opens without a network.
+``party:feature#k`` (k: the column index in that party's data). The active party's (and a
+member's) reads its model part and the gains it recorded in ``splits.json``; a passive
+party's holds only what that party holds or learns: the job's size and its own splits, from
+its lookup table (no tree shapes, gains, metrics, leaf values or purity: those come from the
+labels). What is missing is left out and said so. Charts are inline SVG: the file opens
+without a network.
 """
 
 from __future__ import annotations
