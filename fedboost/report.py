@@ -26,6 +26,8 @@ from typing import Any
 
 from boosting import BoostingError
 from boosting.tree import Model, Tree, TreeNode, load_model, open_private
+from fedboost.report_html import folded, section, table
+from fedboost.report_passive import own_splits, passive_note
 from fedboost.tree_svg import tree_svg
 from flows import run_charts
 from flows.charts import bar_chart, line_chart
@@ -198,8 +200,8 @@ def render(job: dict[str, Any], metrics: dict[str, Any], view: PartyView) -> str
     """The report page."""
     history: list[dict[str, Any]] = metrics.get("trees") or []
     if view.role == "passive":  # what a data provider holds or learns, nothing more
-        sections = [_summary(job, metrics, view), _passive_note(job, view),
-                    _importance(view), _own_splits(view)]
+        sections = [_summary(job, metrics, view), passive_note(job, view),
+                    _importance(view), own_splits(view)]
     else:
         sections = [_summary(job, metrics, view), _learning(history, metrics),
                     _timing(metrics, history),
@@ -213,30 +215,6 @@ def render(job: dict[str, Any], metrics: dict[str, Any], view: PartyView) -> str
             f"{time.strftime('%Y-%m-%d %H:%M')}</p>"
             + (f"<ul class=\"notes\">{notes}</ul>" if notes else "")
             + "".join(sections) + "</body></html>\n")
-
-
-def _section(ident: str, title: str, body: str) -> str:
-    return f'<section id="{ident}"><h2>{escape(title)}</h2>{body}</section>'
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{escape(_cell(c))}</td>" for c in row) + "</tr>"
-                   for row in rows)
-    return (f"<table>{f'<thead><tr>{head}</tr></thead>' if head else ''}"
-            f"<tbody>{body}</tbody></table>")
-
-
-def _folded(table: str) -> str:
-    return f"<details><summary>as a table</summary>{table}</details>"
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4f}" if abs(value) < 1000 else f"{value:.1f}"
-    return str(value)
 
 
 def _summary(job: dict[str, Any], metrics: dict[str, Any], view: PartyView) -> str:
@@ -259,7 +237,7 @@ def _summary(job: dict[str, Any], metrics: dict[str, Any], view: PartyView) -> s
             ["resumed after trees", metrics.get("resumed_after")],
             *(_stopping(metrics) if view.role != "passive" else []), *_privacy(metrics),
             *final]
-    return _section("summary", "Run", _table([], rows))
+    return section("summary", "Run", table([], rows))
 
 
 def _seconds(value: Any) -> str | None:
@@ -294,12 +272,12 @@ def _privacy(metrics: dict[str, Any]) -> list[list[Any]]:
 def _learning(history: list[dict[str, Any]], metrics: dict[str, Any]) -> str:
     charts = run_charts.learning_curves(history, metrics)
     if not charts:
-        return _section("learning-curves", "Learning curves", "<p>No metrics per tree.</p>")
+        return section("learning-curves", "Learning curves", "<p>No metrics per tree.</p>")
     note = "" if any(k.startswith("valid_") for e in history for k in e) else (
         "<p>No validation rows in this run (validation.fraction 0): training metrics only.</p>")
     spent = run_charts.epsilon_chart(history)
     figures = [*charts.values(), *([spent] if spent else [])]
-    return _section("learning-curves", "Learning curves: metrics after each tree",
+    return section("learning-curves", "Learning curves: metrics after each tree",
                     note + "".join(f'<figure>{svg}</figure>' for svg in figures))
 
 
@@ -316,18 +294,18 @@ def _timing(metrics: dict[str, Any], history: list[dict[str, Any]]) -> str:
     if steps:
         parts.append(f"<figure>{run_charts.step_seconds_chart(steps)}</figure>")
         total = sum(steps.values()) or 1.0
-        parts.append(_folded(_table(["step", "seconds", "share"],
+        parts.append(folded(table(["step", "seconds", "share"],
                                     [[k, v, f"{100 * v / total:.1f} %"] for k, v in
                                      sorted(steps.items(), key=lambda item: -item[1])])))
     else:
         parts.append("<p>This run recorded no seconds per protocol step.</p>")
-    return _section("timing", "Where the time went", "".join(parts))
+    return section("timing", "Where the time went", "".join(parts))
 
 
 def _importance(view: PartyView) -> str:
     rows = feature_importance(view)
     if not rows:
-        return _section("feature-importance", "Feature importance", "<p>No splits.</p>")
+        return section("feature-importance", "Feature importance", "<p>No splits.</p>")
     top = rows[:TOP_FEATURES]
     parts = [f"<p>Own features by name; other parties' as <code>party:feature#k</code> "
              f"(their column k). Party: {escape(view.party)}.</p>" if view.role != "passive"
@@ -343,11 +321,11 @@ def _importance(view: PartyView) -> str:
                                         value_label="splits", chart_id="importance-splits",
                                         colour="#ff7f0e") + "</figure>")
     if view.role == "passive":  # gains come from the active party's gradients: not its own
-        parts.append(_folded(_table(["feature", "splits"], [[n, c] for n, c, _ in rows])))
+        parts.append(folded(table(["feature", "splits"], [[n, c] for n, c, _ in rows])))
     else:
-        parts.append(_folded(_table(["feature", "splits", "total gain"],
+        parts.append(folded(table(["feature", "splits", "total gain"],
                                     [list(r) for r in rows])))
-    return _section("feature-importance", "Feature importance", "".join(parts))
+    return section("feature-importance", "Feature importance", "".join(parts))
 
 
 def _purity(job: dict[str, Any], history: list[dict[str, Any]]) -> str:
@@ -367,42 +345,13 @@ def _purity(job: dict[str, Any], history: list[dict[str, Any]]) -> str:
     rest = [v for v in values[1:] if isinstance(v, (int, float))]
     rows = [["first tree", values[0]],
             ["later trees (mean)", sum(rest) / len(rest) if rest else None]]
-    return _section("leaf-purity", "Leaf purity per tree", text + f"<figure>{chart}</figure>"
-                    + _table(["", "leaf purity"], rows))
-
-
-def _passive_note(job: dict[str, Any], view: PartyView) -> str:
-    """What a data provider's report leaves out, and why."""
-    complete = bool((job.get("params") or {}).get("complete_secure"))
-    text = (f"<p>The data provider's view: what party <b>{escape(view.party)}</b> holds or "
-            f"learns, its own splits (its lookup table) and the job's size. The trees' shape, "
-            f"the other parties' splits, split gains, leaf values, the metrics and leaf "
-            f"purity stay with the active party (they come from its labels), and so does "
-            f"where the time went (the flow's record).")
-    if complete:
-        text += (" This run is <b>Completely SecureBoost</b>: the first tree was grown on the "
-                 "active party's features alone, so this party holds no split of it.")
-    return _section("view", "What this party holds", text + "</p>")
-
-
-def _own_splits(view: PartyView) -> str:
-    """A passive party's splits, tree by tree, as its lookup table holds them."""
-    if not view.lookup:
-        return _section("trees", "Own splits", "<p>This party owns no split.</p>")
-    records = sorted(view.lookup.items(), key=lambda item: (item[1].tree, item[1].depth,
-                                                             item[0]))
-    rows = [[r.tree if r.tree >= 0 else "-", r.depth if r.depth >= 0 else "-", ident,
-             view.own_names[r.feature], f"{r.threshold:.4g}"] for ident, r in records]
-    trees = sorted({r.tree for _, r in records if r.tree >= 0})
-    return _section("trees", "Own splits", f"<p>{len(records)} splits in {len(trees)} trees "
-                    f"on this party's features (value &le; threshold goes to the child its "
-                    f"record names).</p>" + _table(["tree", "depth", "record", "feature",
-                                                   "threshold"], rows))
+    return section("leaf-purity", "Leaf purity per tree", text + f"<figure>{chart}</figure>"
+                    + table(["", "leaf purity"], rows))
 
 
 def _trees(view: PartyView) -> str:
     if view.model is None:
-        return _section("trees", "Trees", "<p>No trees in this folder for this party.</p>")
+        return section("trees", "Trees", "<p>No trees in this folder for this party.</p>")
     parts = [f"<p>{len(view.model.trees)} trees; blue edges go left (value &le; threshold, "
              f"or the owner's decision), orange right.</p>"]
     for t, tree in enumerate(view.model.trees[:TREES_DRAWN]):
@@ -412,7 +361,7 @@ def _trees(view: PartyView) -> str:
                      f'<div class="tree">{svg}</div></details>')
     if len(view.model.trees) > TREES_DRAWN:
         parts.append(f"<p>(first {TREES_DRAWN} trees drawn)</p>")
-    return _section("trees", "Trees", "".join(parts))
+    return section("trees", "Trees", "".join(parts))
 
 
 def _output(tree: Tree, view: PartyView) -> str:

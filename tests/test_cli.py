@@ -318,7 +318,7 @@ def test_ctrl_c_before_any_checkpoint_names_no_resume_command(tmp_path: Path) ->
 def test_a_multiclass_job_s_last_line_counts_rounds_and_their_trees() -> None:
     """n_trees: 10 with 4 classes grows 40 trees: the line says 10 rounds of them (the
     number the job file gave), as metrics.json's trees_per_round tells it."""
-    from fedboost.cli import _trees_text
+    from fedboost.run_lines import trees_text as _trees_text
 
     assert _trees_text(40, {"n_trees": 40, "trees_per_round": 4}) == \
         "10 rounds (40 trees: one per class per round)"
