@@ -6,12 +6,18 @@ PY := $(VENV)/bin/python
 
 .PHONY: train test test-all bench compose-test
 
-# compat: the checkout itself goes on sys.path, so 'import fedboost' finds the package even
-# beside a folder named fedboost (a clone), which the default editable finder loses to
+# An editable install, and the checkout itself on sys.path (fedboost-checkout.pth), so that
+# 'import fedboost' finds the package even beside a folder named fedboost (a clone), which
+# setuptools' default editable finder loses to (the notice it prints about that, "Editable
+# installation. ... folders in your working directory with the same name", is what the .pth
+# answers, so it alone is filtered: setuptools' deprecations and errors still show). This is
+# what the deprecated editable_mode=compat did; 'strict' would too, but sees a module added
+# later only after a reinstall.
 $(VENV)/.installed: pyproject.toml setup.py crypto/_bin_products.c Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
+	PYTHONWARNINGS="ignore:Editable installation.:UserWarning" $(PY) -m pip install -q -e '.[test]'
+	echo "$(CURDIR)" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/fedboost-checkout.pth"
 	touch $@
 
 train: $(VENV)/.installed

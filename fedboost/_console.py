@@ -18,8 +18,9 @@ _CONSOLE_LOGGERS = ("", "prefect", "prefect.flow_runs", "prefect.task_runs")
 
 
 class UserErrorFilter(logging.Filter):
-    """Keep tracebacks of user errors (bad data, empty intersection) and of parties that
-    stopped answering, and Prefect's crash lines after Ctrl-C, off the console.
+    """Keep tracebacks of user errors (bad data, empty intersection), of parties that
+    stopped answering and of a restarted party's lost state (the flow recovers and says so in
+    one line), and Prefect's crash lines after Ctrl-C, off the console.
 
     Prefect logs a failing task or flow with its traceback; for bad input the caller gets one
     line instead. Records still reach the Prefect API, so the UI shows the full failure.
@@ -28,6 +29,7 @@ class UserErrorFilter(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self.seen: set[str] = set()
+        self.lost: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
         from flows.errors import JobStopped, PartyError, StepTimeout
@@ -38,6 +40,13 @@ class UserErrorFilter(logging.Filter):
             self.seen.add(str(exc))
             return False
         message = record.getMessage()
+        if isinstance(exc, PartyError) and exc.reply.state_lost:
+            # a restarted worker: the flow resumes from checkpoints and says so in one
+            # WARNING line; should the recovery fail, the command's error shows the cause
+            self.lost.add(str(exc))
+            return False
+        if record.levelno >= logging.ERROR and any(text in message for text in self.lost):
+            return False  # the task's "Finished in state Failed(...)" line of the same error
         if _raised_by_interrupt(exc) or _INTERRUPTED in message:
             return False  # Ctrl-C: the command says so in one line
         return not any(text in message for text in self.seen)

@@ -269,7 +269,7 @@ def _run_training(config: AnyJobConfig, out: Path, log_level: str) -> TrainResul
     from fedboost.preflight import check_party_files
 
     if config.transport.kind != "rabbitmq":  # before Prefect is even imported
-        check_party_files(config.parties)
+        check_party_files(config.parties, getattr(config.params, "objective", None))
     from fedboost._ephemeral import isolate_ephemeral_server
     from fedboost.embedded import protocol_flow, train_embedded
 

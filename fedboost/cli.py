@@ -21,6 +21,7 @@ from fedboost import deployment_commands as deployment
 from fedboost.exit_codes import EXIT_INTERRUPTED, EXIT_USER_ERROR
 from fedboost.serving import add_command as add_serve_model
 from fedboost.serving import serve_model
+from fedboost.run_lines import metrics_summary, quietly, report_training, resume_line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,13 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         print("fedboost: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (ConfigError, DataError, BoostingError, JobStopped, StepTimeout) as exc:
-        print(f"fedboost: error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return _user_error(str(exc), exc)
     except PartyError as exc:
         if not exc.user_error:
             raise
-        print(f"fedboost: error: {exc.reply.message}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return _user_error(exc.reply.message, exc)
     except ValueError as exc:  # fedboost.report is loaded only by the command that raises it
         report = sys.modules.get("fedboost.report")
         if report is None or not isinstance(exc, report.ReportError):
@@ -63,11 +62,21 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
 
 
+def _user_error(message: str, exc: BaseException) -> int:
+    """One line for the error, then any line the command added (the resume command)."""
+    print(f"fedboost: error: {message}", file=sys.stderr)
+    for note in getattr(exc, "__notes__", ()):
+        print(note, file=sys.stderr)
+    return EXIT_USER_ERROR
+
+
 def _parser() -> argparse.ArgumentParser:
     """Every command and its flags; those that set up a federation over RabbitMQ (worker,
     serve, definitions, keys) run in ``fedboost.deployment_commands``."""
-    parser = argparse.ArgumentParser(prog="fedboost", description=__doc__)
-    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+    parser = argparse.ArgumentParser(prog="fedboost", description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"fedboost {_version()}")
+    sub = parser.add_subparsers(metavar="COMMAND")
+    parser.set_defaults(run=lambda _: _usage(parser))
     train = sub.add_parser("train", help="train federatedly (embedded default)")
     train.add_argument("config", type=Path, help="job file (YAML)")
     train.add_argument("--out", type=Path, help="output folder (default runs/<job>)")
@@ -94,7 +103,8 @@ def _parser() -> argparse.ArgumentParser:
                               "only: a worker over RabbitMQ scores its own file)")
     predict.add_argument("--out", type=Path, help="scores file (default MODEL_DIR/scores.csv; "
                          "embedded only: over RabbitMQ the active party's worker keeps them)")
-    predict.add_argument("--batch-size", type=int, default=4096)
+    predict.add_argument("--batch-size", type=int, default=4096,
+                         help="rows scored per batch (default 4096): fewer hold less in memory")
     predict.add_argument("--mode", choices=["path", "batched"], default="path",
                          help="path (default): each passive party reveals only the decisions on "
                               "each row's path, one round per tree level; batched: all its "
@@ -137,7 +147,9 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--models", type=Path, help="model folder (default: the file's 'models')")
     worker.add_argument("--health-file", help="touch this file while serving (health checks)")
     worker.add_argument("--log-level", default="INFO",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="the worker's log lines at this level and above (default INFO: a "
+                             "line per protocol step it answers; WARNING: problems only)")
     worker.set_defaults(run=deployment.worker)
     serve = sub.add_parser("serve", help="serve every protocol's training flow as a Prefect "
                            "deployment (vertical_secureboost/NAME, horizontal/NAME, "
@@ -170,6 +182,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_DESCRIPTION = """Federated gradient-boosted trees: train a model with other parties without
+sharing data (vertical SecureBoost, vertical random forest, horizontal, SimFL), score with it,
+report and inspect it. 'fedboost COMMAND --help' shows a command's flags."""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedboost")
+    except PackageNotFoundError:  # a checkout on sys.path without an install
+        return "(not installed)"
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    """Bare ``fedboost``: the help, as 'fedboost --help' prints it."""
+    parser.print_help()
+    return 0
+
+
 def _progress_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--quiet", action="store_true",
                          help="no progress display: only the final line (and errors)")
@@ -195,19 +227,18 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
 _SHOW_WARNING = warnings.showwarning
 
 
-def _metrics_summary(metrics: dict[str, float]) -> str:
-    return ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-
-
 def _train(args: argparse.Namespace) -> int:
-    def resume_command() -> str:
+    def resume_hint(interrupted: bool, trees_reached: bool) -> str | None:
         from flows.config import load_config
 
-        job = load_config(args.config).job
-        return f"fedboost resume {job} --out {args.out or Path('runs') / job}"
+        config = load_config(args.config)
+        out = args.out or Path("runs") / config.job
+        return resume_line(config, f"fedboost resume {config.job} --out {out}", out,
+                            interrupted, trees_reached,
+                            f"'fedboost train {args.config}' starts it again")
 
     return _with_progress(args, lambda: api.train(args.config, args.out,
-                                                  log_level=args.log_level), resume_command)
+                                                  log_level=args.log_level), resume_hint)
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -215,24 +246,42 @@ def _resume(args: argparse.Namespace) -> int:
     if stopped:
         print(stopped)
         return 0
+
+    def resume_hint(interrupted: bool, trees_reached: bool) -> str | None:
+        from flows.config import validate_job
+
+        out = args.out or Path("runs") / args.job
+        config = validate_job(json.loads((out / "job.json").read_text()), str(out / "job.json"))
+        command = f"fedboost resume {args.job} --out {out}"
+        return resume_line(config, command, out, interrupted, trees_reached,
+                            f"'{command}' starts it again")
+
     return _with_progress(args, lambda: api.resume(args.job, args.out,
-                                                   log_level=args.log_level),
-                          lambda: f"fedboost resume {args.job} --out "
-                                  f"{args.out or Path('runs') / args.job}")
+                                                   log_level=args.log_level), resume_hint)
 
 
 def _with_progress(args: argparse.Namespace, run: Callable[[], api.TrainResult],
-                   resume_command: Callable[[], str]) -> int:
+                   resume_hint: Callable[[bool, bool], str | None]) -> int:
     """Train with the run's progress shown (a bar on a terminal, plain lines otherwise, none
-    with --quiet); Ctrl-C ends in one line naming the command that continues the job."""
+    with --quiet); Ctrl-C ends in one line naming the command that continues the job (or
+    saying there is nothing to continue yet); a failed run's error gets that line too when
+    the parties hold checkpoints."""
     from contextlib import nullcontext
 
     from fedboost.progress_view import progress_view
-    from flows.progress import listening
+    from flows.progress import TREES, ProgressEvent, TreeProgress, listening
 
     mode = "quiet" if args.quiet else "bar" if sys.stdout.isatty() else "lines"
     view = progress_view(mode, sys.stdout)
     interrupted: list[int] = []
+    reached: list[str] = []  # stages past binning: the parties checkpoint after it
+
+    def heard(event: ProgressEvent) -> None:
+        if isinstance(event, TreeProgress) or getattr(event, "stage", "") in (
+                TREES, "resuming", "validation", "saving"):
+            reached.append("trees")
+        if view is not None:
+            view(event)
 
     def on_interrupt(signum: int, frame: Any) -> None:
         interrupted.append(signum)
@@ -240,41 +289,23 @@ def _with_progress(args: argparse.Namespace, run: Callable[[], api.TrainResult],
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
-        with view or nullcontext(), listening(None, view) if view else nullcontext():
+        with view or nullcontext(), listening(None, heard):
             result = run()
-    except BaseException:
+    except BaseException as exc:
         # Ctrl-C also stops the ephemeral Prefect server, so what surfaces may be Prefect
         # failing to record the crash rather than KeyboardInterrupt itself
         if not interrupted:
+            if isinstance(exc, Exception):
+                hint = quietly(lambda: resume_hint(False, bool(reached)))
+                if hint:
+                    exc.add_note(f"fedboost: {hint}")  # printed after the error's line
             raise
-        print(f"fedboost: interrupted; the parties keep their checkpoints: "
-              f"'{resume_command()}' continues after the last finished tree", file=sys.stderr)
+        hint = quietly(lambda: resume_hint(True, bool(reached)))
+        print(f"fedboost: interrupted{f'; {hint}' if hint else ''}", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
         signal.signal(signal.SIGINT, previous)
-    return _report_training(result)
-
-
-def _report_training(result: api.TrainResult) -> int:
-    resumed = result.metrics["resumed_after"]
-    from flows.declared import declaration
-
-    rows = "rows" if declaration(result.protocol).shared_model else "aligned rows"
-    if result.model_parts:
-        where = f"model in {result.run_dir}/"
-    else:  # over RabbitMQ each party's worker wrote its own part
-        where = (f"metrics in {result.run_dir}/; each party's worker keeps its model part in "
-                 f"its models folder, models/{result.job}/<party>/")
-    if result.metrics.get("stopped_early"):
-        m = result.metrics
-        print(f"stopped early after {len(m['trees'])} trees: {m['best_metric']} did not "
-              f"improve for {m['early_stopping_rounds']} rounds after round "
-              f"{m['best_iteration']} ({m['best_score']:.4f}); the model keeps its "
-              f"{result.n_trees} trees")
-    print(f"trained {result.n_trees} trees{f' (resumed after {resumed} trees)' if resumed else ''}"
-          f" on {result.metrics['n_aligned']} {rows} in {result.metrics['train_seconds']:.1f} s: "
-          f"{_metrics_summary(result.final_metrics)}; {where}")
-    return 0
+    return report_training(result)
 
 
 def _predict(args: argparse.Namespace) -> int:
@@ -333,7 +364,7 @@ def _centralized(args: argparse.Namespace) -> int:
         print(f"tree {r.tree} ({r.tree + 1}/{r.n_trees}): {shown}")
 
     result = api.centralized(args.config, args.out, on_tree=report)
-    print(f"centralized: {_metrics_summary(result.final_metrics)}; model in {result.run_dir}/")
+    print(f"centralized: {metrics_summary(result.final_metrics)}; model in {result.run_dir}/")
     return 0
 
 

@@ -9,6 +9,7 @@ a step waiting.
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import IO, Any
 
@@ -18,7 +19,8 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from flows.progress import TREES, PartiesSilent, ProgressEvent, StepProgress, TreeProgress
 
 RECENT_TREES = 10
-"""Seconds per tree (and so the ETA) are the mean of the last this-many trees."""
+"""Seconds per tree (and so the ETA) are the mean of the last this-many trees while trees are
+being grown; once the last is done, the median of all the run grew (the run's figure)."""
 SHOWN_METRICS = 2
 
 
@@ -37,6 +39,7 @@ class RunProgress:
         self.done = 0
         self.total: int | None = None
         self.recent: list[float] = []
+        self.all_seconds: list[float] = []
         self.metrics: dict[str, float] = {}
         self.stage_started = time.monotonic()
 
@@ -46,6 +49,7 @@ class RunProgress:
         if isinstance(event, TreeProgress):
             self.done, self.total = event.done, event.total
             self.recent = [*self.recent, event.seconds][-RECENT_TREES:]
+            self.all_seconds.append(event.seconds)
             self.metrics = event.metrics
             changed = self.stage != TREES
             self.stage = TREES
@@ -59,6 +63,8 @@ class RunProgress:
 
     @property
     def seconds_per_tree(self) -> float | None:
+        if self.total is not None and self.done >= self.total and self.all_seconds:
+            return statistics.median(self.all_seconds)
         return sum(self.recent) / len(self.recent) if self.recent else None
 
     @property

@@ -7,10 +7,12 @@ and total gain), the trees themselves and, for classification, the leaf purity p
 Completely SecureBoost keeps the first tree's from the passive parties).
 
 A report is one party's: it names that party's own features and shows every other party's as
-``party:feature#k`` (k: the column index in that party's data). It reads what the run folder
-holds of that party (its model part or lookup table) and of the active party (the trees, the
-gains it recorded in ``splits.json``); what is missing is left out and said so. Charts are
-inline SVG: the file opens without a network.
+``party:feature#k`` (k: the column index in that party's data). The active party's (and a
+member's) reads its model part and the gains it recorded in ``splits.json``; a passive
+party's holds only what that party holds or learns: the job's size and its own splits, from
+its lookup table (no tree shapes, gains, metrics, leaf values or purity: those come from the
+labels). What is missing is left out and said so. Charts are inline SVG: the file opens
+without a network.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 
 from boosting import BoostingError
 from boosting.tree import Model, Tree, TreeNode, load_model, open_private
+from fedboost.report_html import folded, section, table
+from fedboost.report_passive import own_splits, passive_note
 from fedboost.tree_svg import tree_svg
 from flows import run_charts
 from flows.charts import bar_chart, line_chart
@@ -145,13 +149,12 @@ def _party_view(run_dir: Path, party: str, roles: dict[str, str]) -> PartyView:
                 view.own_names, view.lookup = lookup_from_dict(json.loads(lookup_file.read_text()))
             else:
                 view.notes.append(f"{lookup_file} is missing: {party}'s splits are unnamed")
-        model_owner = active if view.role == "passive" else party
-        model_file = run_dir / str(model_owner) / "model.json"
+            return view  # a data provider's own: never the active party's trees or gains
+        model_file = run_dir / party / "model.json"
         if model_file.exists():
             view.model = load_model(model_file)
-            if view.role != "passive":
-                view.own_names = tuple(view.model.features.get(party, ())) or tuple(
-                    next(iter(view.model.features.values()), ()))
+            view.own_names = tuple(view.model.features.get(party, ())) or tuple(
+                next(iter(view.model.features.values()), ()))
         else:
             view.notes.append(f"{model_file} is not in this folder: no trees to show")
         if active is not None:
@@ -196,9 +199,13 @@ def feature_importance(view: PartyView) -> list[tuple[str, int, float | None]]:
 def render(job: dict[str, Any], metrics: dict[str, Any], view: PartyView) -> str:
     """The report page."""
     history: list[dict[str, Any]] = metrics.get("trees") or []
-    sections = [_summary(job, metrics, view), _learning(history, metrics),
-                _timing(metrics, history),
-                _importance(view), _purity(job, history), _trees(view)]
+    if view.role == "passive":  # what a data provider holds or learns, nothing more
+        sections = [_summary(job, metrics, view), passive_note(job, view),
+                    _importance(view), own_splits(view)]
+    else:
+        sections = [_summary(job, metrics, view), _learning(history, metrics),
+                    _timing(metrics, history),
+                    _importance(view), _purity(job, history), _trees(view)]
     name = escape(str(job.get("job", "")))
     notes = "".join(f"<li>{escape(n)}</li>" for n in view.notes)
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -210,35 +217,11 @@ def render(job: dict[str, Any], metrics: dict[str, Any], view: PartyView) -> str
             + "".join(sections) + "</body></html>\n")
 
 
-def _section(ident: str, title: str, body: str) -> str:
-    return f'<section id="{ident}"><h2>{escape(title)}</h2>{body}</section>'
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{escape(_cell(c))}</td>" for c in row) + "</tr>"
-                   for row in rows)
-    return (f"<table>{f'<thead><tr>{head}</tr></thead>' if head else ''}"
-            f"<tbody>{body}</tbody></table>")
-
-
-def _folded(table: str) -> str:
-    return f"<details><summary>as a table</summary>{table}</details>"
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4f}" if abs(value) < 1000 else f"{value:.1f}"
-    return str(value)
-
-
 def _summary(job: dict[str, Any], metrics: dict[str, Any], view: PartyView) -> str:
     params = job.get("params") or {}
     final = [[k, v] for k, v in metrics.items()
              if k.startswith(("train_", "valid_")) and k != "train_seconds"
-             and isinstance(v, (int, float))]
+             and isinstance(v, (int, float))] if view.role != "passive" else []
     rows = [["protocol", job.get("protocol")],
             ["parties", ", ".join(f"{n} ({p.get('role')})"
                                   for n, p in (job.get("parties") or {}).items())],
@@ -249,11 +232,19 @@ def _summary(job: dict[str, Any], metrics: dict[str, Any], view: PartyView) -> s
              f"{params.get('max_depth')}, {params.get('learning_rate')}, {params.get('max_bin')}"],
             ["Paillier key bits", metrics.get("key_bits")],
             ["Completely SecureBoost", "yes" if params.get("complete_secure") else "no"],
-            ["training seconds", metrics.get("train_seconds")],
-            ["resumed after trees", metrics.get("resumed_after")], *_stopping(metrics),
-            *_privacy(metrics),
+            *([["training seconds", _seconds(metrics.get("train_seconds"))]]
+              if view.role != "passive" else []),
+            ["resumed after trees", metrics.get("resumed_after")],
+            *(_stopping(metrics) if view.role != "passive" else []), *_privacy(metrics),
             *final]
-    return _section("summary", "Run", _table([], rows))
+    return section("summary", "Run", table([], rows))
+
+
+def _seconds(value: Any) -> str | None:
+    """Seconds as a reader wants them: '645.6', '12.3', '0.84'."""
+    if not isinstance(value, (int, float)):
+        return None
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
 def _stopping(metrics: dict[str, Any]) -> list[list[Any]]:
@@ -281,12 +272,12 @@ def _privacy(metrics: dict[str, Any]) -> list[list[Any]]:
 def _learning(history: list[dict[str, Any]], metrics: dict[str, Any]) -> str:
     charts = run_charts.learning_curves(history, metrics)
     if not charts:
-        return _section("learning-curves", "Learning curves", "<p>No metrics per tree.</p>")
+        return section("learning-curves", "Learning curves", "<p>No metrics per tree.</p>")
     note = "" if any(k.startswith("valid_") for e in history for k in e) else (
         "<p>No validation rows in this run (validation.fraction 0): training metrics only.</p>")
     spent = run_charts.epsilon_chart(history)
     figures = [*charts.values(), *([spent] if spent else [])]
-    return _section("learning-curves", "Learning curves: metrics after each tree",
+    return section("learning-curves", "Learning curves: metrics after each tree",
                     note + "".join(f'<figure>{svg}</figure>' for svg in figures))
 
 
@@ -303,21 +294,23 @@ def _timing(metrics: dict[str, Any], history: list[dict[str, Any]]) -> str:
     if steps:
         parts.append(f"<figure>{run_charts.step_seconds_chart(steps)}</figure>")
         total = sum(steps.values()) or 1.0
-        parts.append(_folded(_table(["step", "seconds", "share"],
+        parts.append(folded(table(["step", "seconds", "share"],
                                     [[k, v, f"{100 * v / total:.1f} %"] for k, v in
                                      sorted(steps.items(), key=lambda item: -item[1])])))
     else:
         parts.append("<p>This run recorded no seconds per protocol step.</p>")
-    return _section("timing", "Where the time went", "".join(parts))
+    return section("timing", "Where the time went", "".join(parts))
 
 
 def _importance(view: PartyView) -> str:
     rows = feature_importance(view)
     if not rows:
-        return _section("feature-importance", "Feature importance", "<p>No splits.</p>")
+        return section("feature-importance", "Feature importance", "<p>No splits.</p>")
     top = rows[:TOP_FEATURES]
     parts = [f"<p>Own features by name; other parties' as <code>party:feature#k</code> "
-             f"(their column k). Party: {escape(view.party)}.</p>"]
+             f"(their column k). Party: {escape(view.party)}.</p>" if view.role != "passive"
+             else f"<p>How often each of {escape(view.party)}'s features splits (its lookup "
+                  f"table).</p>"]
     if any(gain is not None for _, _, gain in rows):
         parts.append("<figure>" + bar_chart([(n, g or 0.0) for n, _, g in top],
                                             title="total gain", value_label="sum of split gains",
@@ -327,8 +320,12 @@ def _importance(view: PartyView) -> str:
                                         title="split count",
                                         value_label="splits", chart_id="importance-splits",
                                         colour="#ff7f0e") + "</figure>")
-    parts.append(_folded(_table(["feature", "splits", "total gain"], [list(r) for r in rows])))
-    return _section("feature-importance", "Feature importance", "".join(parts))
+    if view.role == "passive":  # gains come from the active party's gradients: not its own
+        parts.append(folded(table(["feature", "splits"], [[n, c] for n, c, _ in rows])))
+    else:
+        parts.append(folded(table(["feature", "splits", "total gain"],
+                                    [list(r) for r in rows])))
+    return section("feature-importance", "Feature importance", "".join(parts))
 
 
 def _purity(job: dict[str, Any], history: list[dict[str, Any]]) -> str:
@@ -348,13 +345,13 @@ def _purity(job: dict[str, Any], history: list[dict[str, Any]]) -> str:
     rest = [v for v in values[1:] if isinstance(v, (int, float))]
     rows = [["first tree", values[0]],
             ["later trees (mean)", sum(rest) / len(rest) if rest else None]]
-    return _section("leaf-purity", "Leaf purity per tree", text + f"<figure>{chart}</figure>"
-                    + _table(["", "leaf purity"], rows))
+    return section("leaf-purity", "Leaf purity per tree", text + f"<figure>{chart}</figure>"
+                    + table(["", "leaf purity"], rows))
 
 
 def _trees(view: PartyView) -> str:
     if view.model is None:
-        return _section("trees", "Trees", "<p>No trees in this folder for this party.</p>")
+        return section("trees", "Trees", "<p>No trees in this folder for this party.</p>")
     parts = [f"<p>{len(view.model.trees)} trees; blue edges go left (value &le; threshold, "
              f"or the owner's decision), orange right.</p>"]
     for t, tree in enumerate(view.model.trees[:TREES_DRAWN]):
@@ -364,7 +361,7 @@ def _trees(view: PartyView) -> str:
                      f'<div class="tree">{svg}</div></details>')
     if len(view.model.trees) > TREES_DRAWN:
         parts.append(f"<p>(first {TREES_DRAWN} trees drawn)</p>")
-    return _section("trees", "Trees", "".join(parts))
+    return section("trees", "Trees", "".join(parts))
 
 
 def _output(tree: Tree, view: PartyView) -> str:

@@ -92,8 +92,9 @@ class PredictResult:
         if self.scores_file is None:
             raise ValueError(f"the scores are at party {self.party}: {self.remote_file}")
         with open(self.scores_file, newline="") as handle:
-            rows = list(csv.reader(handle))[1:]
-        return [r[0] for r in rows], np.array([[float(v) for v in r[1:]] for r in rows])
+            header, *rows = list(csv.reader(handle))
+        scores = [k for k, name in enumerate(header) if k and name != "split"]
+        return [r[0] for r in rows], np.array([[float(r[k]) for k in scores] for r in rows])
 
 
 def tree_history(metrics: Mapping[str, Any]) -> list[TreeRecord]:

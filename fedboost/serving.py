@@ -37,7 +37,8 @@ def add_command(sub: Any) -> None:
                          "(POST /v1/score), scoring rows by id at the parties' running workers")
     cmd.add_argument("model_dir", type=Path, help="run folder written by 'fedboost train' "
                      "over RabbitMQ (its job.json)")
-    cmd.add_argument("--port", type=int, required=True)
+    cmd.add_argument("--port", type=int, required=True,
+                     help="TCP port to listen on (e.g. 8443)")
     cmd.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
                      "127.0.0.1)")
     cmd.add_argument("--dataset", action="append", default=[], metavar="PARTY=NAME",

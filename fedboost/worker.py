@@ -20,6 +20,7 @@ from flows.worker_config import WorkerConfig
 from messages import TransportError
 from messages.broker_url import redact
 from messages.chunks import FrameSigner
+from messages.rabbit_queues import queue_of
 from messages.rabbitmq import RabbitTransport
 from messages.signing import Sealer
 from workers.lifeline import die_with_parent
@@ -78,10 +79,26 @@ def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = 
         log.error("%s", exc)
         raise SystemExit(1) from None
     log.info("%s: connected to %s", config.party, redact(config.transport.amqp_url()))
+    if config.processes == 1:
+        _warn_if_shared(transport, config)
     worker = Worker(party_spec(config), transport, PROTOCOLS, sealer, health_file=health_file)
     signal.signal(signal.SIGINT, worker.stop)
     worker.serve()
     log.info("%s: stopped", config.party)
+
+
+def _warn_if_shared(transport: RabbitTransport, config: WorkerConfig) -> None:
+    """A worker of one process finds another consumer on its party's inbox: another worker
+    of this party, or someone else's federation on the same broker and virtual host; the
+    broker gives the inbox to one of them (the others stand by), so say it once at start."""
+    count = transport.consumers(config.party)
+    if count is not None and count > 1:
+        log.warning("%s: queue %s already has %d other consumer(s) on %s: another worker of "
+                    "party %s (only one of them gets the jobs; this one stands by). If it is "
+                    "not yours, someone else's federation uses this broker's virtual host with "
+                    "the same party names: give yours a vhost of its own "
+                    "(docs/operations.md)", config.party, queue_of(config.party), count - 1,
+                    redact(config.transport.amqp_url()), config.party)
 
 
 def run_workers(config: WorkerConfig, log_level: int, health_file: str | None = None) -> int:

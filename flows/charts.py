@@ -46,10 +46,11 @@ def _open(kind: str, title: str, chart_id: str | None, height: int) -> list[str]
 
 
 def line_chart(series: dict[str, Sequence[float | None]], *, title: str, x_label: str,
-               y_label: str = "", chart_id: str | None = None, x_start: int = 1,
+               y_label: str = "", chart_id: str | None = None, x_start: int = 0,
                marker: tuple[int, str] | None = None) -> str:
-    """Lines over x = x_start, x_start+1, ...; ``None`` values leave gaps; ``marker`` (x,
-    label) draws a dashed vertical line there (e.g. where early stopping kept the model)."""
+    """Lines over x = x_start, x_start+1, ... (from 0: a tree is named by its index from 0
+    everywhere); ``None`` values leave gaps; ``marker`` (x, label) draws a dashed vertical
+    line there (e.g. the last tree early stopping kept)."""
     points = [v for values in series.values() for v in values if v is not None]
     n = max((len(v) for v in series.values()), default=0)
     if not points or n == 0:

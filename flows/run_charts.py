@@ -42,7 +42,7 @@ def learning_curves(history: Sequence[dict[str, Any]],
         lines = {name: values for name, values in series.items()
                  if name.split("_", 1)[1] == kind}
         charts[kind] = line_chart(lines, title=f"{kind} after each tree{private}",
-                                  x_label="trees", y_label=kind, chart_id=f"curve-{kind}",
+                                  x_label="tree", y_label=kind, chart_id=f"curve-{kind}",
                                   marker=marker)
     return charts
 
@@ -62,19 +62,19 @@ def epsilon_chart(history: Sequence[dict[str, Any]]) -> str:
     if not any(v is not None for v in values):
         return ""
     return line_chart({"epsilon spent": values}, title="privacy budget spent after each tree "
-                      "(docs/privacy.md)", x_label="trees", y_label="epsilon",
+                      "(docs/privacy.md)", x_label="tree", y_label="epsilon",
                       chart_id="epsilon-spent")
 
 
 def kept_marker(metrics: dict[str, Any], grown: int) -> tuple[int, str] | None:
-    """Early stopping's point on the learning curve: the kept model's last tree, labelled
-    with the best round and where training stopped."""
+    """Early stopping's point on the learning curve: the kept model's last tree (by its index,
+    as the curve's x axis), labelled with the best round and where training stopped."""
     best, kept = metrics.get("best_iteration"), metrics.get("n_trees")
     if not isinstance(best, int) or not isinstance(kept, int):
         return None
     stopped = (f"stopped after {grown} trees" if metrics.get("stopped_early")
                else "no early stop")
-    return kept, f"best round {best} ({kept} trees kept); {stopped}"
+    return kept - 1, f"best round {best} ({kept} trees kept); {stopped}"
 
 
 def step_seconds_chart(step_seconds: dict[str, float]) -> str:

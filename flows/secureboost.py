@@ -233,6 +233,7 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
     keep = stopper.kept_trees(trained) if stopper is not None else trained
     result: dict[str, Any] = {"n_aligned": aligned.n_aligned, "n_train": aligned.n_train,
                               "n_valid": aligned.n_valid, "n_trees": keep,
+                              "trees_per_round": per_round,
                               **{k: v for k, v in history[keep - 1].items()
                                  if k != run_charts.LEAF_PURITY and not k.startswith("valid_")},
                               "resumed_after": done, "trees_trained": trained - done, **final}

@@ -219,6 +219,7 @@ def _train(config: SimflJobConfig, progress: Any) -> dict[str, Any]:
                 for s in sizes]
     result: dict[str, Any] = {
         "n_aligned": rows, "n_train": rows, "n_valid": 0, "n_trees": n_trees,
+        "trees_per_round": per_round,
         **{k: v for k, v in last.items() if k.startswith("train_")},
         "resumed_after": done, "trees_trained": n_trees - done,
         "train_seconds": time.perf_counter() - started, "tree_seconds": tree_seconds,

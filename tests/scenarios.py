@@ -93,8 +93,9 @@ def assert_same_trees(fed: list[list[NodeView]], cen: list[list[NodeView]], tol:
 def read_scores(path: Path) -> tuple[list[str], np.ndarray]:
     """Ids and score columns of a scores file."""
     lines = path.read_text().splitlines()
-    rows = [line.split(",") for line in lines[1:]]
-    return [r[0] for r in rows], np.array([[float(v) for v in r[1:]] for r in rows])
+    header, rows = lines[0].split(","), [line.split(",") for line in lines[1:]]
+    scores = [k for k, name in enumerate(header) if k and name != "split"]  # not 'train'/'valid'
+    return [r[0] for r in rows], np.array([[float(r[k]) for k in scores] for r in rows])
 
 
 def centralized_predictions(model: Model, joined: JoinedData) -> np.ndarray:

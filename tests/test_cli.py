@@ -65,7 +65,11 @@ def test_train_predict_centralized(tmp_path: Path) -> None:
                   cwd=tmp_path)
     assert scored.returncode == 0, scored.stderr
     lines = (tmp_path / "scores.csv").read_text().splitlines()
-    assert lines[0] == "id,score" and len(lines) == 570
+    assert lines[0] == "id,score,split" and len(lines) == 570
+    # each training-file row says whether the model was trained on it or held it out
+    splits = [line.rsplit(",", 1)[1] for line in lines[1:]]
+    assert (splits.count("train"), splits.count("valid")) == (metrics["n_train"],
+                                                               metrics["n_valid"])
 
     central = _run("centralized", str(config), "--out", str(tmp_path / "central"), cwd=tmp_path)
     assert central.returncode == 0, central.stderr
@@ -264,3 +268,59 @@ def test_definitions_take_passwords_from_environment_and_files(tmp_path: Path) -
     assert "--party guest: a password on the command line shows in ps" in literal.stderr
     users = {u["name"]: u["password_hash"] for u in json.loads(out.read_text())["users"]}
     assert check_password(users["fedboost-guest"], "typed-secret")
+
+
+def test_bare_fedboost_prints_help_and_version_and_help_read_as_plain_text(
+        tmp_path: Path) -> None:
+    """'fedboost' alone is the help (exit 0), as 'fedboost --help'; '--version' names the
+    installed version; the help has no reStructuredText markup; every option says what it is."""
+    from importlib.metadata import version
+
+    bare, helped = _run(cwd=tmp_path), _run("--help", cwd=tmp_path)
+    assert bare.returncode == 0 and bare.stdout == helped.stdout and bare.stderr == ""
+    assert "``" not in bare.stdout and "train" in bare.stdout and "COMMAND --help" in bare.stdout
+    shown = _run("--version", cwd=tmp_path)
+    assert shown.returncode == 0 and shown.stdout == f"fedboost {version('fedboost')}\n"
+    for command, flag in (("predict", "--batch-size"), ("serve-model", "--port"),
+                          ("worker", "--log-level")):
+        text = _run(command, "--help", cwd=tmp_path).stdout
+        described = text.split(f"  {flag} ", 1)[1].split("\n  -", 1)[0]
+        assert len(described.split()) > 3, (command, flag, described)  # not just its metavar
+
+
+def test_ctrl_c_before_any_checkpoint_names_no_resume_command(tmp_path: Path) -> None:
+    """SIGINT while the parties open the job or align ids (no checkpoint yet: they make the
+    first after binning): exit 130 with a line saying so and how to start again, not a
+    'fedboost resume' that would have nothing to continue."""
+    import signal
+
+    job = _config(tmp_path, DATA / "breast_hetero_guest.csv", DATA / "breast_hetero_host.csv")
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    out = tmp_path / "run"
+    first = subprocess.Popen([*FEDBOOST, "train", str(job), "--out", str(out)], cwd=tmp_path,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    assert first.stdout is not None and first.stderr is not None
+    for line in first.stdout:
+        if line.startswith("opening: "):  # the flow asks the parties to open the job
+            os.killpg(first.pid, signal.SIGINT)
+            break
+    first.wait(timeout=120)
+    err = first.stderr.read()
+    assert first.returncode == 130, err
+    assert not list(out.glob("*/checkpoints/trees-*.ckpt"))  # indeed nothing to continue
+    assert err.splitlines()[-1] == (f"fedboost: interrupted; no party had saved a checkpoint "
+                                    f"of the job yet: 'fedboost train {job}' starts it again")
+    assert "fedboost resume" not in err
+
+
+def test_a_multiclass_job_s_last_line_counts_rounds_and_their_trees() -> None:
+    """n_trees: 10 with 4 classes grows 40 trees: the line says 10 rounds of them (the
+    number the job file gave), as metrics.json's trees_per_round tells it."""
+    from fedboost.run_lines import trees_text as _trees_text
+
+    assert _trees_text(40, {"n_trees": 40, "trees_per_round": 4}) == \
+        "10 rounds (40 trees: one per class per round)"
+    assert _trees_text(30, {"n_trees": 30, "trees_per_round": 1}) == "30 trees"
+    assert _trees_text(30, {"n_trees": 30}) == "30 trees"  # a run from before the key

@@ -102,3 +102,49 @@ def test_prefects_own_lines_after_ctrl_c_before_a_task_run_exists_stay_off_the_c
     assert any(r.exc_info for r in noisy), [r.getMessage() for r in noisy]  # the traceback CI saw
     keep = UserErrorFilter()
     assert [r.getMessage() for r in noisy if keep.filter(r)] == []
+
+
+def test_a_restarted_party_s_lost_state_is_one_warning_line_not_an_error_and_traceback(
+        prefect_harness) -> None:  # type: ignore[no-untyped-def]
+    """A worker killed and restarted mid-job answers the next step with ``state_lost``: the
+    task fails (Prefect logs an ERROR and the traceback), the flow resumes from checkpoints
+    and logs one WARNING saying so, as ``flows.coordinator.train_with_recoveries`` does. Only
+    that warning passes the console's filter; a fault that is not a lost state still shows."""
+    from prefect import flow, get_run_logger, task
+
+    from flows.errors import PartyError
+    from messages.bodies import ErrorReply
+
+    @task(name="build_histograms", task_run_name="build-histograms-t3-d0")
+    def step(lost: bool) -> int:
+        raise PartyError(ErrorReply("host", "build_histograms/t3/d0",
+                                    "no state for job j (restarted?)" if lost else "KeyError: 7",
+                                    user_error=False, state_lost=lost))
+
+    @flow
+    def job(lost: bool) -> str:
+        try:
+            step(lost)
+        except PartyError as exc:
+            get_run_logger().warning("%s; resuming from the parties' checkpoints", exc)
+        return "done"
+
+    seen = _Records()
+    loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]
+    for logger in loggers:
+        logger.addHandler(seen)
+    try:
+        assert job(True) == "done"
+        job(False)
+    finally:
+        for logger in loggers:
+            logger.removeHandler(seen)
+    keep = UserErrorFilter()
+    shown = [r for r in seen.records if r.levelno >= logging.WARNING and keep.filter(r)]
+    lost_lines = [r for r in shown if "restarted?" in r.getMessage()
+                  or (r.exc_info and "restarted?" in str(r.exc_info[1]))]
+    assert [(r.levelname, r.exc_info is None) for r in lost_lines] == [("WARNING", True)], \
+        [(r.levelname, r.getMessage()) for r in lost_lines]
+    assert "resuming from the parties' checkpoints" in lost_lines[0].getMessage()
+    assert any(r.levelno >= logging.ERROR and r.exc_info and "KeyError: 7" in
+               str(r.exc_info[1]) for r in shown)  # a real fault keeps its traceback

@@ -63,7 +63,8 @@ def _matrix(path: Path, names: tuple[str, ...]) -> tuple[list[str], np.ndarray]:
 def _scores(path: Path) -> dict[str, list[float]]:
     header, rows = _rows(path)
     first = 2 if header[1] == "label" else 1  # multiclass: id,label,score_0..
-    return {r[0]: [float(v) for v in r[first:]] for r in rows}
+    last = len(header) - (header[-1] == "split")  # vertical: train/valid/new last
+    return {r[0]: [float(v) for v in r[first:last]] for r in rows}
 
 
 def _xgboost(model_file: Path, x: np.ndarray, names: tuple[str, ...]) -> np.ndarray:

@@ -41,50 +41,73 @@ def _light_breast(folder: Path, n_trees: int = 3, **changes: object) -> Path:
     return path
 
 
+_LIGHTER = """
+def _lighter(path):  # the test's: the checkout's job file with 1024-bit keys and 3 trees
+    import yaml
+    raw = yaml.safe_load(path.read_text())
+    for party in raw["parties"].values():
+        party["data"] = str((path.parent / party["data"]).resolve())
+    raw["crypto"]["key_bits"], raw["params"]["n_trees"] = 1024, 3
+    return raw
+"""
+
+
 def test_the_readme_api_example_runs_as_a_script_and_piped(tmp_path: Path) -> None:
     """Saved to a file (no __main__ guard) and run from a folder outside the checkout, beside
-    a checkout named 'fedboost', then piped to 'python -': it trains, predicts and reports,
-    and prints only what it prints itself (no Prefect lines, no traceback)."""
+    a checkout named 'fedboost' (no configs/ there: the example finds the checkout's job file),
+    then piped to 'python -': it trains, predicts and reports, and prints only what it prints
+    itself (no Prefect lines, no traceback). The job file the example finds is lightened on
+    the way (fewer trees, smaller keys): the code around it runs as the README has it."""
     readme = (REPO / "README.md").read_text()
     code = re.search(r"```python\n(.*?)```", readme[readme.index("## Python API"):], re.S)
     assert code is not None and "__main__" not in code.group(1)
-    _light_breast(tmp_path / "configs")  # the example names configs/breast.yaml
-    (tmp_path / "example.py").write_text(code.group(1))
+    named = 'checkout / "configs/breast.yaml"'
+    assert named in code.group(1)
+    lighter = _LIGHTER + code.group(1).replace(named, f"_lighter({named})")
+    (tmp_path / "example.py").write_text(lighter)
     (tmp_path / "fedboost").symlink_to(REPO)  # 'git clone ... fedboost' beside the script
     as_file = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=_env(),
                              capture_output=True, text=True, timeout=600)
     assert as_file.returncode == 0, as_file.stderr
     assert "valid_auc" in as_file.stdout and (tmp_path / "runs/breast/scores.csv").is_file()
     assert as_file.stderr == "", as_file.stderr
-    piped = subprocess.run([sys.executable, "-"], input=code.group(1), cwd=tmp_path, env=_env(),
+    piped = subprocess.run([sys.executable, "-"], input=lighter, cwd=tmp_path, env=_env(),
                            capture_output=True, text=True, timeout=600)
     assert piped.returncode == 0, piped.stderr
     assert piped.stderr == "", piped.stderr
     assert piped.stdout.splitlines()[0] == as_file.stdout.splitlines()[0]  # the same metrics
 
 
-@pytest.mark.parametrize("problem", ["missing file", "text column"])
+@pytest.mark.parametrize("problem", ["missing file", "text column", "label 2"])
 def test_a_bad_data_file_answers_in_seconds(tmp_path: Path, problem: str) -> None:
     """Checked before Prefect and the workers start (they take tens of seconds on a busy
-    machine): one line, in under 5 s."""
-    host = tmp_path / "host.csv"
-    if problem == "text column":
-        lines = (DATA / "breast_hetero_host.csv").read_text().splitlines()
+    machine): one line, in under 5 s; a label a binary job cannot have among them, named by
+    row like the rest (not after PSI and binning)."""
+    party = "guest" if problem == "label 2" else "host"
+    bad = tmp_path / f"{party}.csv"
+    if problem != "missing file":
+        lines = (DATA / f"breast_hetero_{party}.csv").read_text().splitlines()
         cells = lines[700 if len(lines) > 700 else 40].split(",")
-        cells[2] = "high"
+        if problem == "label 2":
+            cells[lines[0].split(",").index("y")] = "2"
+        else:
+            cells[2] = "high"
         lines[40] = ",".join(cells)
-        host.write_text("\n".join(lines) + "\n")
+        bad.write_text("\n".join(lines) + "\n")
     job = _light_breast(tmp_path)
     raw = yaml.safe_load(job.read_text())
-    raw["parties"]["host"]["data"] = str(host)
+    raw["parties"][party]["data"] = str(bad)
     job.write_text(yaml.safe_dump(raw))
     started = time.monotonic()
     done = subprocess.run([*FEDBOOST, "train", str(job), "--out", str(tmp_path / "run")],
                           cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
     took = time.monotonic() - started
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("fedboost: error: party host")
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(
+        f"fedboost: error: party {party}")
     assert ("not found" if problem == "missing file" else "row 41") in done.stderr
+    if problem == "label 2":
+        assert "label column 'y': 2 is not 0 or 1 (objective binary)" in done.stderr
     assert took < 5, f"{problem}: {took:.1f} s"
 
 
@@ -167,9 +190,13 @@ def test_a_silent_worker_is_named_and_a_dead_one_ends_the_run(tmp_path: Path) ->
         proc.kill()  # whatever failed: its workers die with it
     assert time.monotonic() - killed < 60  # seconds (about 10 on a quiet machine), not an hour
     assert proc.returncode == 1 and "Traceback" not in err, err
-    assert err.splitlines()[-1].startswith(
+    assert err.splitlines()[-2].startswith(
         f"fedboost: error: party {tag}: its worker process was killed by signal SIGKILL while "
         f"the flow waited for "), err
+    # every party checkpointed tree 0 at least: the line that continues the job follows
+    assert re.fullmatch(rf"fedboost: the parties keep their checkpoints: 'fedboost resume "
+                        rf"breast --out {re.escape(str(tmp_path / 'run'))}' continues after "
+                        rf"tree \d+", err.splitlines()[-1]), err
 
 
 def _freeze_then_kill(proc: subprocess.Popen[str], tag: str) -> tuple[float, str]:
@@ -246,8 +273,56 @@ def test_ctrl_c_at_the_terminal_ends_train_at_once_with_the_resume_line(tmp_path
         os.close(fd)
     text = seen.decode(errors="replace")
     assert os.waitstatus_to_exitcode(status) == 130, text
-    assert "fedboost: interrupted; the parties keep their checkpoints: 'fedboost resume breast " \
-           "--out run' continues after the last finished tree" in text
+    assert re.search(r"fedboost: interrupted; the parties keep their checkpoints: 'fedboost "
+                     r"resume breast --out run' continues after tree \d+", text), text
     for noise in ("Crash detected", "Error logging to API", "Traceback", "KeyboardInterrupt"):
         assert noise not in text, text
     assert took < 15, took  # about 5 s on a busy 2-core machine (load 16)
+
+
+def test_a_second_worker_on_a_party_s_queue_says_so_at_start(tmp_path: Path,
+                                                              rabbit_url: str) -> None:
+    """README step 5 on a broker someone else uses: a worker whose party's queue already has
+    a consumer (another worker of that name on the same vhost) says so in one WARNING line
+    naming the queue and what to do; the first worker said nothing of the kind."""
+    import pika
+
+    party = f"w{os.getpid()}x{time.monotonic_ns() % 100000}"
+    subprocess.run([*FEDBOOST, "keys", "--out", str(tmp_path / "keys"), "--name", party],
+                   check=True, capture_output=True, env=_env())
+    user, _, rest = rabbit_url.removeprefix("amqp://").partition(":")
+    password, _, where = rest.partition("@")
+    (tmp_path / "broker.pw").write_text(password + "\n")
+    (tmp_path / "broker.pw").chmod(0o600)
+    config = tmp_path / "worker.yaml"
+    config.write_text(yaml.safe_dump({
+        "party": party, "data": str(DATA / "breast_hetero_host.csv"),
+        "transport": {"kind": "rabbitmq", "url": f"amqp://{user}@{where}",
+                      "password_file": "broker.pw"},
+        "signing": {"key_dir": str(tmp_path / "keys")}}))
+    command = [*FEDBOOST, "worker", "--party", party, "--config", str(config)]
+    workers, seen = [], []
+    try:
+        for _ in range(2):
+            worker = subprocess.Popen(command, cwd=tmp_path, env=_env(), text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            workers.append(worker)
+            seen.append("")
+            assert worker.stdout is not None
+            for line in worker.stdout:  # up once it says what it serves
+                seen[-1] += line
+                if " serving " in line:
+                    break
+        for worker in workers:
+            worker.terminate()
+        first, second = (text + w.communicate(timeout=60)[0] for text, w in zip(seen, workers))
+    finally:
+        for worker in workers:
+            worker.kill()
+        connection = pika.BlockingConnection(pika.URLParameters(rabbit_url))
+        connection.channel().queue_delete(f"fedboost.{party}")
+        connection.close()
+    assert "already has" not in first
+    warned = [line for line in second.splitlines() if " WARNING " in line]
+    assert len(warned) == 1 and f"queue fedboost.{party} already has 1 other consumer(s)" in \
+        warned[0] and "give yours a vhost of its own" in warned[0], second

@@ -179,6 +179,13 @@ def available_files(directory: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if _NAME.fullmatch(p.name))
 
 
+def newest_on_disk(directory: Path) -> int | None:
+    """The trees done of the newest checkpoint file in ``directory`` by its name (None: no
+    checkpoint); not read, so not checked: for a hint, never for resuming."""
+    names = [_NAME.fullmatch(p.name) for p in available_files(directory)]
+    return max((int(m.group(1)) for m in names if m), default=None)
+
+
 def available(directory: Path, digest: str, key: bytes) -> list[Checkpoint]:
     """The intact checkpoints of exactly this job and data, written by this party."""
     found = []

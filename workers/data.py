@@ -42,7 +42,7 @@ def load_party_data(party: str, path: Path | str, id_column: str, label: str | N
                     *, require_label: bool, columns: list[str] | None = None,
                     categorical: list[str] | None = None,
                     categories: Mapping[str, Sequence[str]] | None = None,
-                    rows: int | None = None) -> PartyData:
+                    rows: int | None = None, objective: str | None = None) -> PartyData:
     """Read and validate one party's file: Parquet (``.parquet``, ``.pq``) or CSV.
 
     Empty cells, nulls and NA/NaN are missing values; anything else must be a number, except in
@@ -50,6 +50,9 @@ def load_party_data(party: str, path: Path | str, id_column: str, label: str | N
     ``categories`` gives such columns fixed codes (a saved model part's: prediction codes rows
     as training did). ``columns`` restricts the features to those named (in that order).
     ``rows`` reads only the first this-many rows (a quick check of a file before a job).
+    ``objective`` (a training job's) checks every label is one of its values (binary: 0 or 1;
+    multiclass: a class number), naming the first row that is not: before any party's time
+    goes into PSI and binning.
     """
     where = f"party {party}: file {path}"
     table = read_table(where, path, rows)
@@ -100,6 +103,8 @@ def load_party_data(party: str, path: Path | str, id_column: str, label: str | N
     if y is not None and np.isnan(y).any():
         row = int(np.flatnonzero(np.isnan(y))[0]) + first_row
         raise DataError(f"{where}: row {row}, label column {label!r} is empty")
+    if y is not None and objective is not None:
+        _check_label_values(where, label, y, objective, first_row)
     return PartyData(ids=ids, names=tuple(header[j] for j in feature_at), x=x, y=y,
                      categories=encoded)
 
@@ -118,6 +123,23 @@ def encode_categories(cells: list[str],
     chosen = known if known is not None else tuple(sorted(set(present)))
     code = {v: float(k) for k, v in enumerate(chosen)}
     return np.array([code.get(v, np.nan) for v in values], dtype=np.float64), chosen
+
+
+def _check_label_values(where: str, label: str | None, y: FloatArray, objective: str,
+                        first_row: int) -> None:
+    """Every label a value of ``objective``: binary 0 or 1, multiclass 0..K-1 (integers);
+    regression any finite number."""
+    if objective == "binary":
+        wrong, expected = ~np.isin(y, (0.0, 1.0)), "0 or 1 (objective binary)"
+    elif objective == "multiclass":
+        wrong = (y != np.round(y)) | (y < 0) | ~np.isfinite(y)
+        expected = "a class number 0, 1, 2, ... (objective multiclass)"
+    else:
+        wrong, expected = ~np.isfinite(y), "a finite number (objective regression)"
+    if wrong.any():
+        k = int(np.flatnonzero(wrong)[0])
+        raise DataError(f"{where}: row {k + first_row}, label column {label!r}: {y[k]:g} is "
+                        f"not {expected}; {int(wrong.sum())} row(s) like it")
 
 
 def _check_ids(where: str, ids: list[str], first_row: int) -> None:

@@ -116,3 +116,35 @@ def test_errors_name_rows_and_columns_but_never_ids_or_cells(
     with pytest.raises(DataError, match=r"not UTF-8 text \(byte 6\)") as failure:
         load_party_data("host", path, "id", None, require_label=False)
     assert "xff" not in str(failure.value)
+
+
+def test_a_label_outside_the_objective_is_refused_at_open_naming_the_row(
+        tmp_path: Path) -> None:
+    """A 2 among a binary job's 0/1 labels, past the rows 'fedboost train' checks before the
+    workers start: the active party's worker refuses the job when it loads its file (the
+    OPEN_JOB step, before PSI and binning), naming file, row and column; the worker goes on."""
+    from messages.envelope import Envelope
+    from messages.transport import MemoryHub
+    from tests.scenarios import TEST_POLICY
+    from tests.workers.test_runtime import SEALERS
+    from workers.party import PartySpec
+    from workers.protocols import PROTOCOLS
+    from workers.runtime import Worker
+
+    rows = list(csv.reader((DATA / "default_credit_hetero_guest.csv").open()))
+    label_at = rows[0].index("y")
+    rows[2500][label_at] = "2"  # file row 2501 (the header is row 1)
+    path = tmp_path / "guest.csv"
+    with path.open("w", newline="") as out:
+        csv.writer(out).writerows(rows)
+    hub = MemoryHub(["host", "guest", "flow"])
+    party = PartySpec("guest", "active", str(path), "id", "y", str(tmp_path / "models"),
+                      policy=TEST_POLICY)
+    worker = Worker(party, hub.endpoint("guest"), PROTOCOLS, SEALERS["guest"])
+    worker.handle_bytes(SEALERS["flow"].seal(Envelope("job", "t", "flow", "guest",
+                                                      MsgType.OPEN_JOB, OpenJob(_spec(path)))))
+    reply = SEALERS["flow"].open(hub.endpoint("flow").receive(timeout=30))
+    assert isinstance(reply.body, ErrorReply) and reply.body.user_error, reply.body
+    assert reply.body.message == (f"party guest: file {path}: row 2501, label column 'y': 2 "
+                                  f"is not 0 or 1 (objective binary); 1 row(s) like it")
+    assert "job" not in worker.jobs or worker.jobs["job"].state is None

@@ -52,6 +52,14 @@ def held_trees(model_dir: Path, digest: str) -> list[int]:
     return held
 
 
+def held_on_disk(model_dir: Path) -> int | None:
+    """How many trees this party's folder holds by file name (None: none); not read, so not
+    checked: for a hint, never for resuming."""
+    folder = model_dir / FOLDER
+    found = [p for p in folder.glob("tree-*.json")] if folder.is_dir() else []
+    return len(found) or None
+
+
 def load_tree(model_dir: Path, key: bytes, digest: str, tree: int) -> Any:
     """The part of one kept tree, after checking its tag."""
     path = model_dir / FOLDER / f"tree-{tree:06d}.json"

@@ -41,6 +41,7 @@ from workers.vertical.decryption import decrypt_histograms, decrypt_level
 from workers.vertical.early_stopping import kept_trees
 from workers.vertical.explain import leaf_purity, tree_splits, write_splits
 from workers.vertical.opening import bin_active_rows, open_active
+from workers.vertical.scoring import save_training_rows
 
 PROTOCOL = "vertical_secureboost"
 """The protocol whose steps this module and workers.vertical.passive answer (checked against policies)."""
@@ -250,6 +251,8 @@ def save_model_part(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     save_model(replace(model, trees=model.trees[:keep]), Path(directory) / "model.json")
     save_categories(Path(directory), state.data.categories)
     write_splits(Path(directory), ctx.job, state.party, [s for s in run.splits if s.tree < keep])
+    aligned, valid = state.require_aligned()
+    save_training_rows(Path(directory), [state.data.ids[r] for r in aligned.tolist()], valid)
     write_json_atomic(Path(directory) / "party.json", {
         "party": state.party, "role": "active", "job": ctx.job, "saved_at": time.time(),
         "parties": [state.party, *state.passives]})

@@ -24,7 +24,7 @@ import numpy as np
 
 from boosting.binning import goes_left_raw, goes_left_table
 from boosting.metrics import evaluate
-from boosting.tree import Model, TreeNode, load_model, open_private
+from boosting.tree import Model, TreeNode, load_model, open_private, write_json_atomic
 from messages.bodies import Ack, Metric, Step, TreeFinished
 from messages.secureboost import Decisions, OpenPrediction
 from messages.envelope import MsgType
@@ -54,6 +54,8 @@ class ActiveScoring:
     scores_path: Path
     """Inside the party's model folder of the trained job."""
     score_margin: np.ndarray | None = None
+    trained_rows: dict[str, str] | None = None
+    """id -> 'train' or 'valid' for the trained job's aligned rows (``TRAINING_ROWS``)."""
 
 
 def model_folder(ctx: StepContext, model_job: str) -> Path:
@@ -94,7 +96,8 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, An
     if is_active:
         model = load_model(directory / "model.json")
         expected = model.features.get(ctx.party.name, ())
-        role_state: Any = ActiveScoring(model=model, scores_path=scores)
+        role_state: Any = ActiveScoring(model=model, scores_path=scores,
+                                        trained_rows=load_training_rows(directory))
     else:
         path = directory / "lookup.json"
         try:
@@ -285,14 +288,45 @@ def write_scores(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     run: ActiveScoring = state.role_state
     pred = run.model.finish(_scored_margin(run))
     ids = [state.data.ids[r] for r in state.require_aligned()[0]]
+    trained = run.trained_rows
+    splits = None if trained is None else [trained.get(i, "new") for i in ids]
     # checked at open_prediction: inside the model folder
-    write_scores_csv(run.scores_path, ids, pred, run.model.params.objective)
+    write_scores_csv(run.scores_path, ids, pred, run.model.params.objective, splits)
     return MsgType.ACK, Ack(count=len(ids))
 
 
-def write_scores_csv(path: Path, ids: list[str], pred: np.ndarray, objective: str) -> None:
+TRAINING_ROWS = "training_rows.json"
+"""The active party's record of which aligned ids a job trained on and held out (its own ids:
+it learnt the intersection at PSI); prediction marks each scored row with it."""
+
+
+def save_training_rows(directory: Path, ids: list[str], valid: np.ndarray) -> None:
+    """Write ``TRAINING_ROWS``: the aligned ids by their role in training (0600)."""
+    write_json_atomic(directory / TRAINING_ROWS, {
+        "format": "fedboost-training-rows", "version": 1,
+        "train": [i for i, v in zip(ids, valid.tolist()) if not v],
+        "valid": [i for i, v in zip(ids, valid.tolist()) if v]})
+
+
+def load_training_rows(directory: Path) -> dict[str, str] | None:
+    """id -> 'train' / 'valid' from ``TRAINING_ROWS``; None if the folder has none (a model
+    saved before it was written, or a protocol that does not keep it)."""
+    try:
+        raw = json.loads((directory / TRAINING_ROWS).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or raw.get("format") != "fedboost-training-rows":
+        return None
+    return {**dict.fromkeys(map(str, raw.get("train", [])), "train"),
+            **dict.fromkeys(map(str, raw.get("valid", [])), "valid")}
+
+
+def write_scores_csv(path: Path, ids: list[str], pred: np.ndarray, objective: str,
+                     splits: list[str] | None = None) -> None:
     """``id,score`` (binary), ``id,prediction`` (regression) or ``id,label,score_k..``
-    (multiclass), written 0600 and atomically."""
+    (multiclass), then with ``splits`` a last column ``split``: ``train`` (a row the model
+    was trained on), ``valid`` (held out of that training) or ``new``; written 0600 and
+    atomically."""
     if objective == "binary":
         header, values = ["id", "score"], pred[:, :1]
     elif objective == "regression":
@@ -302,7 +336,8 @@ def write_scores_csv(path: Path, ids: list[str], pred: np.ndarray, objective: st
         values = np.column_stack([np.argmax(pred, axis=1), pred])
     with open_private(path) as handle:
         writer = csv.writer(handle)
-        writer.writerow(header)
-        for ident, row in zip(ids, values):
-            writer.writerow([ident, *[repr(float(v)) if k or objective != "multiclass" else int(v)
-                                      for k, v in enumerate(row)]])
+        writer.writerow(header + (["split"] if splits is not None else []))
+        for k, (ident, row) in enumerate(zip(ids, values)):
+            writer.writerow([ident, *[repr(float(v)) if j or objective != "multiclass" else int(v)
+                                      for j, v in enumerate(row)],
+                             *([splits[k]] if splits is not None else [])])
