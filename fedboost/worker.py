@@ -55,6 +55,8 @@ def policy_of(config: PolicyConfig) -> PartyPolicy:
                        obfuscator=config.obfuscator, predict_modes=tuple(config.predict_modes),
                        pack_bin_sums=tuple(config.pack_bin_sums),
                        schemes=tuple(config.schemes), min_ou_key_bits=config.min_ou_key_bits,
+                       horizontal_member_sets=config.horizontal_member_sets,
+                       horizontal_min_members=config.horizontal_min_members,
                        roles={protocol: tuple(roles) for protocol, roles in config.roles.items()})
 
 

@@ -51,6 +51,13 @@ class PolicyConfig(Strict):
     """Who may fold a passive party's encrypted bin sums: the default ``[passive]`` refuses
     jobs that send one sum per ciphertext to the key holder (each shows a whole plaintext to
     it); list ``key_holder`` to allow the key holder's faster fold."""
+    horizontal_member_sets: Literal["refuse", "allow"] = "refuse"
+    """A horizontal member's answer to a job over a data set it trained on whose member set is
+    a strict subset or superset of an earlier job's (the aggregator could subtract the two
+    jobs' sums): ``refuse``, or ``allow`` (logged)."""
+    horizontal_min_members: int = Field(2, ge=2, le=1000)
+    """Fewest members of a horizontal job this member joins (two: each learns the other's row
+    count and label sum)."""
     roles: dict[Protocol, list[Literal["active", "passive", "member", "aggregator"]]] = {}
     """Per protocol, the only roles the party takes, e.g. ``{vertical_secureboost: [active],
     horizontal: [member]}`` (a protocol not named: any role a job gives it)."""

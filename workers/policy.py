@@ -50,6 +50,14 @@ class PartyPolicy:
     min_ou_key_bits: int = MIN_KEY_BITS
     """Smallest Okamoto-Uchiyama modulus (n = p^2 q): its own floor, since a job's scheme
     must not lower the party's (docs/crypto.md argues 2048 bits for 112-bit security)."""
+    horizontal_member_sets: str = "refuse"
+    """A horizontal member's answer to a job over a data set it trained on before whose member
+    set is a strict subset or superset of an earlier job's, so that the aggregator could
+    subtract the two jobs' sums (``workers.horizontal.ledger``): ``refuse``, or ``allow``
+    (logged) for an operator who accepts that residue."""
+    horizontal_min_members: int = 2
+    """Fewest members of a horizontal job this member joins. With two, each learns the other's
+    exact row count and label sum (docs/horizontal.md); 3 refuses such jobs."""
 
     def min_bits(self, scheme: str) -> int:
         """This party's floor for a modulus of ``scheme``."""

@@ -192,14 +192,15 @@ def test_no_members_raw_value_reaches_another_party(recorded: Recorded) -> None:
     for m in MEMBERS:
         only_others = set().union(*(raw[o] for o in MEMBERS if o != m)) - raw[m]
         found = [c for c in inner if c in only_others]
-        assert len(found) <= 2 and all(_grid_point(c) for c in found), (m, found)
+        # a few coarse grid points are also values of one member (-0.5, 5/64 = 0.078125)
+        assert len(found) <= 3 and all(_grid_point(c) for c in found), (m, found)
 
 
 def _grid_point(value: float) -> bool:
     """A point of the set-up grid: a power of two split ``MAX_ROUNDS - 1`` times into 16
-    (``workers.horizontal.grid``), i.e. at most 21 significant bits."""
+    (``workers.horizontal.grid``), i.e. at most 9 significant bits."""
     mantissa = math.frexp(value)[0]
-    return mantissa * 2**21 == round(mantissa * 2**21)
+    return mantissa * 2**9 == round(mantissa * 2**9)
 
 
 def test_every_sum_the_aggregator_opens_is_over_at_least_min_samples_leaf_rows(

@@ -14,14 +14,16 @@ feature's :class:`Layout` is its ascending list of upper edges, the last ``+inf`
 ``(2^e, 2^(e+1)]`` and ``(-2^(e+1), -2^e]`` for ``-64 <= e < 63``, ``(-2^-64, 0]`` (zero),
 ``(0, 2^-64]``, and the two unbounded ends past ``2^63`` in magnitude. A split cuts a cell into
 ``SPLIT`` equal cells, so every edge is a dyadic number, exact in float64, and a cell after
-``MAX_ROUNDS - 1`` splits is ``2^-20`` of its power of two. The cells ending at 0 and the
-unbounded ones are never split.
+``MAX_ROUNDS - 1`` splits is ``2^-8`` of its power of two: the public floor. No cell is ever
+narrower, whoever's values it holds (a relative width of at least ``2^-9`` of its larger edge's
+magnitude). The cells ending at 0 and the unbounded ones are never split.
 
 Which cells are split (:func:`cells_to_split`), from the union's counts of one feature:
 
-* at most ``max_bin`` occupied cells ("few values"): every occupied cell, every round, so that
-  distinct values end in cells of their own (integers of magnitude below ``2^20`` always do,
-  from the second split on at the latest);
+* at most ``max_bin`` occupied cells ("few values"): every cell holding more than one row,
+  every round, so that distinct values end in cells of their own (integers of magnitude at most
+  ``2^8`` always do); a cell of one row holds one value already, and splitting it would only
+  tell the members where that one row lies;
 * otherwise the cells holding a target rank of ``np.quantile(..., method="inverted_cdf")`` at
   ``i / max_bin``, while such a cell holds more than ``rows / size`` of the feature's rows and
   more than one.
@@ -35,8 +37,10 @@ What the parties learn. The aggregator: per round, the union's count in every ce
 one member). The members: the cells split each round (which cells of the union hold a quantile,
 or hold any value when there are few) and the cuts, which are edges of those cells. Raw values
 never travel; the union's quantiles are placed within a cell, and a feature of few values has
-the cells of its values (to ``2^-20`` of their power of two) known to the aggregator and
-separated by coarse edges for the members.
+the cells of its values known to the aggregator and separated by coarse edges for the members.
+A member that holds no value in a cell the union split learns that other members' rows lie
+there: to the floor (``2^-8`` of the power of two), never finer (it was ``2^-20`` before issue
+36; cut quality, measured on default_credit_homo, is the same: docs/horizontal.md).
 """
 
 from __future__ import annotations
@@ -50,10 +54,12 @@ from workers import DataError, ProtocolError
 
 SPLIT = 16
 """Cells one split makes of a cell: 16 equal parts (4 more bits of the value per round)."""
-MAX_ROUNDS = 6
-"""Counting rounds: the coarse grid and up to five splits (cells of 2^-20 of their octave)."""
+MAX_ROUNDS = 3
+"""Counting rounds: the coarse grid and up to two splits, so no cell is narrower than the
+public floor of ``2^-8`` of its power of two (issue 36: six rounds, ``2^-20``, placed other
+members' values to 6 digits; the test AUC on default_credit_homo is the same or better)."""
 MAX_CELLS = 1 << 16
-"""Cells one feature may have; the rules above make at most 258 + 5 * 15 * max_bin."""
+"""Cells one feature may have; the rules above make at most 258 + 2 * 15 * max_bin."""
 _OCTAVES = 2.0 ** np.arange(-64, 64)
 COARSE = np.concatenate([-_OCTAVES[::-1], [0.0], _OCTAVES, [np.inf]])
 """Round 0's upper edges, the same for every feature (258 cells)."""
@@ -145,7 +151,7 @@ def cells_to_split(layout: Layout, counts: IntArray, size: int, max_bin: int) ->
     if rows == 0:
         return np.empty(0, dtype=np.int64)
     if occupied.sum() <= max_bin:
-        wanted = occupied
+        wanted = counts > 1  # a cell of one row holds one value: nothing to separate
     else:
         wanted = np.zeros(counts.size, dtype=bool)
         wanted[_quantile_cells(counts, max_bin)] = True

