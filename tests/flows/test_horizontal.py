@@ -285,7 +285,7 @@ def test_member_killed_mid_tree_is_dropped_the_tree_stops_and_the_rest_grow_on_t
     core grows from the survivors' rows, the same cuts and trees 0-2."""
     k, survivors = 2, ["guest", "host_1"]
     job = horizontal_job("homo-credit-dropout", "default_credit",
-                         params={"n_trees": 4, "max_depth": 3},
+                         params={"n_trees": 4, "max_depth": 3}, min_members=2,
                          transport={"kind": "memory", "step_timeout": 20})
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     killer = KillBeforeGrow(monkeypatch, "host_2", tree=k, depth=1)
