@@ -3,7 +3,7 @@ messages.horizontal)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -32,9 +32,24 @@ class HorizontalJobConfig(MembersAndAggregator, Strict):
     privacy: PrivacyConfig | None = None
     """Optional differential privacy; without it the protocol is lossless."""
     min_members: int = Field(2, ge=2, le=1000)
-    """Members that must remain: below this (after dropouts) the job fails."""
+    """Members that must remain: below this (after dropouts) the job fails. Default: every
+    member of the job (a dropout stops it), since a tree grown without a member shows the
+    aggregator that member's rows per bin (docs/horizontal.md, "Dropouts")."""
     transport: TransportConfig = TransportConfig()
     signing: SigningConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _every_member_by_default(cls, data: Any) -> Any:
+        """``min_members`` left out is the number of members (at least 2, as secure
+        aggregation needs)."""
+        if not isinstance(data, dict) or data.get("min_members") is not None or \
+                not isinstance(data.get("parties"), dict):
+            return data
+        members = [p for p in data["parties"].values()
+                   if (p.get("role") if isinstance(p, dict) else getattr(p, "role", None))
+                   == "member"]
+        return {**data, "min_members": max(2, len(members))}
 
     @model_validator(mode="after")
     def _roles(self) -> HorizontalJobConfig:

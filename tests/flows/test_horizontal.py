@@ -37,9 +37,11 @@ from fedboost import embedded
 from fedboost.cli import main
 from fedboost.joined import PooledRows, pool_members
 from flows.config import HorizontalJobConfig
-from flows.horizontal import MembersLost
+from flows.horizontal import MembersLost, horizontal_spec
 from tests.scenarios import DATA, horizontal_config, horizontal_job
+from workers import checkpoint
 from workers.data import load_party_data
+from workers.horizontal.draws import in_tree_rows, member_secret
 from workers.horizontal.tree import OWNER
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -106,18 +108,27 @@ def grow_centrally(params: BoostParams, rows: BinnedBlock, y: np.ndarray, margin
     return grown
 
 
-def member_samples(config: HorizontalJobConfig, members: list[str]) -> Callable[[int], np.ndarray]:
-    """Rows in tree t under subsample: each member draws its own rows (seed, tree, its index
-    among the job's members), stacked in member order as ``pool_members`` stacks them."""
+def member_draws(out: Path, config: HorizontalJobConfig, member: str) -> bytes:
+    """The secret of ``member``'s row draws in the job run into ``out``, as the member derives
+    it (``workers.horizontal.draws``: its checkpoint key, the job's digest)."""
+    party = config.parties[member]
+    digest = checkpoint.job_digest(horizontal_spec(config), str(party.data), party.columns)
+    return member_secret((out / ".fedboost" / member / "checkpoint.key").read_bytes(), digest)
+
+
+def member_samples(out: Path, config: HorizontalJobConfig,
+                   members: list[str]) -> Callable[[int], np.ndarray]:
+    """Rows in tree t under subsample: each member draws its own rows from its own secret
+    (:func:`member_draws`), stacked in member order as ``pool_members`` stacks them."""
     p = config.params
     sizes = {m: load_party_data(m, config.parties[m].data, "id", "y",
                                  require_label=True).x.shape[0]
              for m in members}
+    draws = {m: member_draws(out, config, m) for m in members}
 
     def in_tree(t: int) -> np.ndarray:
-        return np.concatenate([
-            np.random.default_rng([p.seed, t, config.members.index(m)]).random(sizes[m])
-            < p.subsample for m in members])
+        return np.concatenate([in_tree_rows(draws[m], t, sizes[m], p.subsample)
+                               for m in members])
     return in_tree
 
 
@@ -161,12 +172,12 @@ def test_breast_two_members_lossless_with_subsample(tmp_path: Path) -> None:
     params = params_of(config)
     margin = np.full((pooled.y.size, 1), base_score("binary", pooled.y, 2)[0])
     reference = grow_centrally(params, binned_rows(pooled, params.max_bin), pooled.y, margin,
-                               range(params.n_trees), member_samples(config, config.members))
+                               range(params.n_trees), member_samples(tmp_path, config, config.members))
     assert len(model.trees) == len(reference)
     assert all(len(tree.nodes) > 1 for tree in model.trees), "a tree without a split"
     for t, (got, expected) in enumerate(zip(model.trees, reference)):
         assert_same_tree(got, expected, f"tree {t}")
-    assert not np.array_equal(member_samples(config, config.members)(0),
+    assert not np.array_equal(member_samples(tmp_path, config, config.members)(0),
                               sample_rows(pooled.y.size, 0.8, 7, 0))  # not train()'s sample
     x = pooled.block.x
     cen = Model(model.params, model.base_score, 2, tuple(reference), model.features)
@@ -274,7 +285,7 @@ def test_member_killed_mid_tree_is_dropped_the_tree_stops_and_the_rest_grow_on_t
     core grows from the survivors' rows, the same cuts and trees 0-2."""
     k, survivors = 2, ["guest", "host_1"]
     job = horizontal_job("homo-credit-dropout", "default_credit",
-                         params={"n_trees": 4, "max_depth": 3},
+                         params={"n_trees": 4, "max_depth": 3}, min_members=2,
                          transport={"kind": "memory", "step_timeout": 20})
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     killer = KillBeforeGrow(monkeypatch, "host_2", tree=k, depth=1)

@@ -69,6 +69,7 @@ def _config(tmp_path: Path, job: str) -> HorizontalJobConfig:
         "job": job, "protocol": "horizontal", "parties": parties,
         "params": {"n_trees": 3, "max_depth": 3, "learning_rate": 0.3, "max_bin": MAX_BIN,
                    "objective": "binary"},
+        "min_members": 2,  # the documented opt-in to the residue this file measures
         "transport": {"kind": "memory", "step_timeout": 12}})
 
 

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from fedboost.cli import main
-from flows.config import ConfigError, job_schemas, load_config
-from tests.scenarios import CONFIGS, DATA, REPO, horizontal_job
+from flows.config import ConfigError, job_schemas, load_config, parse_config
+from tests.scenarios import CONFIGS, DATA, REPO, horizontal_config, horizontal_job
 from workers import DataError
 from workers.party import DataSet, PartySpec
 
@@ -169,3 +169,16 @@ def test_every_shipped_job_file_loads_under_its_protocol() -> None:
         assert type(config) is job_schemas()[protocol], path.name
         protocols.add(protocol)
     assert protocols == set(job_schemas())
+
+
+def test_min_members_defaults_to_every_member_and_a_job_may_set_it_lower() -> None:
+    """A dropout stops a job by default: going on without a member would show the aggregator
+    its rows per bin (docs/horizontal.md, "Dropouts")."""
+    assert horizontal_config("homo-min-default", "default_credit").min_members == 3
+    assert horizontal_config("homo-min-two", "breast").min_members == 2
+    assert horizontal_config("homo-min-set", "default_credit", min_members=2).min_members == 2
+    shipped = load_config(CONFIGS / "default_credit_homo.yaml")
+    assert shipped.min_members == 3
+    with pytest.raises(ConfigError, match="min_members is 4"):
+        parse_config(horizontal_job("homo-min-four", "default_credit", min_members=4),
+                     base=CONFIGS, source="homo-min-four")

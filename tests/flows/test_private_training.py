@@ -2,9 +2,9 @@
 (``boosting.privacy``, docs/privacy.md):
 
 - horizontal: the members' model is exactly the one the core's private grower releases on the
-  union of their rows with the same seeds (rows dealt per member, the aggregator's noise per
-  tree), so the protocol applies the documented mechanisms and nothing else; ``epsilon_spent``
-  is the documented composition;
+  union of their rows with the same draws (rows dealt by each member from its own secret, the
+  aggregator's noise per tree), so the protocol applies the documented mechanisms and nothing
+  else; ``epsilon_spent`` is the documented composition;
 - vertical SecureBoost: the active party grows full private trees and reports the same
   accounting; the model scores its rows; a tree dealt no rows is grown as the core's private
   grower grows it (the same model, tree for tree).
@@ -29,10 +29,11 @@ from boosting.tree import load_model, node_values
 from fedboost import embedded
 from fedboost.joined import join_parties, pool_members
 from flows import run_charts
-from tests.flows.test_horizontal import assert_same_tree, members_model, params_of
+from tests.flows.test_horizontal import assert_same_tree, member_draws, members_model, params_of
 from tests.scenarios import (assert_same_trees, centralized_view, config_with, federated_view,
                              horizontal_config)
 from workers.data import load_party_data
+from workers.horizontal.draws import floor_rows, private_rows
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -64,15 +65,16 @@ def test_horizontal_private_model_is_the_cores_private_model(tmp_path: Path) -> 
     rows = bin_block(pooled.block, params.max_bin, pooled.cuts)
     sizes = [load_party_data(m, str(config.parties[m].data), "id", "y",
                              require_label=True).x.shape[0] for m in config.members]
+    draws = [member_draws(tmp_path, config, m) for m in config.members]
+    floor = floor_rows(params)
     margin = np.full((pooled.y.size, 1), base_score("binary", pooled.y, 2)[0])
     candidates = split_candidates([len(c) for c in pooled.cuts], params.max_bin)
     for t in range(6):
-        ensemble, position = plan.ensemble_of(t)
-        dealt = np.concatenate([deal_rows(plan, ensemble, n,
-                                          np.random.default_rng([params.seed, k, ensemble]))
-                                for k, n in enumerate(sizes)])
+        # each member's rows of tree t, dealt from its own secret (as the member deals them)
+        in_tree = np.concatenate([private_rows(d, plan, t, np.ones(n, dtype=bool), floor)
+                                  for d, n in zip(draws, sizes)])
+        assert in_tree.sum() >= floor, f"tree {t} of the test was dealt too few rows"
         g = gradients("binary", margin, pooled.y)[0][:, 0]
-        in_tree = dealt == position
         grower = TreeGrower(params, quantize(np.where(in_tree, clip_gradients(g, 0.3), 0.0),
                                              g.size),
                             quantize(np.ones(g.size), g.size), in_tree, 1,

@@ -28,7 +28,7 @@ from boosting.fixedpoint import peak_exponent, quantize_at
 from boosting.losses import gradients, transform
 from boosting.metrics import evaluate
 from boosting.params import BoostParams
-from boosting.privacy import PrivacyPlan, clip_gradients, deal_rows
+from boosting.privacy import PrivacyPlan, clip_gradients
 from boosting.tree import node_values
 from messages.bodies import Ack, Metric, Opened, Resumed, ResumeJob, Step, TreeFinished
 from messages.envelope import MsgType
@@ -39,6 +39,7 @@ from workers.horizontal import ledger, released
 from workers.horizontal.masking import SEAL_BYTES, MaskKey, MaskRound
 from workers.handlers import StepContext
 from workers.horizontal.attempts import take_current
+from workers.horizontal.draws import floor_rows, in_tree_rows, member_secret, private_rows
 from workers.horizontal.member_state import MemberJob
 from workers.horizontal.peers import announce_key, pair_secrets, round_key, send_masked
 from workers.horizontal.tree import MemberTree, assemble
@@ -58,7 +59,8 @@ any member's highest label."""
 
 
 def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
-    """Load the member's data set, check its labels, make this session's mask key."""
+    """Load the member's data set, check its labels, make this session's mask key; derive
+    this job's secret of its row draws (``workers.horizontal.draws``)."""
     spec = body.spec
     me = ctx.party.name
     check_protocol(ctx.party.policy, me, PROTOCOL)
@@ -66,10 +68,11 @@ def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
     data = load_member_data(me, own)
     _check_labels(me, own.path, spec.params.objective, data.y)
     ledger.admit_job(ctx, spec, own.path, data)  # across jobs: before anything leaves
+    digest = checkpoint.job_digest(spec, own.path, own.columns)
     job = MemberJob(spec=spec, params=params_of(spec), data=data, data_file=own.path,
-                    id_column=own.id_column,
-                    digest=checkpoint.job_digest(spec, own.path, own.columns),
+                    id_column=own.id_column, digest=digest,
                     aggregator=aggregator_of(spec), mask_key=MaskKey.generate(),
+                    draws=member_secret(checkpoint.key_of(ctx.party), digest),
                     seal=secrets.token_bytes(SEAL_BYTES),
                     released=released.load(ctx.model_dir))
     ctx.state = job
@@ -96,7 +99,8 @@ def _check_labels(me: str, path: str, objective: str, y: FloatArray) -> None:
 def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     """FedTree step 2, first half: g and h of every row under the model so far (under
     differential privacy: unit hessians, gradients clipped to the bound, and only this tree's
-    rows of its DPBoost ensemble); the aggregator gets their peak exponents."""
+    rows of its DPBoost ensemble, none if fewer than the floor); the aggregator gets their
+    peak exponents."""
     job: MemberJob = ctx.state
     me = ctx.party.name
     _check_round(job, me, body)
@@ -109,18 +113,12 @@ def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
         job.round_margin = job.margin.copy()
     g, h = (a[:, output] for a in gradients(job.params.objective, job.round_margin, job.y))
     n = job.y.size
-    index = members_of(job.spec).index(me)
-    if job.params.subsample < 1.0:
-        rng = np.random.default_rng([job.params.seed, body.tree, index])
-        in_tree = rng.random(n) < job.params.subsample
-    else:
-        in_tree = np.ones(n, dtype=bool)
+    # drawn from this member's own secret: the aggregator counts them at every root
+    in_tree = in_tree_rows(job.draws, body.tree, n, job.params.subsample)
     plan = private_plan(job.spec, job.params, me, job.classes)
-    if plan is not None:  # DPBoost: this tree's rows of its ensemble, clipped; unit hessians
-        ensemble, position = plan.ensemble_of(body.tree)
-        dealt = deal_rows(plan, ensemble, n,
-                          np.random.default_rng([job.params.seed, index, ensemble]))
-        in_tree &= dealt == position
+    if plan is not None:  # DPBoost: this tree's rows of its ensemble (or none below the
+        # floor), clipped; unit hessians
+        in_tree = private_rows(job.draws, plan, body.tree, in_tree, floor_rows(job.params))
         g, h = np.where(in_tree, clip_gradients(g, plan.bound), 0.0), np.ones_like(h)
     job.round, job.live = (body.tree, body.attempt), list(body.members)
     job.prefix = released.tree_prefix(job.run, job.trees)

@@ -30,6 +30,9 @@ class MemberJob:
     mask_key: MaskKey
     seal: bytes
     """This member's seal contribution of this session (``masking.round_seal_key``)."""
+    draws: bytes
+    """This job's secret of the member's row draws (``workers.horizontal.draws``): derived
+    from its checkpoint key, never stored or sent."""
     released: dict[str, list[str]]
     """Tree prefix -> the members whose root round this member released a key for."""
     announced: bool = False

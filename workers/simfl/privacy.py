@@ -48,16 +48,17 @@ low-order bits of floating-point noise that let an observer tell noise samples a
 from __future__ import annotations
 
 import hashlib
-import hmac
 import math
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from boosting._typing import FloatArray
+from workers.keyed_draws import derive_key, standard_normal, uniform
+
+__all__ = ["GRID", "HESSIAN_BOUND", "SIGNIFICANT", "GradientNoise", "denoise", "derive_key",
+           "standard_normal", "uniform"]
 
 GRID = 2.0 ** -10
 """Noisy sums are multiples of ``GRID`` bounds: far below the noise (sigma >= 0.1 bound), far
@@ -69,37 +70,6 @@ SIGNIFICANT = 3.0
 HESSIAN_BOUND = {"binary": 0.25, "multiclass": 0.5, "regression": 1.0}
 """``h_max`` per objective: ``p (1 - p) <= 1/4``; softmax's ``2 p (1 - p) <= 1/2`` (the
 core's hessian, ``boosting.losses``); the squared loss's hessian is 1."""
-
-_NONCE = bytes(16)
-"""Every ChaCha20 key here is an HMAC output used for one stream, so a fixed nonce never
-repeats under a key."""
-
-
-def derive_key(secret: bytes, purpose: str, *parts: str | bytes) -> bytes:
-    """A 32-byte key for one use: HMAC-SHA256 under ``secret`` of the length-prefixed parts."""
-    message = bytearray()
-    for part in (purpose, *parts):
-        raw = part.encode() if isinstance(part, str) else part
-        message += struct.pack(">I", len(raw)) + raw
-    return hmac.new(secret, bytes(message), hashlib.sha256).digest()
-
-
-def uniform(key: bytes, count: int) -> FloatArray:
-    """``count`` uniforms in (0, 1) from the ChaCha20 keystream under ``key`` (53 bits each)."""
-    stream = Cipher(algorithms.ChaCha20(key, _NONCE), mode=None).encryptor()
-    words = np.frombuffer(stream.update(bytes(8 * count)), "<u8") >> np.uint64(11)
-    values: FloatArray = (words.astype(np.float64) + 0.5) * 2.0 ** -53
-    return values
-
-
-def standard_normal(key: bytes, count: int) -> FloatArray:
-    """``count`` N(0, 1) draws from the keystream under ``key`` (Box-Muller)."""
-    u = uniform(key, 2 * ((count + 1) // 2))
-    radius = np.sqrt(-2.0 * np.log(u[0::2]))
-    angle = 2.0 * np.pi * u[1::2]
-    values: FloatArray = np.stack([radius * np.cos(angle), radius * np.sin(angle)], axis=1)
-    return values.ravel()[:count]  # pairs in order: a longer draw starts with a shorter one
-
 
 @dataclass(frozen=True, slots=True)
 class GradientNoise:
