@@ -16,7 +16,7 @@ from messages.kinds import (BODY_TYPES, COMMANDS, OPENERS, PEER_MAIL,  # noqa: F
                             REPLIES, TRANSIENT, UNRECORDED, WORK, MsgType, import_extra)
 from messages.names import JOB_NAME_RULE, is_job_name
 
-WIRE_VERSION = 7
+WIRE_VERSION = 8
 """2: a row's packed (g, h, count) slots are sized by what they hold (``crypto.encoding``); a
 version-1 party would cut the bin sums apart in the wrong places, so the versions refuse each other.
 3: horizontal set-up counts cells of a public grid instead of sending quantile summaries, and a
@@ -33,7 +33,10 @@ Okamoto-Uchiyama modulus as a Paillier one.
 7: horizontal and SimFL train multiclass: the shared cuts (``SharedCuts.classes``) and SimFL's
 hash values and similar rows (``RowHashes.classes``, ``SimilarRows.classes``) carry the classes; SecureBoost's and horizontal
 specs carry differential privacy's settings (``dp_epsilon``, ``dp_clip``, ``dp_seed``,
-``dp_per_ensemble``)."""
+``dp_per_ensemble``).
+8: SimFL members send the aggregator keyed bucket ids (``RowHashes``, 8 bytes each) instead of
+hash values, and a contributor sends one noisy h total per tree (``SimilarGradients.h_total``)
+instead of h per row; a version-7 party would read the ids as windows and send per-row h."""
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """Refuse to parse anything larger; transports chunk big payloads well below this."""
 import_extra("messages")
