@@ -9,13 +9,14 @@
 #   deploy/netns-federation.sh shape NS RATE # token-bucket limit on NS's link, both directions
 #   deploy/netns-federation.sh shape NS off
 #   deploy/netns-federation.sh cut NS        # NS's link down (its cable pulled); mend NS: up again
+#   deploy/netns-federation.sh ctl ORG ARGS  # rabbitmqctl ARGS against ORG's broker
 #   deploy/netns-federation.sh env           # "name kind namespace address password" lines (root)
 #
 # Runs as root. Every name it makes starts with $FEDBOOST_NETNS_PREFIX (default "fbn"): namespaces
 # "fbn-<org>", host-side veths "fbnv<i>", the bridge "fbn-br". Addresses come from a private /24
 # of its own ($FEDBOOST_NETNS_NET, default 10.231.0): organisation i at .(10+i), inside its own
-# namespace only; the bridge gets .1 only with --bridge-address (so the root namespace can reach
-# the brokers). "--orgs" are organisations with a broker each, "--machines" are further
+# namespace only; the bridge gets .1 only with --bridge-address (so the root namespace, where a
+# test or a flow runs, can reach the brokers; then the /24 must not be routed here already). "--orgs" are organisations with a broker each, "--machines" are further
 # namespaces without one (e.g. a data provider's second machine). Each broker is node
 # "fbn-<org>@localhost" listening on <address>:5672 only, with a user "<org>" whose random password
 # is kept in the state folder ($FEDBOOST_NETNS_DIR, default /run/fedboost-netns; secrets/ root only).
@@ -150,6 +151,9 @@ cmd_up() {
     mkdir -p "$STATE/brokers" "$STATE/secrets"
     chmod 711 "$STATE" "$STATE/brokers"; chmod 700 "$STATE/secrets"
     : > "$STATE/hosts"  # from here on, down knows what to remove
+    if [ "$bridge_addr" = 1 ] && ip -4 route show | grep -q "^$NET\.0/24 "; then
+        rm -rf "$STATE"; die "$NET.0/24 is routed here already (another federation?): pick FEDBOOST_NETNS_NET"
+    fi
     ip link add "$BRIDGE" type bridge
     if [ "$bridge_addr" = 1 ]; then ip addr add "$NET.1/24" dev "$BRIDGE"; fi
     ip link set "$BRIDGE" up
@@ -255,9 +259,11 @@ case ${1:-} in
     down) cmd_down ;;
     status) cmd_status ;;
     env) cmd_env ;;
+    ctl) need_root; [ $# -ge 3 ] || die "usage: $0 ctl ORG ARGS..."; [ -e "$STATE/brokers/$2" ] || die "no broker of $2"
+        org=$2; shift 2; ctl "$org" "$@" ;;
     cut|mend) need_root; [ $# -eq 2 ] || die "usage: $0 $1 NAMESPACE"; [ -e "$STATE/hosts" ] || die "not up"
         dev=$(host_veth "$2"); if [ "$1" = cut ]; then ip link set "$dev" down; else ip link set "$dev" up; fi
         log "link of $2: $1" ;;
     shape) need_root; [ $# -eq 3 ] || die "usage: $0 shape NAMESPACE RATE|off"; [ -e "$STATE/hosts" ] || die "not up"; shape "$2" "$3" ;;
-    *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

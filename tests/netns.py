@@ -26,6 +26,8 @@ from typing import Any, NoReturn
 
 import pytest
 
+from fedboost.local_workers import FEDBOOST
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "deploy" / "netns-federation.sh"
 AMQP_PORT = 5672
@@ -56,6 +58,12 @@ class NetnsHost:
         """``args`` run inside this namespace."""
         return ["ip", "netns", "exec", self.namespace, *args]
 
+    @property
+    def fedboost(self) -> list[str]:
+        """This interpreter's ``fedboost`` CLI inside the namespace (``start_worker``'s
+        ``command``)."""
+        return self.command(FEDBOOST)
+
     def python(self, code: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """This interpreter running ``code`` (with ``argv``) inside the namespace; its output
         as text."""
@@ -74,8 +82,10 @@ class NetnsFederation:
                  bridge_address: bool = False, prefix: str | None = None) -> None:
         self.prefix = prefix or f"fb{uuid.uuid4().hex[:4]}"
         self.state = Path(f"/run/fedboost-netns-{self.prefix}")
+        # a /24 of this federation's own (10.231.1-254.0), so two sessions' bridges never meet
+        self.net = f"10.231.{int(self.prefix.encode().hex(), 16) % 254 + 1}"
         self.env = {**os.environ, "FEDBOOST_NETNS_PREFIX": self.prefix,
-                    "FEDBOOST_NETNS_DIR": str(self.state)}
+                    "FEDBOOST_NETNS_DIR": str(self.state), "FEDBOOST_NETNS_NET": self.net}
         self.hosts: dict[str, NetnsHost] = {}
         self._up_args = ["--orgs", ",".join(orgs)]
         if machines:
@@ -130,6 +140,10 @@ class NetnsFederation:
     def mend(self, name: str) -> None:
         self._ok(self.script("mend", name))
 
+    def rabbitmqctl(self, org: str, *args: str) -> str:
+        """``rabbitmqctl ARGS`` against ``org``'s broker; its output."""
+        return self._ok(self.script("ctl", org, *args))
+
     def status(self) -> str:
         return self._ok(self.script("status"))
 
@@ -168,8 +182,9 @@ def _unavailable(message: str) -> NoReturn:
 @pytest.fixture(scope="session")
 def netns_federation() -> Iterator[NetnsFederation]:
     """Organisations ``guest`` and ``host`` with a broker each, and ``host-2`` (the host's
-    second machine), each in its own namespace; removed at the end of the session."""
-    federation = up_or_skip(NetnsFederation())
+    second machine), each in its own namespace, the bridge's ``.1`` the test's own (where flows
+    run); removed at the end of the session."""
+    federation = up_or_skip(NetnsFederation(bridge_address=True))
     try:
         yield federation
     finally:

@@ -12,7 +12,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
+import pytest
+
+from fedboost.embedded import train_embedded
+from flows.config import load_config
+from flows.secureboost import vertical_secureboost
+from tests.cli_federation import CliFederation
 from tests.netns import (AMQP_PORT, NetnsFederation, NetnsHost, netns_federation,  # noqa: F401
                          up_or_skip)
 
@@ -151,3 +158,33 @@ def test_down_leaves_nothing_of_a_federation_behind() -> None:
     assert federation.prefix not in names
     assert federation.prefix not in links
     assert not federation.state.exists()
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_secureboost_between_workers_in_two_namespaces_over_a_broker_in_a_third(
+        netns_federation: NetnsFederation, tmp_path: Path) -> None:  # noqa: F811
+    """breast, 2 trees, 1024-bit: the guest's worker in the guest's namespace, the host's on the
+    host's second machine, both over the host organisation's broker in its own namespace (the
+    shared-broker topology, across hosts); the flow runs in the test's namespace. The model is
+    the in-memory run's, byte for byte."""
+    guest_host, host_machine = netns_federation["guest"], netns_federation["host-2"]
+    broker = netns_federation["host"]
+    fed = CliFederation(tmp_path / "federation", broker.broker_url, prefix="netns",
+                        job_file="breast.yaml", params={"n_trees": 2}, step_timeout=None)
+    fed.start(fed.guest, command=guest_host.fedboost)
+    fed.start(fed.host, command=host_machine.fedboost)
+    try:
+        config = load_config(fed.job_file)
+        result = vertical_secureboost(config)
+        # the workers' connections reached the broker from their own namespaces' addresses
+        peers = netns_federation.rabbitmqctl("host", "list_connections", "peer_host").split()
+    finally:
+        codes = fed.stop()
+    assert codes == [0, 0], f"{codes}: {fed.log(fed.guest)[-2000:]} {fed.log(fed.host)[-2000:]}"
+    assert guest_host.address in peers and host_machine.address in peers, peers
+    memory = config.model_copy(update={"transport": config.transport.model_copy(
+        update={"kind": "memory"})})
+    expected = train_embedded(memory, tmp_path / "memory")
+    assert result["train_auc"] == expected["train_auc"]
+    got = fed.models / config.job / config.active / "model.json"
+    assert got.read_bytes() == (tmp_path / "memory" / config.active / "model.json").read_bytes()
