@@ -150,6 +150,8 @@ def test_down_leaves_nothing_of_a_federation_behind() -> None:
         sleeper = federation["a"].popen(["sleep", "300"])
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert f"{federation.prefix}-a" in names and f"{federation.prefix}-b" in names
+        again = federation.script("up", "--orgs", "a", "--no-brokers")
+        assert again.returncode != 0 and "already up" in again.stderr
     finally:
         federation.down()
     assert sleeper.wait(timeout=20) != 0  # killed by down
@@ -188,3 +190,20 @@ def test_secureboost_between_workers_in_two_namespaces_over_a_broker_in_a_third(
     assert result["train_auc"] == expected["train_auc"]
     got = fed.models / config.job / config.active / "model.json"
     assert got.read_bytes() == (tmp_path / "memory" / config.active / "model.json").read_bytes()
+
+
+def test_a_partial_up_is_removed_whole() -> None:
+    """``up`` stopping half-way (a bad third name, after two namespaces were made): the fixture's
+    ``down`` removes what was made."""
+    federation = NetnsFederation(orgs=("a", "b", "Bad!"), machines=(), brokers=False)
+    try:
+        up_or_skip(federation)
+    except RuntimeError as exc:
+        assert "bad organisation name 'Bad!'" in str(exc)
+    else:
+        federation.down()
+        raise AssertionError("up accepted a bad name")
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert federation.prefix not in names and federation.prefix not in links
+    assert not federation.state.exists()
