@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from fedboost.local_workers import start_worker, stop_workers, worker_env
+from fedboost.local_workers import FEDBOOST, start_worker, stop_workers, worker_env
 from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
 
@@ -78,16 +78,18 @@ class CliFederation:
         return path
 
     def start(self, party: str, *, processes: int = 1, args: Iterable[str] = (),
-              log: Path | None = None, helper: bool = False) -> subprocess.Popen[bytes]:
+              log: Path | None = None, helper: bool = False,
+              command: Iterable[str] = FEDBOOST) -> subprocess.Popen[bytes]:
         """A worker process of ``party`` serving ``base.yaml`` (``helper``: one more process
-        of the party beside its worker, e.g. on another machine; it does not replace it)."""
+        of the party beside its worker, e.g. on another machine; it does not replace it),
+        started by ``command`` (e.g. the CLI inside a network namespace)."""
         if log is None:
             kind = f"helper-{uuid.uuid4().hex[:4]}" if helper else str(len(self.logs[party]))
             log = self.root / f"{party}-{kind}.log"
         if not helper:
             self.logs[party].append(log)
         proc = start_worker(party, self.job_file, log=log, cwd=self.root, env=self.env,
-                            args=["--models", str(self.models), "--processes", str(processes),
+                            command=command, args=["--models", str(self.models), "--processes", str(processes),
                                   *args])
         self.started.append(proc)
         if not helper:
