@@ -29,6 +29,10 @@ One thread owns the broker connection (pika's is not thread-safe). Requests queu
 thread; whenever fewer than ``max_in_flight`` rounds are out, the queued requests, up to
 ``max_rows`` rows, become one round: concurrent small requests are micro-batched. What a
 session is planned with and what its requests get back are in ``fedboost.scoring_session``.
+
+The module stays near 480 lines on purpose: rounds, their expiry and the watch on gone parties
+all run in the one thread that owns the connection and share its queues and rounds; split
+apart they would have to pass that state back and forth or take locks the single owner avoids.
 """
 
 from __future__ import annotations
