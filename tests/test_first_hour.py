@@ -81,7 +81,7 @@ def test_the_readme_api_example_runs_as_a_script_and_piped(tmp_path: Path) -> No
 @pytest.mark.parametrize("problem", ["missing file", "text column", "label 2"])
 def test_a_bad_data_file_answers_in_seconds(tmp_path: Path, problem: str) -> None:
     """Checked before Prefect and the workers start (they take tens of seconds on a busy
-    machine): one line, in under 5 s; a label a binary job cannot have among them, named by
+    machine): one line, in seconds (under 8 s with the interpreter's start); a label a binary job cannot have among them, named by
     row like the rest (not after PSI and binning)."""
     party = "guest" if problem == "label 2" else "host"
     bad = tmp_path / f"{party}.csv"
@@ -108,7 +108,9 @@ def test_a_bad_data_file_answers_in_seconds(tmp_path: Path, problem: str) -> Non
     assert ("not found" if problem == "missing file" else "row 41") in done.stderr
     if problem == "label 2":
         assert "label column 'y': 2 is not 0 or 1 (objective binary)" in done.stderr
-    assert took < 5, f"{problem}: {took:.1f} s"
+    # the process's start and imports take 2-5 s on a busy machine; the workers and Prefect's
+    # server, tens of seconds more, must not have started (the label 2 took 57.8 s before)
+    assert took < 8, f"{problem}: {took:.1f} s"
 
 
 def test_an_unreachable_broker_is_one_line_per_attempt_and_ctrl_c_one_line(

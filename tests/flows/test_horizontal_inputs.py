@@ -85,7 +85,9 @@ def test_non_binary_label_for_binary(tmp_path: Path, capsys: pytest.CaptureFixtu
 
     line, host = _host_file(tmp_path, capsys, spoil)
     assert "party host" in line and str(host) in line, line
-    assert "binary needs labels 0/1" in line and "found 2" in line, line
+    # the file's 7th data row (line 8 with the header), named where the member loads its file
+    assert "row 8," in line, line
+    assert "label column 'y': 2 is not 0 or 1 (objective binary)" in line, line
 
 
 def test_empty_member_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
