@@ -42,6 +42,17 @@ DATA = REPO.parent / "shared" / "data"
 NodeView = tuple[Any, ...]
 
 
+def fixed_checkpoint_keys(out: Path, parties: tuple[str, ...] | list[str], first: int) -> None:
+    """Give each party of an embedded run in ``out`` a fixed checkpoint key (party k's is the byte
+    ``first + k``, 32 times): what a party draws from its own key (SimFL's functions and noise,
+    horizontal subsamples) is then the same every run."""
+    for k, party in enumerate(parties):
+        own = out / ".fedboost" / party
+        own.mkdir(parents=True, mode=0o700)
+        (own / "checkpoint.key").write_bytes(bytes([first + k]) * 32)
+        (own / "checkpoint.key").chmod(0o600)
+
+
 def federated_view(out: Path, config: JobConfig) -> list[list[NodeView]]:
     """Trees of a federated model, passive nodes resolved through the owners' lookup tables."""
     model = load_model(out / config.active / "model.json")

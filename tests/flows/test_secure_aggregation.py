@@ -23,9 +23,9 @@ from boosting.losses import gradients
 from fedboost.embedded import FLOW_ENDPOINT, train_embedded
 from fedboost.joined import pool_members
 from flows.config import HorizontalJobConfig
-from messages.codec import to_wire
 from messages.envelope import Envelope, MsgType, decode_envelope
 from messages.transport import MemoryHub
+from tests.privacy import harness
 from tests.scenarios import DATA
 from workers.data import load_party_data
 from workers.horizontal.masking import unseal_sum
@@ -140,30 +140,7 @@ def test_aggregator_sees_only_masked_histograms(recorded: Recorded) -> None:
     assert _chi_square_p(plain["guest"].view(np.uint64)) < 1e-6
     assert np.mean(masked[("guest", 0, 0)] == plain["guest"].view(np.uint64)) < 0.01
     plain_bytes = plain["guest"].astype("<i8").tobytes()
-    assert not any(plain_bytes[:64] in _blobs(env.body) for _, env in to_aggregator)
-
-
-def _blobs(body: Any) -> bytes:
-    """Every bytes field of a message body, joined (msgpack of the body's wire form)."""
-    return b"".join(v for v in _leaves(to_wire(body)) if isinstance(v, bytes))
-
-
-def _numbers(body: Any) -> set[float]:
-    """Every float a message body carries: its float fields, and its bytes fields read as
-    float64 words (cuts, masked vectors, keys alike)."""
-    out: set[float] = set()
-    for value in _leaves(to_wire(body)):
-        if isinstance(value, float):
-            out.add(value)
-        elif isinstance(value, bytes) and len(value) % 8 == 0:
-            out.update(np.frombuffer(value, dtype="<f8").tolist())
-    return out
-
-
-def _leaves(value: Any) -> list[Any]:
-    if isinstance(value, (list, tuple)):
-        return [b for v in value for b in _leaves(v)]
-    return [value]
+    assert not any(plain_bytes[:64] in harness.blobs(env.body) for _, env in to_aggregator)
 
 
 def test_no_members_raw_value_reaches_another_party(recorded: Recorded) -> None:
@@ -175,7 +152,7 @@ def test_no_members_raw_value_reaches_another_party(recorded: Recorded) -> None:
     received: dict[str, set[float]] = {}
     for sender, recipient, env in recorded:
         if sender != recipient:
-            received.setdefault(recipient, set()).update(_numbers(env.body))
+            received.setdefault(recipient, set()).update(harness.numbers(env.body))
     assert set(received) == {*MEMBERS, "aggregator", FLOW_ENDPOINT}
 
     # no party received a raw value of a member that it does not hold itself, but for the

@@ -30,7 +30,7 @@ from benchmarks.simfl_privacy import (
 from flows.config import SimflJobConfig
 from messages.codec import to_wire
 from messages.envelope import MsgType
-from tests.scenarios import DATA
+from tests.scenarios import DATA, fixed_checkpoint_keys
 from workers.data import PartyData, load_party_data
 from workers.simfl.preprocess import lsh_of
 from workers.simfl.privacy import derive_key
@@ -43,11 +43,9 @@ PAIRS = [("guest", "host"), ("host", "guest")]
 def run(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory
         ) -> tuple[Recording, Path, dict[str, PartyData]]:
     out = tmp_path_factory.mktemp("simfl-privacy")
-    for k, member in enumerate(MEMBERS):  # fixed keys: the members' functions, and so how well
-        own = out / ".fedboost" / member  # they invert (one dimension is missing), are the same
-        own.mkdir(parents=True, mode=0o700)  # every run
-        (own / "checkpoint.key").write_bytes(bytes([k + 1]) * 32)
-        (own / "checkpoint.key").chmod(0o600)
+    # fixed keys: the members' functions, and so how well they invert (one dimension is
+    # missing), are the same every run
+    fixed_checkpoint_keys(out, MEMBERS, first=1)
     parties: dict[str, Any] = {m: {"role": "member", "data": str(DATA / f"breast_homo_{m}.csv"),
                                    "id": "id", "label": "y"} for m in MEMBERS}
     parties["aggregator"] = {"role": "aggregator"}

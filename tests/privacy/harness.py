@@ -216,26 +216,25 @@ def _auc(scores: np.ndarray, labels: np.ndarray) -> float:
 def best_direction_auc(features: np.ndarray, labels: np.ndarray, directions: int = 5) -> float:
     """The best AUC that any single column or any of the first ``directions`` principal
     directions of ``features`` (rows x fields) reaches on ``labels`` (either sign)."""
-    x = np.asarray(features, dtype=float)
-    x = x[:, np.isfinite(x).all(axis=0) & (np.ptp(x, axis=0) > 0)]
-    if x.shape[1] == 0:
-        return 0.5
-    centred = (x - x.mean(axis=0)) / x.std(axis=0)
-    _, _, vt = np.linalg.svd(centred, full_matrices=False)
-    projections = centred @ vt[:directions].T
-    candidates = [*centred.T, *projections.T]
-    return max(_auc(c, labels) for c in candidates)
+    candidates = _columns_and_directions(features, directions)
+    return max((_auc(c, labels) for c in candidates), default=0.5)
 
 
 def best_correlation(features: np.ndarray, target: np.ndarray, directions: int = 5) -> float:
     """The largest |Pearson correlation| of ``target`` with any column or principal direction
     of ``features``."""
+    t = np.asarray(target, dtype=float)
+    return max((abs(float(np.corrcoef(c, t)[0, 1]))
+                for c in _columns_and_directions(features, directions)), default=0.0)
+
+
+def _columns_and_directions(features: np.ndarray, directions: int) -> list[np.ndarray]:
+    """The standardised finite, non-constant columns of ``features`` and the projections on
+    its first ``directions`` principal directions (none when no column is left)."""
     x = np.asarray(features, dtype=float)
     x = x[:, np.isfinite(x).all(axis=0) & (np.ptp(x, axis=0) > 0)]
     if x.shape[1] == 0:
-        return 0.0
+        return []
     centred = (x - x.mean(axis=0)) / x.std(axis=0)
     _, _, vt = np.linalg.svd(centred, full_matrices=False)
-    t = np.asarray(target, dtype=float)
-    return max(abs(float(np.corrcoef(c, t)[0, 1]))
-               for c in [*centred.T, *(centred @ vt[:directions].T).T])
+    return [*centred.T, *(centred @ vt[:directions].T).T]

@@ -28,7 +28,7 @@ from benchmarks.simfl_privacy import Recording, best_guesses, builder_view
 from flows.config import SimflJobConfig
 from messages.envelope import MsgType
 from tests.privacy.harness import Transcript, best_correlation, best_direction_auc, record_training
-from tests.scenarios import DATA
+from tests.scenarios import DATA, fixed_checkpoint_keys
 from workers.data import load_party_data
 
 MEMBERS = ("guest", "host")
@@ -48,11 +48,8 @@ rows: 12e5b35 0.54/0.59, after 0.08/0.10."""
 def job(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) -> Transcript:
     out = tmp_path_factory.mktemp("simfl-geometry")
     OUT[:] = [out]
-    for k, member in enumerate(MEMBERS):  # fixed member keys: the same functions every run
-        own = out / ".fedboost" / member
-        own.mkdir(parents=True, mode=0o700)
-        (own / "checkpoint.key").write_bytes(bytes([k + 7]) * 32)
-        (own / "checkpoint.key").chmod(0o600)
+    # fixed member keys: the same functions every run
+    fixed_checkpoint_keys(out, MEMBERS, first=7)
     parties: dict[str, Any] = {m: {"role": "member", "data": str(DATA / f"breast_homo_{m}.csv"),
                                    "id": "id", "label": "y"} for m in MEMBERS}
     parties["aggregator"] = {"role": "aggregator"}
