@@ -7,13 +7,17 @@ of 100 ids each for a while. Each gives a ``Sample``: latencies (end to end in t
 rows, the responses that were not 200 or never came (``errors``), and the CPU time the service
 process spent; ``summary`` turns samples (several short ones, interleaved with another
 service's so both see the same load from the machine's other users) into rows/s, p50/p99.
+``wrk`` runs the independent load generator (``wrk`` with ``serving_wrk.lua``) against the same
+service.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
+import shutil
 import ssl
 import subprocess
 import time
@@ -154,3 +158,48 @@ def batches(clients: Clients, ids: list[str], concurrent: int, seconds: float,
         return sample
 
     return asyncio.run(run())
+
+
+WRK_SCRIPT = Path(__file__).with_name("serving_wrk.lua")
+
+
+def wrk_available() -> str | None:
+    """The ``wrk`` binary, or None (``apt-get install -y wrk`` on Debian)."""
+    return shutil.which("wrk")
+
+
+def wrk(clients: Clients, ids: list[str], *, mode: str, connections: int, threads: int,
+        seconds: float, work: Path, key_offset: int = 0) -> dict[str, Any]:
+    """An independent load generator against the service: ``wrk`` with
+    ``serving_wrk.lua`` posting JSON with an API key, one id per request from ``ids`` in turn
+    (``mode="single"``, each thread its own ids: never the same id twice while they last) or
+    ``BATCH`` random ids of ``ids`` per request (``mode="batch"``). Its summary line, with
+    rows/s and the service's CPU time per request."""
+    binary = wrk_available()
+    if binary is None:
+        return {"skipped": "wrk is not installed (apt-get install -y wrk)"}
+    work.mkdir(parents=True, exist_ok=True)
+    id_file = work / f"wrk-ids-{mode}.txt"
+    id_file.write_text("".join(f"{i}\n" for i in ids))
+    keys = [clients.keys[(key_offset + k) % len(clients.keys)] for k in range(threads)
+            ] if clients.keys else []
+    env = {**os.environ, "FB_IDS": str(id_file), "FB_KEYS": ",".join(keys), "FB_MODE": mode,
+           "FB_THREADS": str(threads), "FB_BATCH": str(BATCH)}
+    cpu = clients.cpu_seconds()
+    out = subprocess.run([binary, "-t", str(threads), "-c", str(connections), "-d",
+                          f"{max(1, round(seconds))}s", "--timeout", "30s", "-s",
+                          str(WRK_SCRIPT), f"{clients.base}/v1/score"], env=env,
+                         capture_output=True, text=True, timeout=seconds + 120)
+    cpu = clients.cpu_seconds() - cpu
+    line = next((x for x in out.stdout.splitlines() if x.startswith("FBWRK ")), None)
+    if out.returncode != 0 or line is None:
+        return {"skipped": f"wrk failed ({out.returncode}): {(out.stderr or out.stdout)[-300:]}"}
+    result: dict[str, Any] = json.loads(line[len("FBWRK "):])
+    ok = result["requests"] - result["non_2xx"]
+    rows = ok * (BATCH if mode == "batch" else 1)
+    result.update(rows_per_s=round(rows / result["seconds"], 1) if result["seconds"] else None,
+                  service_cpu_ms_per_request=round(cpu * 1e3 / result["requests"], 3)
+                  if result["requests"] else None, connections=connections, threads=threads)
+    for key in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms"):
+        result[key] = round(result[key], 2)
+    return result

@@ -120,6 +120,10 @@ class ScoringLink:
         """Parties known gone (no worker of theirs on the broker), with why."""
         self._gone_since = 0.0
         self._watched = 0.0
+        self._busy_at = 0.0
+        """When a round last went out or was answered (monotonic): the link is idle, and may
+        spend broker round trips on the watch, only a ``WATCH_SECONDS`` after it (a client
+        asking one row after another would otherwise wait for the watch once a second)."""
 
     # ---- the session ------------------------------------------------------------------------
 
@@ -185,11 +189,14 @@ class ScoringLink:
     def _serve(self) -> None:
         try:
             while not self._stopping:
+                # a reply that ends a membership round queues its requests for scoring: their
+                # round goes out before anything else the loop does
                 self._launch()
                 data = self.transport.receive(timeout=self._wait())
                 if data is not None:
                     self.transport.acknowledge()
                     self._file(data)
+                    self._launch()
                 self._expire()
                 self._watch()
         except Exception as exc:  # a bug, or a broker gone for longer than reconnects try
@@ -298,6 +305,7 @@ class ScoringLink:
                     500, f"round {self._number} could not be sent ({type(exc).__name__})"))
             return
         self._in_flight[task] = _Round(self._number, kind, requests, ids, time.monotonic())
+        self._busy_at = time.monotonic()
         if kind == MsgType.SCORE_ROWS:
             self.stats.rounds += 1
         else:
@@ -338,6 +346,7 @@ class ScoringLink:
                      f"{env.kind.name}"))
             return
         round_.replies[env.sender] = env.body
+        self._busy_at = time.monotonic()
         if self.observe is not None:
             self.observe(env.sender, "find" if round_.kind == MsgType.FIND_ROWS else "score",
                          time.monotonic() - round_.started)
@@ -436,12 +445,15 @@ class ScoringLink:
             self._watched = 0.0  # is it gone? look now: the requests queued behind it wait
 
     def _watch(self) -> None:
-        """Ask the broker which parties' workers are gone: when idle, when a round is late,
-        or while a party is gone, at most every ``WATCH_SECONDS``."""
+        """Ask the broker which parties' workers are gone: when idle (no round for a
+        ``WATCH_SECONDS``), when a round is late, or while a party is gone, at most every
+        ``WATCH_SECONDS``."""
         now = time.monotonic()
         late = any(now - r.started > WATCH_SECONDS for r in self._in_flight.values())
+        idle = (not self._in_flight and not self._queue and not self._submitted
+                and now - self._busy_at >= WATCH_SECONDS)
         if (now - self._watched < WATCH_SECONDS or self.coordinator.presence is None
-                or not (late or self.gone or not self._in_flight)):
+                or not (late or self.gone or idle)):
             return
         self._watched = now
         gone = self.coordinator.presence(self.plan.parties)

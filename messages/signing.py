@@ -13,6 +13,7 @@ Keys live in one folder: ``<name>.key`` (PKCS#8, 0600, only on the owner's machi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import secrets
@@ -48,6 +49,20 @@ gives up on a step after ``transport.step_timeout``, so an older command is of n
 anyone but a replayer). A worker sets its own (``max_message_age`` in its worker file)."""
 CLOCK_SKEW_SECONDS = 300.0
 """How far ahead of the receiver's clock a sender's may be."""
+
+
+@functools.lru_cache(maxsize=64)
+def _signing_key(private: bytes) -> Ed25519PrivateKey:
+    """The key object of a raw private key, made once per process (making one derives the
+    public key: as long as the signature itself; a ``Sealer`` keeps raw bytes to stay
+    picklable, so the objects are kept here)."""
+    return Ed25519PrivateKey.from_private_bytes(private)
+
+
+@functools.lru_cache(maxsize=1024)
+def _verifying_key(public: bytes) -> Ed25519PublicKey:
+    """The key object of a trusted raw public key, made once per process."""
+    return Ed25519PublicKey.from_public_bytes(public)
 
 
 class ForgedMessage(DecodeError):
@@ -169,7 +184,7 @@ class Sealer:
             sealed.update(v=SEAL_VERSION_E2E, to=to)
             body = encrypt_body(self._pair_key(to), body,
                                 _header(self.identity, nonce, sent_at, to))
-        signature = Ed25519PrivateKey.from_private_bytes(self.private).sign(
+        signature = _signing_key(self.private).sign(
             _signed_bytes(self.identity, nonce, sent_at, body, to))
         return msgpack.packb({**sealed, "envelope": body, "signature": signature},
                              use_bin_type=True)
@@ -208,7 +223,7 @@ class Sealer:
             raise ForgedMessage(f"message signed by {signer!r}: no public key for it")
         to = raw.get("to")
         try:
-            Ed25519PublicKey.from_public_bytes(public).verify(
+            _verifying_key(public).verify(
                 signature, _signed_bytes(signer, nonce, sent_at, body, to))
         except InvalidSignature:
             raise ForgedMessage(f"message signed by {signer!r}: bad signature") from None
