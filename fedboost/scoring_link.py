@@ -289,10 +289,13 @@ class ScoringLink:
             else ScoreRows(round=self._number, ids=ids, wait_seconds=float(self.plan.timeout)))
         sealer = self.coordinator.sealer
         try:  # the active party last: it waits for the others' decisions anyway
-            for party in [*self.plan.passives, self.plan.active]:
-                env = Envelope(job=self.plan.job, task=task, sender=self.transport.name,
-                               recipient=party, kind=kind, body=body)
-                self.transport.send(party, sealer.seal(env), persistent=False)
+            sealed = [(party, sealer.seal(Envelope(
+                job=self.plan.job, task=task, sender=self.transport.name, recipient=party,
+                kind=kind, body=body))) for party in [*self.plan.passives, self.plan.active]]
+            # every party's message out at once, not one broker confirm after another (three
+            # round trips to the broker before the last party had its message): the round's
+            # answers confirm it, and a round not answered in time fails its requests
+            self.transport.send_unconfirmed(sealed)
         except MessageError as exc:
             for request in requests:
                 self._finish(request, ScoringFailure(503, f"cannot reach the parties: {exc}"))

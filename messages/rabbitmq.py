@@ -107,6 +107,8 @@ class RabbitTransport(PartyWork):
         """Hands out work shards in the background (made on the first shard)."""
         self._woken = False
         """Set by ``wake`` (another thread): the waiting ``receive`` returns."""
+        self._unconfirmed: tuple[int, Any] | None = None
+        """The connection generation and channel of ``send_unconfirmed``."""
         self._connect(first=True)
 
     # ---- connection -------------------------------------------------------------------------
@@ -298,6 +300,51 @@ class RabbitTransport(PartyWork):
         """
         self._publish(queue_of(recipient), recipient, data,
                       wait_for_queue=not recipient.startswith("flow."), persistent=persistent)
+
+    def send_unconfirmed(self, messages: list[tuple[str, bytes]]) -> None:
+        """Deliver transient messages, each ``(recipient, data)`` to a party's inbox, without
+        waiting for the broker's confirm of each: ``send`` costs a round trip to the broker per
+        message before the next one goes, these are written out at once, on a channel of their
+        own without publisher confirms (never written to the broker's disk either).
+
+        Only for requests whose answer is their confirmation (the scoring service's rounds,
+        given up when not answered in time): a message the broker cannot route (its party's
+        queue is gone) or loses is logged, not raised, and its request goes unanswered. A
+        message larger than ``chunk_bytes`` goes through ``send``, as do all of them when the
+        channel cannot be had (``send`` reconnects)."""
+        try:
+            channel = self._unconfirmed_channel()
+        except _CONNECTION_ERRORS as exc:
+            log.warning("%s: no channel for unconfirmed sends (%r)", self.name, exc)
+            channel = None
+        for recipient, data in messages:
+            if channel is None or len(data) > self.chunk_bytes:
+                self.send(recipient, data, persistent=False)
+                continue
+            (_, body, props), = chunk_messages(queue_of(recipient), data, self.chunk_bytes,
+                                               persistent=False)
+            try:
+                channel.basic_publish("", queue_of(recipient), body, props, mandatory=True)
+            except _CONNECTION_ERRORS as exc:
+                log.warning("%s: connection lost while sending (%r)", self.name, exc)
+                channel = None
+                self.send(recipient, data, persistent=False)  # reconnects
+
+    def _unconfirmed_channel(self) -> Any:
+        """The connection's channel without publisher confirms (made once per connection)."""
+        made = self._unconfirmed
+        if made is not None and made[0] == self._generation and made[1].is_open:
+            return made[1]
+        channel = self._connection.channel()
+
+        def returned(_ch: Any, method: Any, _props: Any, _body: bytes) -> None:
+            log.warning("%s: the broker returned a message for %s (%s): no such queue; its "
+                        "request goes unanswered", self.name, method.routing_key,
+                        method.reply_text)
+
+        channel.add_on_return_callback(returned)
+        self._unconfirmed = (self._generation, channel)
+        return channel
 
     def _publish(self, queue: str, recipient: str, data: bytes, *,
                  wait_for_queue: bool, persistent: bool = True) -> None:
