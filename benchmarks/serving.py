@@ -184,7 +184,8 @@ def _service(work: Path, run: Path, url: str, case: str, mode: str, args: argpar
             flags = ["--insecure-no-auth", "--access-log", "off"]  # else: a version before
     proc = subprocess.Popen([sys.executable, "-m", "fedboost.cli", "serve-model", str(run),
                              "--port", str(port), "--max-ids", str(BATCH), "--round-rows",
-                             "4096", "--in-flight", str(args.in_flight), *flags],
+                             "4096", "--in-flight", str(args.in_flight), "--timeout",
+                             str(args.timeout), *flags],
                             stdout=log.open("w"), stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONPATH": str(code), "FEDBOOST_AMQP_URL": url},
                             cwd=code)
@@ -464,6 +465,9 @@ def main() -> None:
     parser.add_argument("--trace", type=int, default=200, metavar="ROWS",
                         help="then trace ROWS single rows inside a link in this process "
                              "(benchmarks.serving_trace; default 200, 0: none)")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="serve-model --timeout (default 30: opening the session indexes "
+                             "30,000 rows at each party, over 10 s on a loaded machine)")
     parser.add_argument("--in-flight", type=int, default=2,
                         help="serve-model --in-flight: scoring rounds out at once")
     args = parser.parse_args()

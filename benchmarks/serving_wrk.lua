@@ -1,6 +1,6 @@
 -- wrk's side of `python -m benchmarks.serving`: POST /v1/score with JSON bodies and an API key.
 --
---   FB_IDS=FILE FB_KEYS=KEY1,KEY2 FB_MODE=single|batch [FB_BATCH=100] [FB_SEED=1] \
+--   FB_IDS=FILE FB_KEYS=KEY1,KEY2 FB_THREADS=T FB_MODE=single|batch [FB_BATCH=100] [FB_SEED=1] \
 --     wrk -t T -c C -d 10s -s benchmarks/serving_wrk.lua https://127.0.0.1:PORT/v1/score
 --
 -- single: one id per request, each thread taking the ids of FILE (one a line) in turn from its

@@ -239,3 +239,27 @@ def test_errors_are_clear(rabbit_url: str, names: tuple[str, str]) -> None:
                                              r"\(connection refused\)"):
         RabbitTransport(names[0], "amqp://guest:guest@127.0.0.1:1/%2F", party=True,
                         reconnect_seconds=1.0)
+
+
+def test_unconfirmed_sends_arrive_in_order_and_a_missing_queue_raises_nothing(
+        rabbit_url: str, names: tuple[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    """``send_unconfirmed`` (the scoring service's rounds): every message arrives, in order,
+    a large one too (through ``send``); one for a party without a queue is logged as
+    returned, and the next send still works (the channel survives the return)."""
+    a = RabbitTransport(names[0], rabbit_url, party=True, chunk_bytes=1024)
+    b = RabbitTransport(names[1], rabbit_url, party=True, chunk_bytes=1024)
+    nobody = f"z{uuid.uuid4().hex[:8]}"
+    try:
+        big = bytes(range(256)) * 41  # above chunk_bytes: chunked, confirmed
+        a.send_unconfirmed([(names[1], b"one"), (names[1], b"two"), (names[1], big)])
+        assert [_receive(b), _receive(b), _receive(b)] == [b"one", b"two", big]
+        with caplog.at_level("WARNING", logger="fedboost.transport"):
+            a.send_unconfirmed([(nobody, b"lost")])
+            assert a.receive(1.0) is None  # the broker's return is handled while receiving
+        assert any("returned a message" in r.getMessage() and nobody in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
+        a.send_unconfirmed([(names[1], b"three")])
+        assert _receive(b) == b"three"
+    finally:
+        a.close()
+        b.close()
