@@ -11,6 +11,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -68,12 +69,11 @@ def test_after_any_json_body_the_next_valid_request_is_answered(
     assert after.status_code == 200, (body, after.text)
 
 
-def test_a_round_that_cannot_be_sent_fails_its_requests_not_the_link(
-        federation: Federation, api_key: str) -> None:
-    """Past the API's checks (a caller of the link itself): the encoder refuses the round's
-    ids in the link's thread; that round's request fails, the next is scored."""
+@contextmanager
+def _direct_link(federation: Federation) -> Iterator[Any]:
+    """A scoring link in this process (no HTTP) at the federation's workers, started."""
     from fedboost.scoring_link import ScoringLink
-    from fedboost.scoring_session import Scored, ScoringFailure, SessionPlan
+    from fedboost.scoring_session import SessionPlan
     from fedboost.serving import _datasets, _job_of
     from flows.coordinator import broker_coordinator
 
@@ -89,18 +89,32 @@ def test_a_round_that_cannot_be_sent_fails_its_requests_not_the_link(
     link.open()
     link.start()
     try:
-        outcomes: list[Scored | ScoringFailure] = []
-        for ids in (["\ud800"], breast_ids()[:3]):
-            got: list[Scored | ScoringFailure] = []
-            link.submit(ids, got.append)
-            deadline = time.monotonic() + ANSWER_SECONDS
-            while not got and time.monotonic() < deadline:
-                time.sleep(0.02)
-            outcomes.extend(got or [ScoringFailure(0, "no answer")])
+        yield link
     finally:
         link.stop()
         coordinator.transport.delete_inbox()  # type: ignore[attr-defined]
         coordinator.transport.close()
+
+
+def _answer(link: Any, ids: list[str]) -> Any:
+    from fedboost.scoring_session import ScoringFailure
+
+    got: list[Any] = []
+    link.submit(ids, got.append)
+    deadline = time.monotonic() + ANSWER_SECONDS
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return got[0] if got else ScoringFailure(0, "no answer")
+
+
+def test_a_round_that_cannot_be_sent_fails_its_requests_not_the_link(
+        federation: Federation, api_key: str) -> None:
+    """Past the API's checks (a caller of the link itself): the encoder refuses the round's
+    ids in the link's thread; that round's request fails, the next is scored."""
+    from fedboost.scoring_session import Scored, ScoringFailure
+
+    with _direct_link(federation) as link:
+        outcomes = [_answer(link, ids) for ids in (["\ud800"], breast_ids()[:3])]
     failed, scored = outcomes
     assert isinstance(failed, ScoringFailure) and failed.status == 500, vars(failed)
     assert "could not be sent (UnicodeEncodeError)" in failed.message
@@ -150,3 +164,36 @@ def test_a_scoring_link_that_stops_ends_the_process_non_zero(
         service.stop()
         subprocess.run([rabbitmqctl(), "-q", "delete_user", user], capture_output=True,
                        timeout=120)
+
+
+def test_the_watch_on_gone_parties_waits_for_an_idle_link_not_between_requests(
+        federation: Federation, api_key: str) -> None:
+    """The watch asks the broker about every party (round trips on the link's thread): one
+    client asking row after row for 3.5 s must not wait for it (on the code before, it ran in
+    the gap after an answer once a second: 3 times); an idle link still watches."""
+    from fedboost.scoring_session import Scored
+
+    with _direct_link(federation) as link:
+        asked: list[float] = []
+        real = link.coordinator.presence
+
+        def presence(parties: list[str]) -> dict[str, str]:
+            asked.append(time.monotonic())
+            return real(parties)
+
+        link.coordinator.presence = presence
+        deadline = time.monotonic() + ANSWER_SECONDS
+        while not asked and time.monotonic() < deadline:  # a new link is idle: it watches
+            time.sleep(0.01)
+        asked.clear()
+        ids = breast_ids()
+        started, k = time.monotonic(), 0
+        while time.monotonic() - started < 3.5:
+            outcome = _answer(link, [ids[k % len(ids)]])
+            assert isinstance(outcome, Scored), vars(outcome)
+            k += 1
+        busy = list(asked)
+        time.sleep(2.5)  # idle: the watch runs (a party killed now is still named at once)
+        # one: a round late by a second on a loaded machine is watched, rightly
+        assert len(busy) <= 1, f"{len(busy)} watches during {k} requests one after another"
+        assert asked, "an idle link did not watch the parties"
