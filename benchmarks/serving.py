@@ -542,7 +542,7 @@ def run_cases(work: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]
             if args.trace:
                 from benchmarks.serving_trace import show, signing_ab, trace
 
-                results[case]["trace"] = trace(run, ids, args.trace)
+                results[case]["trace"] = trace(run, ids, args.trace, args.url)
                 results[case]["signing_us"] = signing_ab()
                 print(f"{case}: inside the link (in this process, this checkout's code):")
                 show(results[case]["trace"])

@@ -54,8 +54,12 @@ class _Timed:
         return timed
 
 
-def trace(run: Path, ids: list[str], rows: int, seed: int = 3) -> dict[str, Any]:
-    """Per phase, the median milliseconds of a request never asked before and of one found."""
+def trace(run: Path, ids: list[str], rows: int, url: str | None = None,
+          seed: int = 3) -> dict[str, Any]:
+    """Per phase, the median milliseconds of a request never asked before and of one found
+    (``url``: the broker, else ``FEDBOOST_AMQP_URL``)."""
+    if url:
+        os.environ["FEDBOOST_AMQP_URL"] = url  # the job file names no broker password
     config = _job_of(run)
     plan = SessionPlan(job=f"{config.job[:40]}-trace-{uuid.uuid4().hex[:8]}",
                        model_job=config.job, protocol=config.protocol, active=config.active,
