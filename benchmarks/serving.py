@@ -471,6 +471,11 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=2,
                         help="serve-model --in-flight: scoring rounds out at once")
     args = parser.parse_args()
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM (e.g. timeout(1)) cleans up as Ctrl-C does
+
+    signal.signal(signal.SIGTERM, interrupted)
     if args.compare_with is not None:
         args.compare_with = args.compare_with.resolve()
     load = _loads()
