@@ -202,7 +202,7 @@ def measure(args: argparse.Namespace, hosts: Hosts, scheme: str, profile: Profil
     windows = tree_windows(state.state_details.flow_run_id)
     chunks = json.loads(record.read_text())["chunks"] if relay is not None else []
     per_tree = []
-    for tree, seconds in enumerate(result["tree_seconds"], start=1):
+    for tree, seconds in enumerate(result["tree_seconds"]):
         w = windows[tree]
         inside = [c for c in chunks if w["start"] <= c[0] < w["end"]]
         per_tree.append({
@@ -291,6 +291,8 @@ def main() -> None:
     if os.geteuid() != 0:
         parser.error("runs as root: it makes network namespaces")
     _prefect_env.configure()
+    import flows.secureboost  # noqa: F401  (Prefect's loggers exist from here on)
+
     for name in ("prefect", "prefect.task_runs", "prefect.flow_runs"):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
