@@ -41,7 +41,6 @@ import logging
 import os
 import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,7 @@ import yaml
 from benchmarks.rabbitmq import _job
 from benchmarks.wan_relay import PROFILES, Profile, start_relay, turns
 from fedboost import _prefect_env
+from flows.broker_settings import AMQP_URL_ENV
 from fedboost.local_workers import FEDBOOST, start_worker, stop_workers, worker_env
 from messages.rabbit_queues import delete_party_queues
 
@@ -99,6 +99,13 @@ class Hosts:
     def broker(self) -> str:
         _, address, password = self.hosts["guest"]
         return f"amqp://guest:{password}@{address}:5672/%2F"
+
+    @property
+    def broker_in_job(self) -> str:
+        """The broker's URL for the job file, without the password (which reaches the flow and
+        the workers as ``FEDBOOST_AMQP_URL``, so Prefect never stores it)."""
+        _, address, _ = self.hosts["guest"]
+        return f"amqp://guest@{address}:5672/%2F"
 
     def shape(self, profile: Profile) -> None:
         self.script("shape", "host", profile.rate or "off", profile.burst)
@@ -165,7 +172,7 @@ def measure(args: argparse.Namespace, hosts: Hosts, scheme: str, profile: Profil
     from flows.secureboost import vertical_secureboost
 
     url = hosts.broker
-    path, (guest, host) = job_file(args, work, url, scheme, data)
+    path, (guest, host) = job_file(args, work, hosts.broker_in_job, scheme, data)
     record = work / f"relay-{uuid.uuid4().hex[:6]}.json"
     relay, host_url = None, url
     procs = []
@@ -186,9 +193,11 @@ def measure(args: argparse.Namespace, hosts: Hosts, scheme: str, profile: Profil
                 env=worker_env(FEDBOOST_AMQP_URL=party_url),
                 args=["--models", str(work / "models"), "--processes", str(n),
                       "--log-level", "WARNING"]))
+        os.environ[AMQP_URL_ENV] = url  # the flow's (this process's) broker
         state = vertical_secureboost(load_config(path), return_state=True)
         result = state.result()
     finally:
+        os.environ.pop(AMQP_URL_ENV, None)
         codes = stop_workers(procs)
         if relay is not None:
             relay.terminate()
