@@ -6,7 +6,7 @@
 #                                 [--rate RATE] [--bridge-address]
 #   deploy/netns-federation.sh down          # removes everything it made, also after a partial up
 #   deploy/netns-federation.sh status        # what is up (no passwords)
-#   deploy/netns-federation.sh shape NS RATE # token-bucket limit on NS's link, both directions
+#   deploy/netns-federation.sh shape NS RATE [BURST] # token-bucket limit on NS's link, both ways
 #   deploy/netns-federation.sh shape NS off
 #   deploy/netns-federation.sh cut NS        # NS's link down (its cable pulled); mend NS: up again
 #   deploy/netns-federation.sh ctl ORG ARGS  # rabbitmqctl ARGS against ORG's broker
@@ -113,7 +113,7 @@ host_veth() {  # the bridge-side end of namespace (or organisation) $1's link
 }
 
 shape() {  # token bucket on both ends of namespace $1's link: what leaves and what enters it
-    local ns=$1 rate=$2 veth
+    local ns=$1 rate=$2 burst=${3:-32kbit} veth
     [[ $ns == "${PREFIX}-"* ]] || ns="${PREFIX}-$ns"
     veth=$(host_veth "$ns")
     for side in "host" "ns"; do
@@ -121,10 +121,10 @@ shape() {  # token bucket on both ends of namespace $1's link: what leaves and w
         if [ "$side" = ns ]; then run=(ip netns exec "$ns"); dev=eth0; fi
         "${run[@]}" tc qdisc del dev "$dev" root 2>/dev/null || true
         if [ "$rate" != off ]; then
-            "${run[@]}" tc qdisc add dev "$dev" root tbf rate "$rate" burst 32kbit latency 400ms
+            "${run[@]}" tc qdisc add dev "$dev" root tbf rate "$rate" burst "$burst" latency 400ms
         fi
     done
-    log "link of $ns: ${rate}"
+    log "link of $ns: ${rate} (burst $burst)"
 }
 
 cmd_up() {
@@ -264,6 +264,6 @@ case ${1:-} in
     cut|mend) need_root; [ $# -eq 2 ] || die "usage: $0 $1 NAMESPACE"; [ -e "$STATE/hosts" ] || die "not up"
         dev=$(host_veth "$2"); if [ "$1" = cut ]; then ip link set "$dev" down; else ip link set "$dev" up; fi
         log "link of $2: $1" ;;
-    shape) need_root; [ $# -eq 3 ] || die "usage: $0 shape NAMESPACE RATE|off"; [ -e "$STATE/hosts" ] || die "not up"; shape "$2" "$3" ;;
+    shape) need_root; [ $# -eq 3 ] || [ $# -eq 4 ] || die "usage: $0 shape NAMESPACE RATE|off [BURST]"; [ -e "$STATE/hosts" ] || die "not up"; shape "$2" "$3" "${4:-32kbit}" ;;
     *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

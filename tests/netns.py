@@ -9,6 +9,11 @@ that skips the finally). Where namespaces cannot be made (not root, ``ip netns a
 no ``rabbitmq-server``) tests using it skip, and fail under ``CI=true``, as ``rabbit_url`` does.
 
 Import the fixture into a test module: ``from tests.netns import netns_federation  # noqa: F401``.
+
+WAN profiles (``PROFILES``: ``lan``, ``1gbit-5ms``, ``100mbit-50ms``, ``10mbit-50ms``, from
+``benchmarks.wan_relay``): ``NetnsFederation.wan(name, profile, target)`` rate-limits ``name``'s
+link (``tc tbf``) and starts the delay relay inside ``name``'s namespace in front of ``target``
+(this kernel has no netem), for as long as the ``with`` block lasts.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
 
+from benchmarks.wan_relay import PROFILES, Profile, start_relay
 from fedboost.local_workers import FEDBOOST
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,9 +136,30 @@ class NetnsFederation:
     def __getitem__(self, name: str) -> NetnsHost:
         return self.hosts[name]
 
-    def shape(self, name: str, rate: str) -> None:
-        """A token-bucket rate (``"8mbit"``) on ``name``'s link, both ways; ``"off"`` lifts it."""
-        self._ok(self.script("shape", name, rate))
+    def shape(self, name: str, rate: str, burst: str | None = None) -> None:
+        """A token-bucket rate (``"8mbit"``) on ``name``'s link, both ways; ``"off"`` lifts it;
+        ``burst``: the bucket's depth (default 32kbit)."""
+        self._ok(self.script("shape", name, rate, *([burst] if burst else [])))
+
+    @contextmanager
+    def wan(self, name: str, profile: str | Profile, target: tuple[str, int],
+            listen_port: int = 5673, record: Path | None = None) -> Iterator[tuple[str, int]]:
+        """``name``'s link as the WAN ``profile``: its rate on the link, and a delay relay in
+        ``name``'s namespace to ``target`` (e.g. a broker's address and port); yields the
+        address to connect to from ``name``'s namespace instead of ``target``. The relay
+        writes its chunk record to ``record`` when the block ends; the link's limit is lifted."""
+        link = PROFILES[profile] if isinstance(profile, str) else profile
+        self.shape(name, link.rate or "off", link.burst)
+        try:
+            relay = start_relay(self[name].command([]), ("127.0.0.1", listen_port), target,
+                                link.delay, record)
+            try:
+                yield "127.0.0.1", listen_port
+            finally:
+                relay.terminate()
+                relay.wait(timeout=30)
+        finally:
+            self.shape(name, "off")
 
     def cut(self, name: str) -> None:
         """``name``'s link down: nothing reaches it or leaves it over the bridge."""
