@@ -1,7 +1,12 @@
 """RabbitMQ transport (pika): the same ``Transport`` interface over a broker.
 
 Queues (``messages.rabbit_queues``): a party's inbox, its work queue and claim pools
-(``messages.rabbit_work``), a flow run's reply queue.
+(``messages.rabbit_work``), a flow run's reply queue. On a broker of one organisation among
+several (``messages.broker_links``) two exchanges of the brokers' definitions may exist, looked
+up on every connect: a party publishes its replies to flow runs to ``fedboost.flows.out`` (the
+flows run at another organisation's broker), and a flow run binds its reply queue to
+``fedboost.flows.in`` (where other organisations' replies arrive). Without them (one shared
+broker) nothing changes.
 
 Delivery: messages are persistent and published with confirms, to a queue that must exist
 (``mandatory``), so a send either reached the broker's disk or raises. A received message is
@@ -31,7 +36,8 @@ from messages._work_publisher import WorkPublisher
 from messages.broker_url import host_of, redact
 from messages.chunks import (DEFAULT_MAX_PARTIALS, DEFAULT_PARTIAL_SECONDS, ORDINARY_ROOM,
                              FrameSigner, Manifest, Reassembly, chunk_messages)
-from messages.rabbit_queues import FLOW_QUEUE_ARGUMENTS, INBOX_ARGUMENTS, queue_of, work_queue_of
+from messages.rabbit_queues import (FLOW_QUEUE_ARGUMENTS, FLOWS_IN, FLOWS_OUT, INBOX_ARGUMENTS,
+                                    queue_of, work_queue_of)
 from messages.rabbit_work import Delivery, PartyWork
 from messages.tls import TlsOptions, certificate_problem, ssl_options_for
 
@@ -105,6 +111,8 @@ class RabbitTransport(PartyWork):
         self._inbox_tag: str | None = None
         self._publisher: WorkPublisher | None = None
         """Hands out work shards in the background (made on the first shard)."""
+        self._flows_out = ""
+        """``FLOWS_OUT`` where this broker sends flow replies on to another organisation's."""
         self._woken = False
         """Set by ``wake`` (another thread): the waiting ``receive`` returns."""
         self._connect(first=True)
@@ -167,11 +175,29 @@ class RabbitTransport(PartyWork):
         channel.basic_qos(prefetch_count=self.inbox_prefetch)
         self._inbox_tag = channel.basic_consume(self.inbox, self._on_message(self.inbox),
                                                 auto_ack=False)
+        if self.party:
+            self._flows_out = FLOWS_OUT if self._exchange_exists(FLOWS_OUT) else ""
+        elif self._exchange_exists(FLOWS_IN):  # replies shovelled in from other organisations
+            channel.queue_bind(self.inbox, FLOWS_IN, routing_key=self.inbox)
         self._work_tag = None
         if self.work is not None:
             channel.queue_declare(self.work, durable=True)
             if self._taking_work:
                 self._consume_work()
+
+    def _exchange_exists(self, exchange: str) -> bool:
+        """Whether the broker has ``exchange`` (a passive declare needs no permission; a
+        missing exchange closes the channel it was asked on, so a channel of its own)."""
+        channel = self._connection.channel()
+        try:
+            channel.exchange_declare(exchange, passive=True)
+            return True
+        except px.ChannelClosedByBroker as exc:
+            if exc.reply_code == 404:
+                return False
+            raise
+        finally:
+            close_channel_quietly(channel)
 
     def _drop_connection(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
@@ -296,11 +322,12 @@ class RabbitTransport(PartyWork):
         A party's queue that does not exist yet is waited for (its worker may be starting); a
         flow run's queue that does not exist means the run is over, and the reply is dropped.
         """
-        self._publish(queue_of(recipient), recipient, data,
-                      wait_for_queue=not recipient.startswith("flow."), persistent=persistent)
+        flow = recipient.startswith("flow.")
+        self._publish(queue_of(recipient), recipient, data, wait_for_queue=not flow,
+                      persistent=persistent, exchange=self._flows_out if flow else "")
 
     def _publish(self, queue: str, recipient: str, data: bytes, *,
-                 wait_for_queue: bool, persistent: bool = True) -> None:
+                 wait_for_queue: bool, persistent: bool = True, exchange: str = "") -> None:
         if not isinstance(data, bytes):
             raise TypeError("transports carry bytes only")
         if len(data) > self.max_message_bytes:
@@ -315,17 +342,17 @@ class RabbitTransport(PartyWork):
             for _, _, props in chunks:
                 props.headers.update(signed)
         for _, chunk, props in chunks:
-            if not self._publish_one(queue, recipient, chunk, props, wait_for_queue):
+            if not self._publish_one(queue, recipient, chunk, props, wait_for_queue, exchange):
                 return
 
     def _publish_one(self, queue: str, recipient: str, body: bytes, props: Any,
-                     wait_for_queue: bool) -> bool:
+                     wait_for_queue: bool, exchange: str = "") -> bool:
         """Publish until the broker confirms; a chunk published twice is dropped on receipt."""
         deadline = time.monotonic() + self.reconnect_seconds
         delay = 0.5
         while True:
             try:
-                self._channel.basic_publish("", queue, body, props, mandatory=True)
+                self._channel.basic_publish(exchange, queue, body, props, mandatory=True)
                 return True
             except px.UnroutableError:
                 if not wait_for_queue:
