@@ -11,6 +11,7 @@
 #   deploy/netns-federation.sh shape NS off
 #   deploy/netns-federation.sh cut NS        # NS's link down (its cable pulled); mend NS: up again
 #   deploy/netns-federation.sh ctl ORG ARGS  # rabbitmqctl ARGS against ORG's broker
+#   deploy/netns-federation.sh restart ORG   # ORG's broker node stopped and started again
 #   deploy/netns-federation.sh env           # "name kind namespace address password" lines (root)
 #   deploy/netns-federation.sh links         # per-org: "ORG {shovel status}" lines
 #
@@ -319,6 +320,21 @@ cmd_env() {  # for the pytest fixture: one line per host, passwords included (ro
     done 3< "$STATE/hosts"
 }
 
+cmd_restart() {  # the node stopped (its Erlang VM gone) and started again on its own data
+    need_root
+    local org=$1 ns addr n k name
+    [ -e "$STATE/brokers/$org" ] || die "no broker of $org"
+    ctl "$org" stop >/dev/null 2>&1 || true
+    while read -r ns addr n k name <&3; do
+        [ "$name" = "$org" ] && start_broker "$org" "$addr"
+    done 3< "$STATE/hosts"
+    timeout "$BROKER_WAIT" bash -c "$(declare -f in_ns node_of rabbit_env ctl); \
+        PREFIX='$PREFIX' STATE='$STATE' AMQP_PORT='$AMQP_PORT'; \
+        until ctl '$org' await_startup >/dev/null 2>&1; do sleep 1; done" \
+        || die "broker of $org did not start again within ${BROKER_WAIT}s"
+    log "broker of $org restarted"
+}
+
 cmd_links() {  # each broker's shovels: "ORG {json of its shovel_status}" (state running, ...)
     need_root
     [ -d "$STATE/links" ] || die "not up with --per-org"
@@ -333,6 +349,7 @@ cmd_links() {  # each broker's shovels: "ORG {json of its shovel_status}" (state
 case ${1:-} in
     up) shift; cmd_up "$@" ;;
     links) cmd_links ;;
+    restart) [ $# -eq 2 ] || die "usage: $0 restart ORG"; cmd_restart "$2" ;;
     down) cmd_down ;;
     status) cmd_status ;;
     env) cmd_env ;;
@@ -342,5 +359,5 @@ case ${1:-} in
         dev=$(host_veth "$2"); if [ "$1" = cut ]; then ip link set "$dev" down; else ip link set "$dev" up; fi
         log "link of $2: $1" ;;
     shape) need_root; [ $# -eq 3 ] || die "usage: $0 shape NAMESPACE RATE|off"; [ -e "$STATE/hosts" ] || die "not up"; shape "$2" "$3" ;;
-    *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

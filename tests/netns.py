@@ -153,6 +153,11 @@ class NetnsFederation:
     def mend(self, name: str) -> None:
         self._ok(self.script("mend", name))
 
+    def restart(self, org: str) -> None:
+        """``org``'s broker node stopped and started again (its durable queues and messages,
+        users and shovels come back from its own data folder)."""
+        self._ok(self.script("restart", org))
+
     def rabbitmqctl(self, org: str, *args: str) -> str:
         """``rabbitmqctl ARGS`` against ``org``'s broker; its output."""
         return self._ok(self.script("ctl", org, *args))

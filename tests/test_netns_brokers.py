@@ -11,16 +11,21 @@ lender, where the flows run) and ``host``, each in its own namespace with its ow
 from __future__ import annotations
 
 import json
+import re
 import textwrap
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pytest
 
 from fedboost.embedded import train_embedded
 from flows.config import load_config
+from flows.progress import PartiesSilent, listening
 from flows.secureboost import vertical_secureboost
 from tests.cli_federation import CliFederation
 from tests.netns import NetnsFederation, up_or_skip
@@ -149,10 +154,11 @@ def test_secureboost_across_two_organisations_brokers_joined_by_shovels(
     try:
         config = load_config(fed.job_file)
         result = vertical_secureboost(config)
-        # network connections (a shovel's own end on its broker is a direct one)
-        seen = {org: [line.split("\t")[1:] for line in per_org.rabbitmqctl(
-                    org, "list_connections", "type", "user", "peer_host").splitlines()
-                      if line.startswith("network")] for org in ("guest", "host")}
+        # connections over the bridge (a shovel's own end on its broker is a direct one)
+        seen = {org: [line.split("\t") for line in per_org.rabbitmqctl(
+                    org, "list_connections", "user", "peer_host").splitlines()
+                      if line.split("\t")[-1].startswith(per_org.net + ".")]
+                for org in ("guest", "host")}
     finally:
         codes = fed.stop()
     assert codes == [0, 0], f"{codes}: {fed.log(fed.guest)[-2000:]} {fed.log(fed.host)[-2000:]}"
@@ -167,3 +173,121 @@ def test_secureboost_across_two_organisations_brokers_joined_by_shovels(
     assert result["train_auc"] == expected["train_auc"]
     got = fed.models / config.job / config.active / "model.json"
     assert got.read_bytes() == (tmp_path / "memory" / config.active / "model.json").read_bytes()
+
+
+# ---- faults across hosts (item 5) -----------------------------------------------------------
+
+FAULT_TREES = 3
+
+
+class _Run:
+    """A SecureBoost job (breast, ``FAULT_TREES`` trees) between a guest worker in the guest's
+    namespace and a host worker in the host's (each on its own broker), its flow in a thread
+    of this process on the guest's broker, every waiting notice kept with its time."""
+
+    def __init__(self, federation: NetnsFederation, root: Path, name: str) -> None:
+        self.guest, self.host = federation["guest"], federation["host"]
+        self.fed = CliFederation(root, self.guest.broker_url, prefix=name, job_file="breast.yaml",
+                                 params={"n_trees": FAULT_TREES}, step_timeout=None, tag=TAG)
+        self.config = load_config(self.fed.job_file)
+        self.notices: list[tuple[float, PartiesSilent]] = []
+        self.result: dict[str, Any] | BaseException | None = None
+        self.thread = threading.Thread(target=self._flow, daemon=True)
+
+    def _hear(self, event: object) -> None:
+        if isinstance(event, PartiesSilent):
+            self.notices.append((time.monotonic(), event))
+
+    def _flow(self) -> None:
+        try:
+            with listening(None, self._hear):
+                self.result = vertical_secureboost(self.config)
+        except BaseException as exc:  # handed to the test's thread by finish()
+            self.result = exc
+
+    def start(self) -> None:
+        self.fed.start(self.fed.guest, command=self.guest.fedboost)
+        self.fed.start(self.fed.host, command=self.host.fedboost, url=self.host.broker_url)
+        self.thread.start()
+
+    def wait_mid_tree(self, seconds: float = 300) -> None:
+        """Until the guest's worker has begun tree 1's second level (tree 0 is done)."""
+        started = re.compile(rf"job={re.escape(self.config.job)} step=\S+ task=\S+/t1/d1")
+        deadline = time.monotonic() + seconds
+        while not started.search(self.fed.log(self.fed.guest)):
+            assert time.monotonic() < deadline, "tree 1 did not start"
+            assert self.thread.is_alive(), f"the flow ended early: {self.result!r}"
+            time.sleep(0.2)
+
+    def finish(self, seconds: float = 600) -> dict[str, Any]:
+        self.thread.join(seconds)
+        codes = self.fed.stop()
+        assert not self.thread.is_alive(), "the flow did not finish"
+        if isinstance(self.result, BaseException):
+            raise self.result
+        assert codes == [0, 0], f"{codes}: {self.fed.log(self.fed.host)[-3000:]}"
+        assert isinstance(self.result, dict)
+        return self.result
+
+    def assert_uninterrupted_model(self, tmp_path: Path) -> None:
+        memory = self.config.model_copy(update={"transport": self.config.transport.model_copy(
+            update={"kind": "memory"})})
+        train_embedded(memory, tmp_path / "memory")
+        got = self.fed.models / self.config.job / self.config.active / "model.json"
+        expected = tmp_path / "memory" / self.config.active / "model.json"
+        assert got.read_bytes() == expected.read_bytes()
+
+    def named_host_within(self, since: float, seconds: float) -> list[str]:
+        """The notices that named the host (silent, or noted) within ``seconds`` of ``since``."""
+        return [event.text() for at, event in self.notices
+                if since <= at <= since + seconds and HOST in event.text()]
+
+
+CUT_SECONDS = [pytest.param(40, id="cut-40s"),
+               pytest.param(60, id="cut-60s", marks=pytest.mark.heavy)]
+
+
+@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.parametrize("cut_seconds", CUT_SECONDS)
+def test_the_link_between_two_organisations_cut_mid_tree(
+        per_org: NetnsFederation, tmp_path: Path, cut_seconds: int) -> None:
+    """The host organisation's cable pulled mid-tree (its broker and worker keep running, but
+    neither the guest's broker nor the flow reach them): the flow names the host within 30 s,
+    goes on once the link is back, and the model is the uninterrupted run's. 40 s in CI (a
+    notice comes 30 s into a waiting step), the issue's 60 s marked heavy."""
+    run = _Run(per_org, tmp_path / "federation", f"cut{cut_seconds}")
+    run.start()
+    try:
+        run.wait_mid_tree()
+        per_org.cut("host")
+        cut_at = time.monotonic()
+        try:
+            time.sleep(cut_seconds)
+        finally:
+            per_org.mend("host")
+        named = run.named_host_within(cut_at, 31)
+        result = run.finish()
+    finally:
+        run.fed.stop()
+    assert named, f"no notice named {HOST} within 30 s of the cut: {run.notices}"
+    print(f"named within 30 s: {named[0]}")
+    assert result["train_auc"] > 0.9
+    run.assert_uninterrupted_model(tmp_path)
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_an_organisations_broker_restarted_mid_tree(per_org: NetnsFederation,
+                                                    tmp_path: Path) -> None:
+    """The host's broker node stopped and started again mid-tree: its worker reconnects, the
+    queued messages (durable queues, persistent messages) are all still there, the shovels
+    come back, and the model is the uninterrupted run's."""
+    run = _Run(per_org, tmp_path / "federation", "restart")
+    run.start()
+    try:
+        run.wait_mid_tree()
+        per_org.restart("host")
+        run.finish()
+    finally:
+        run.fed.stop()
+    assert "reconnected" in run.fed.log(run.fed.host)
+    run.assert_uninterrupted_model(tmp_path)
