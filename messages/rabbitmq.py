@@ -1,12 +1,9 @@
 """RabbitMQ transport (pika): the same ``Transport`` interface over a broker.
 
 Queues (``messages.rabbit_queues``): a party's inbox, its work queue and claim pools
-(``messages.rabbit_work``), a flow run's reply queue. On a broker of one organisation among
-several (``messages.broker_links``) two exchanges of the brokers' definitions may exist, looked
-up on every connect: a party publishes its replies to flow runs to ``fedboost.flows.out`` (the
-flows run at another organisation's broker), and a flow run binds its reply queue to
-``fedboost.flows.in`` (where other organisations' replies arrive). Without them (one shared
-broker) nothing changes.
+(``messages.rabbit_work``), a flow run's reply queue. Where a broker is one of several
+organisations' (``messages.broker_links``), flow replies leave by ``fedboost.flows.out`` and
+a flow binds its queue to ``fedboost.flows.in``, if the broker has them.
 
 Delivery: messages are persistent and published with confirms, to a queue that must exist
 (``mandatory``), so a send either reached the broker's disk or raises. A received message is
@@ -31,7 +28,7 @@ import pika.exceptions as px
 
 from messages import TransportError
 from messages._pika import CONNECTION_ERRORS as _CONNECTION_ERRORS
-from messages._pika import close_channel_quietly, close_quietly, why_unreachable
+from messages._pika import close_channel_quietly, close_quietly, exchange_exists, why_unreachable
 from messages._work_publisher import WorkPublisher
 from messages.broker_url import host_of, redact
 from messages.chunks import (DEFAULT_MAX_PARTIALS, DEFAULT_PARTIAL_SECONDS, ORDINARY_ROOM,
@@ -111,8 +108,7 @@ class RabbitTransport(PartyWork):
         self._inbox_tag: str | None = None
         self._publisher: WorkPublisher | None = None
         """Hands out work shards in the background (made on the first shard)."""
-        self._flows_out = ""
-        """``FLOWS_OUT`` where this broker sends flow replies on to another organisation's."""
+        self._flows_out = ""  # FLOWS_OUT where flow replies go on to another organisation
         self._woken = False
         """Set by ``wake`` (another thread): the waiting ``receive`` returns."""
         self._connect(first=True)
@@ -176,28 +172,14 @@ class RabbitTransport(PartyWork):
         self._inbox_tag = channel.basic_consume(self.inbox, self._on_message(self.inbox),
                                                 auto_ack=False)
         if self.party:
-            self._flows_out = FLOWS_OUT if self._exchange_exists(FLOWS_OUT) else ""
-        elif self._exchange_exists(FLOWS_IN):  # replies shovelled in from other organisations
+            self._flows_out = FLOWS_OUT if exchange_exists(connection, FLOWS_OUT) else ""
+        elif exchange_exists(connection, FLOWS_IN):  # replies shovelled in from other organisations
             channel.queue_bind(self.inbox, FLOWS_IN, routing_key=self.inbox)
         self._work_tag = None
         if self.work is not None:
             channel.queue_declare(self.work, durable=True)
             if self._taking_work:
                 self._consume_work()
-
-    def _exchange_exists(self, exchange: str) -> bool:
-        """Whether the broker has ``exchange`` (a passive declare needs no permission; a
-        missing exchange closes the channel it was asked on, so a channel of its own)."""
-        channel = self._connection.channel()
-        try:
-            channel.exchange_declare(exchange, passive=True)
-            return True
-        except px.ChannelClosedByBroker as exc:
-            if exc.reply_code == 404:
-                return False
-            raise
-        finally:
-            close_channel_quietly(channel)
 
     def _drop_connection(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None

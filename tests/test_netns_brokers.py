@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import textwrap
 import threading
 import time
@@ -24,11 +25,12 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 from fedboost.embedded import train_embedded
+from fedboost.local_workers import FEDBOOST
 from flows.config import load_config
 from flows.progress import PartiesSilent, listening
 from flows.secureboost import vertical_secureboost
 from tests.cli_federation import CliFederation
-from tests.netns import NetnsFederation, up_or_skip
+from tests.netns import NetnsFederation, NetnsHost, up_or_skip
 
 TAG = uuid.uuid4().hex[:6]
 GUEST, HOST = f"guest{TAG}", f"host{TAG}"
@@ -164,7 +166,8 @@ def test_secureboost_across_two_organisations_brokers_joined_by_shovels(
     assert codes == [0, 0], f"{codes}: {fed.log(fed.guest)[-2000:]} {fed.log(fed.host)[-2000:]}"
     pairs = {org: {(user, peer) for user, peer in rows} for org, rows in seen.items()}
     assert {user for user, _ in pairs["host"]} == {"host", "from-guest"}, pairs
-    assert ("host", machine.address) in pairs["host"] and ("from-guest", guest.address) in pairs["host"]
+    assert ("host", machine.address) in pairs["host"]
+    assert ("from-guest", guest.address) in pairs["host"]
     assert {user for user, _ in pairs["guest"]} <= {"guest", "from-host"}, pairs
     assert ("from-host", host.address) in pairs["guest"]
     memory = config.model_copy(update={"transport": config.transport.model_copy(
@@ -291,3 +294,109 @@ def test_an_organisations_broker_restarted_mid_tree(per_org: NetnsFederation,
         run.fed.stop()
     assert "reconnected" in run.fed.log(run.fed.host)
     run.assert_uninterrupted_model(tmp_path)
+
+
+# ---- scale-out across hosts (item 6) --------------------------------------------------------
+
+def _link_bytes(host: NetnsHost) -> int:
+    """Bytes through ``host``'s cable so far, both ways (its ``eth0``'s counters)."""
+    done = host.python("import pathlib; s = pathlib.Path('/sys/class/net/eth0/statistics'); "
+                       "print(sum(int((s / f).read_text()) for f in ('rx_bytes', 'tx_bytes')))")
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_data_providers_second_machine_takes_its_share_over_the_bridge(
+        per_org: NetnsFederation, tmp_path: Path) -> None:
+    """The host organisation's worker on its broker's host, then the same with a second process
+    on its second machine (``host-2``, over the bridge to the host's broker): the second
+    machine takes part of the host's work, and both runs give the in-memory model. Prints each
+    run's seconds, the speed-up and the bytes on the second machine's link."""
+    guest, host, machine = per_org["guest"], per_org["host"], per_org["host-2"]
+    seconds, models = {}, {}
+    helper_log = tmp_path / "host-2.log"
+    for processes in (1, 2):
+        fed = CliFederation(tmp_path / f"p{processes}", guest.broker_url,
+                            prefix=f"scale{processes}", job_file="breast.yaml",
+                            params={"n_trees": 2}, step_timeout=None, tag=TAG)
+        fed.start(fed.guest, command=guest.fedboost)
+        fed.start(fed.host, command=host.fedboost, url=host.broker_url)
+        if processes == 2:
+            fed.start(fed.host, helper=True, log=helper_log, command=machine.fedboost,
+                      url=host.broker_url)
+            deadline = time.monotonic() + 180
+            while "serving" not in helper_log.read_text():
+                assert time.monotonic() < deadline, helper_log.read_text()[-2000:]
+                time.sleep(0.2)
+        try:
+            config = load_config(fed.job_file)
+            before = _link_bytes(machine)
+            started = time.monotonic()
+            vertical_secureboost(config)
+            seconds[processes] = time.monotonic() - started
+            link_bytes = _link_bytes(machine) - before
+        finally:
+            codes = fed.stop()
+        assert codes == [0, 0], f"{codes}: {fed.log(fed.host)[-3000:]}"
+        models[processes] = (fed.models / config.job / config.active / "model.json").read_bytes()
+    shares = len(re.findall(rf"job={re.escape(config.job)} step=\S+", helper_log.read_text()))
+    print(f"one process {seconds[1]:.1f} s, with host-2 {seconds[2]:.1f} s "
+          f"(speed-up {seconds[1] / seconds[2]:.2f}x), {link_bytes / 1e6:.2f} MB on host-2's link, "
+          f"{shares} steps taken by host-2")
+    assert shares > 0, helper_log.read_text()[-3000:]
+    assert link_bytes > 0
+    memory = config.model_copy(update={"transport": config.transport.model_copy(
+        update={"kind": "memory"})})
+    train_embedded(memory, tmp_path / "memory")
+    expected = (tmp_path / "memory" / config.active / "model.json").read_bytes()
+    assert models[1] == expected and models[2] == expected
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_link_cut_for_longer_than_the_job_waits_stops_it_naming_the_party_and_resume_finishes_it(
+        per_org: NetnsFederation, tmp_path: Path) -> None:
+    """The host's cable pulled mid-tree for longer than ``transport.step_timeout`` (20 s):
+    ``fedboost train`` stops with one line naming the host; the cable back, ``fedboost
+    resume`` finishes the job from the trees checkpointed before, to the uninterrupted model."""
+    guest, host = per_org["guest"], per_org["host"]
+    fed = CliFederation(tmp_path / "federation", guest.broker_url, prefix="longcut",
+                        job_file="breast.yaml", params={"n_trees": FAULT_TREES}, step_timeout=20,
+                        tag=TAG)
+    config = load_config(fed.job_file)
+    out = fed.root / "runs" / config.job
+    fed.start(fed.guest, command=guest.fedboost)
+    fed.start(fed.host, command=host.fedboost, url=host.broker_url)
+    try:
+        train = subprocess.Popen([*FEDBOOST, "train", str(fed.job_file), "--out", str(out)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 env=fed.env, cwd=fed.root)
+        started = re.compile(rf"job={re.escape(config.job)} step=\S+ task=\S+/t1/d1")
+        deadline = time.monotonic() + 600
+        while not started.search(fed.log(fed.guest)):
+            assert time.monotonic() < deadline and train.poll() is None, "tree 1 did not start"
+            time.sleep(0.2)
+        per_org.cut("host")
+        try:
+            output, _ = train.communicate(timeout=300)
+        finally:
+            per_org.mend("host")
+        assert train.returncode != 0, output[-3000:]
+        last = [line for line in output.splitlines() if line.strip()][-2:]
+        assert any(f"party {HOST}: no answer to step" in line for line in last), output[-3000:]
+        per_org.await_links()
+        # job.json keeps no broker password: resume gets the lender's from the environment
+        resume = subprocess.run([*FEDBOOST, "resume", config.job, "--out", str(out)],
+                                capture_output=True, text=True, cwd=fed.root, timeout=600,
+                                env={**fed.env, "FEDBOOST_AMQP_URL": guest.broker_url})
+    finally:
+        codes = fed.stop()
+    assert resume.returncode == 0, (resume.stdout + resume.stderr)[-3000:]
+    assert codes == [0, 0], f"{codes}: {fed.log(fed.host)[-3000:]}"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["resumed_after"] >= 1
+    memory = config.model_copy(update={"transport": config.transport.model_copy(
+        update={"kind": "memory"})})
+    train_embedded(memory, tmp_path / "memory")
+    got = fed.models / config.job / config.active / "model.json"
+    assert got.read_bytes() == (tmp_path / "memory" / config.active / "model.json").read_bytes()
