@@ -9,6 +9,11 @@ that skips the finally). Where namespaces cannot be made (not root, ``ip netns a
 no ``rabbitmq-server``) tests using it skip, and fail under ``CI=true``, as ``rabbit_url`` does.
 
 Import the fixture into a test module: ``from tests.netns import netns_federation  # noqa: F401``.
+
+``NetnsFederation(per_org=True, parties={"guest": [...], "host": [...]})`` is the
+per-organisation topology (``up --per-org``: brokers joined by shovels over TLS,
+``messages.broker_links``); ``links``/``await_links`` show its shovels, ``restart`` restarts an
+organisation's broker, ``definitions`` and ``tls_dir`` give what it generated.
 """
 
 from __future__ import annotations
