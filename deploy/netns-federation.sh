@@ -4,13 +4,16 @@
 #
 #   deploy/netns-federation.sh up [--orgs guest,host] [--machines host-2] [--no-brokers]
 #                                 [--rate RATE] [--bridge-address]
+#                                 [--per-org [--lender ORG] [--parties ORG=P1+P2,...]]
 #   deploy/netns-federation.sh down          # removes everything it made, also after a partial up
 #   deploy/netns-federation.sh status        # what is up (no passwords)
 #   deploy/netns-federation.sh shape NS RATE [BURST] # token-bucket limit on NS's link, both ways
 #   deploy/netns-federation.sh shape NS off
 #   deploy/netns-federation.sh cut NS        # NS's link down (its cable pulled); mend NS: up again
 #   deploy/netns-federation.sh ctl ORG ARGS  # rabbitmqctl ARGS against ORG's broker
+#   deploy/netns-federation.sh restart ORG   # ORG's broker node stopped and started again
 #   deploy/netns-federation.sh env           # "name kind namespace address password" lines (root)
+#   deploy/netns-federation.sh links         # per-org: "ORG {shovel status}" lines
 #
 # Runs as root. Every name it makes starts with $FEDBOOST_NETNS_PREFIX (default "fbn"): namespaces
 # "fbn-<org>", host-side veths "fbnv<i>", the bridge "fbn-br". Addresses come from a private /24
@@ -21,6 +24,12 @@
 # "fbn-<org>@localhost" listening on <address>:5672 only, with a user "<org>" whose random password
 # is kept in the state folder ($FEDBOOST_NETNS_DIR, default /run/fedboost-netns; secrets/ root only).
 # Erlang distribution stays on each namespace's own loopback (its own epmd).
+# --per-org: one broker per organisation joined by shovels (docs/operations.md, "Across
+# organisations"): each organisation's parties are --parties' (default: one named after it), the lender (default: the first
+# organisation) runs the flows; messages.broker_links writes each broker's link users, queues,
+# exchanges and shovels, deploy/make-certs.sh its TLS files (one test CA), and each broker also
+# listens with TLS on <address>:5671 for the other brokers' shovels. $FEDBOOST_PYTHON (default
+# python3) runs the generator.
 set -euo pipefail
 
 PREFIX=${FEDBOOST_NETNS_PREFIX:-fbn}
@@ -28,6 +37,9 @@ NET=${FEDBOOST_NETNS_NET:-10.231.0}
 STATE=${FEDBOOST_NETNS_DIR:-/run/fedboost-netns}
 BRIDGE="${PREFIX}-br"
 AMQP_PORT=5672
+TLS_PORT=5671
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+PYTHON=${FEDBOOST_PYTHON:-$( [ -x "$REPO/.venv/bin/python" ] && echo "$REPO/.venv/bin/python" || echo python3)}
 BROKER_WAIT=${FEDBOOST_NETNS_BROKER_WAIT:-90}
 
 die() { echo "netns-federation: $*" >&2; exit 1; }
@@ -77,7 +89,12 @@ listeners.tcp.1 = $addr:$AMQP_PORT
 loopback_users = none
 log.file.level = warning
 EOF
-    echo "[]." > "$dir/enabled_plugins"
+    if [ -e "$STATE/links/$org/tls.conf" ]; then
+        cat "$STATE/links/$org/tls.conf" >> "$dir/rabbitmq.conf"
+        echo "[rabbitmq_shovel]." > "$dir/enabled_plugins"
+    else
+        echo "[]." > "$dir/enabled_plugins"
+    fi
     chown -R rabbitmq:rabbitmq "$dir"
     chmod 750 "$dir"
     log "starting broker $(node_of "$org") at $addr:$AMQP_PORT"
@@ -101,7 +118,49 @@ await_broker() {
     echo "$pass" | ctl "$org" add_user "$org" >/dev/null
     ctl "$org" set_permissions -p / "$org" ".*" ".*" ".*" >/dev/null
     (umask 077; echo "$pass" > "$STATE/secrets/$org")
+    if [ -e "$STATE/links/$org/definitions.json" ]; then
+        # rabbitmqctl runs as the rabbitmq user; the file (link passwords, which the broker
+        # keeps anyway) is root's: a copy the broker's user reads, gone after the import
+        local copy="$STATE/brokers/$org/definitions.json"
+        install -m 600 -o rabbitmq -g rabbitmq "$STATE/links/$org/definitions.json" "$copy"
+        ctl "$org" import_definitions "$copy" >/dev/null
+        rm -f "$copy"
+        log "broker of $org: link users, queues and shovels imported"
+    fi
     log "broker of $org up: amqp://$org:***@$addr:$AMQP_PORT/"
+}
+
+make_links() {  # --per-org: TLS files (one test CA) and every broker's definitions
+    local lender=$1 parties=$2 ns addr n k org desc="$STATE/links/federation.json" first=1 mine
+    mkdir -p "$STATE/links" "$STATE/tls/ca"
+    chmod 700 "$STATE/links"; chmod 711 "$STATE/tls"; chmod 700 "$STATE/tls/ca"
+    {
+        printf '{"lender": "%s", "tls_port": %s, "tls_dir": "%s", "organisations": {' \
+            "$lender" "$TLS_PORT" "$STATE/tls"
+        while read -r ns addr n k org <&3; do
+            [ "$k" = org ] || continue
+            [ $first = 1 ] || printf ', '
+            first=0
+            mine=$org
+            for spec in ${parties//,/ }; do [ "${spec%%=*}" = "$org" ] && mine=${spec#*=}; done
+            [[ "$mine" =~ ^[A-Za-z0-9_+-]+$ ]] || die "bad parties '$mine' of $org"
+            printf '"%s": {"address": "%s", "parties": ["%s"]}' "$org" "$addr" "${mine//+/\", \"}"
+        done 3< "$STATE/hosts"
+        printf '}}\n'
+    } > "$desc"
+    while read -r ns addr n k org <&3; do
+        [ "$k" = org ] || continue
+        local dir="$STATE/tls/$org"
+        mkdir -p "$dir"
+        # the CA signs every broker's certificates; only its own folder keeps its key
+        if [ -e "$STATE/tls/ca/ca.key" ]; then cp -p "$STATE/tls/ca/ca.key" "$STATE/tls/ca/ca.pem" "$dir/"; fi
+        sh "$REPO/deploy/make-certs.sh" -o "$dir" -s "broker.$org" link >/dev/null
+        [ -e "$STATE/tls/ca/ca.key" ] || cp -p "$dir/ca.key" "$dir/ca.pem" "$STATE/tls/ca/"
+        rm -f "$dir/ca.key"
+        chown -R rabbitmq:rabbitmq "$dir"; chmod 700 "$dir"
+    done 3< "$STATE/hosts"
+    (cd "$REPO" && PYTHONPATH="$REPO" "$PYTHON" -m messages.broker_links "$desc" "$STATE/links") >/dev/null \
+        || die "messages.broker_links could not write the brokers' definitions (is $lender one of --orgs?)"
 }
 
 host_veth() {  # the bridge-side end of namespace (or organisation) $1's link
@@ -129,7 +188,7 @@ shape() {  # token bucket on both ends of namespace $1's link: what leaves and w
 
 cmd_up() {
     need_root
-    local orgs="guest,host" machines="" brokers=1 rate="" bridge_addr=0
+    local orgs="guest,host" machines="" brokers=1 rate="" bridge_addr=0 per_org=0 lender="" parties=""
     while [ $# -gt 0 ]; do
         case $1 in
             --orgs) orgs=$2; shift 2 ;;
@@ -137,6 +196,9 @@ cmd_up() {
             --no-brokers) brokers=0; shift ;;
             --rate) rate=$2; shift 2 ;;
             --bridge-address) bridge_addr=1; shift ;;
+            --per-org) per_org=1; shift ;;
+            --lender) lender=$2; shift 2 ;;
+            --parties) parties=$2; shift 2 ;;
             *) die "unknown option $1 (see the head of $0)" ;;
         esac
     done
@@ -181,6 +243,10 @@ cmd_up() {
         done
     done
     [ $i -gt 0 ] || die "no organisations named"
+    if [ "$per_org" = 1 ]; then
+        [ "$brokers" = 1 ] || die "--per-org needs brokers"
+        make_links "${lender:-${orgs%%,*}}" "$parties"
+    fi
     if [ "$brokers" = 1 ]; then
         local ns addr n k org
         while read -r ns addr n k org <&3; do
@@ -254,8 +320,36 @@ cmd_env() {  # for the pytest fixture: one line per host, passwords included (ro
     done 3< "$STATE/hosts"
 }
 
+cmd_restart() {  # the node stopped (its Erlang VM gone) and started again on its own data
+    need_root
+    local org=$1 ns addr n k name
+    [ -e "$STATE/brokers/$org" ] || die "no broker of $org"
+    ctl "$org" stop >/dev/null 2>&1 || true
+    while read -r ns addr n k name <&3; do
+        [ "$name" = "$org" ] && start_broker "$org" "$addr"
+    done 3< "$STATE/hosts"
+    timeout "$BROKER_WAIT" bash -c "$(declare -f in_ns node_of rabbit_env ctl); \
+        PREFIX='$PREFIX' STATE='$STATE' AMQP_PORT='$AMQP_PORT'; \
+        until ctl '$org' await_startup >/dev/null 2>&1; do sleep 1; done" \
+        || die "broker of $org did not start again within ${BROKER_WAIT}s"
+    log "broker of $org restarted"
+}
+
+cmd_links() {  # each broker's shovels: "ORG {json of its shovel_status}" (state running, ...)
+    need_root
+    [ -d "$STATE/links" ] || die "not up with --per-org"
+    local dir org
+    for dir in "$STATE"/brokers/*/; do
+        org=$(basename "$dir")
+        ctl "$org" shovel_status --formatter json 2>/dev/null | tr -d '\n' \
+            | sed -e 's/^\[//' -e 's/\]$//' -e 's/},{/}\n{/g' | sed -n "s/^\(.\+\)$/$org \1/p" | awk 1 || true
+    done
+}
+
 case ${1:-} in
     up) shift; cmd_up "$@" ;;
+    links) cmd_links ;;
+    restart) [ $# -eq 2 ] || die "usage: $0 restart ORG"; cmd_restart "$2" ;;
     down) cmd_down ;;
     status) cmd_status ;;
     env) cmd_env ;;
@@ -265,5 +359,5 @@ case ${1:-} in
         dev=$(host_veth "$2"); if [ "$1" = cut ]; then ip link set "$dev" down; else ip link set "$dev" up; fi
         log "link of $2: $1" ;;
     shape) need_root; [ $# -eq 3 ] || [ $# -eq 4 ] || die "usage: $0 shape NAMESPACE RATE|off [BURST]"; [ -e "$STATE/hosts" ] || die "not up"; shape "$2" "$3" "${4:-32kbit}" ;;
-    *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

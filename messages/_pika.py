@@ -92,3 +92,18 @@ def close_channel_quietly(channel: Any) -> None:
             channel.close()
         except Exception as exc:  # noqa: BLE001 - closed under us; nothing to save
             log.debug("closing a channel: %r", exc)
+
+
+def exchange_exists(connection: Any, exchange: str) -> bool:
+    """Whether the broker has ``exchange`` (a passive declare needs no permission; a missing
+    exchange closes the channel it was asked on, so a channel of its own)."""
+    channel = connection.channel()
+    try:
+        channel.exchange_declare(exchange, passive=True)
+        return True
+    except px.ChannelClosedByBroker as exc:
+        if exc.reply_code == 404:
+            return False
+        raise
+    finally:
+        close_channel_quietly(channel)

@@ -14,6 +14,9 @@ create bindings, which would let a party bind another party's traffic.
   (a feature); each of the party's processes takes tokens one at a time, so each unit goes to
   exactly one process and faster processes take more.
 - ``fedboost.flow.<id>``: a flow run's reply queue (durable, expires a day after last use).
+- ``fedboost.flows.out`` / ``fedboost.flows.in``: exchanges only a broker of one organisation
+  among several has (``messages.broker_links``): replies to flow runs leave through the first
+  and arrive at the organisation running the flows through the second.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ QUEUE_PREFIX = "fedboost."
 INBOX_ARGUMENTS = {"x-single-active-consumer": True}
 DATA_QUEUE_ARGUMENTS = {"x-expires": 24 * 3600 * 1000}
 FLOW_QUEUE_ARGUMENTS = {"x-expires": 24 * 3600 * 1000}
+FLOWS_OUT = QUEUE_PREFIX + "flows.out"
+FLOWS_IN = QUEUE_PREFIX + "flows.in"
 
 
 def queue_of(participant: str) -> str:

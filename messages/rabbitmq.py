@@ -1,7 +1,9 @@
 """RabbitMQ transport (pika): the same ``Transport`` interface over a broker.
 
 Queues (``messages.rabbit_queues``): a party's inbox, its work queue and claim pools
-(``messages.rabbit_work``), a flow run's reply queue.
+(``messages.rabbit_work``), a flow run's reply queue. Where a broker is one of several
+organisations' (``messages.broker_links``), flow replies leave by ``fedboost.flows.out`` and
+a flow binds its queue to ``fedboost.flows.in``, if the broker has them.
 
 Delivery: messages are persistent and published with confirms, to a queue that must exist
 (``mandatory``), so a send either reached the broker's disk or raises. A received message is
@@ -26,12 +28,13 @@ import pika.exceptions as px
 
 from messages import TransportError
 from messages._pika import CONNECTION_ERRORS as _CONNECTION_ERRORS
-from messages._pika import close_channel_quietly, close_quietly, why_unreachable
+from messages._pika import close_channel_quietly, close_quietly, exchange_exists, why_unreachable
 from messages._work_publisher import WorkPublisher
 from messages.broker_url import host_of, redact
 from messages.chunks import (DEFAULT_MAX_PARTIALS, DEFAULT_PARTIAL_SECONDS, ORDINARY_ROOM,
                              FrameSigner, Manifest, Reassembly, chunk_messages)
-from messages.rabbit_queues import FLOW_QUEUE_ARGUMENTS, INBOX_ARGUMENTS, queue_of, work_queue_of
+from messages.rabbit_queues import (FLOW_QUEUE_ARGUMENTS, FLOWS_IN, FLOWS_OUT, INBOX_ARGUMENTS,
+                                    queue_of, work_queue_of)
 from messages.rabbit_work import Delivery, PartyWork
 from messages.tls import TlsOptions, certificate_problem, ssl_options_for
 
@@ -105,6 +108,7 @@ class RabbitTransport(PartyWork):
         self._inbox_tag: str | None = None
         self._publisher: WorkPublisher | None = None
         """Hands out work shards in the background (made on the first shard)."""
+        self._flows_out = ""  # FLOWS_OUT where flow replies go on to another organisation
         self._woken = False
         """Set by ``wake`` (another thread): the waiting ``receive`` returns."""
         self._unconfirmed: tuple[int, Any] | None = None
@@ -169,6 +173,10 @@ class RabbitTransport(PartyWork):
         channel.basic_qos(prefetch_count=self.inbox_prefetch)
         self._inbox_tag = channel.basic_consume(self.inbox, self._on_message(self.inbox),
                                                 auto_ack=False)
+        if self.party:
+            self._flows_out = FLOWS_OUT if exchange_exists(connection, FLOWS_OUT) else ""
+        elif exchange_exists(connection, FLOWS_IN):  # replies shovelled in from other organisations
+            channel.queue_bind(self.inbox, FLOWS_IN, routing_key=self.inbox)
         self._work_tag = None
         if self.work is not None:
             channel.queue_declare(self.work, durable=True)
@@ -298,8 +306,9 @@ class RabbitTransport(PartyWork):
         A party's queue that does not exist yet is waited for (its worker may be starting); a
         flow run's queue that does not exist means the run is over, and the reply is dropped.
         """
-        self._publish(queue_of(recipient), recipient, data,
-                      wait_for_queue=not recipient.startswith("flow."), persistent=persistent)
+        flow = recipient.startswith("flow.")
+        self._publish(queue_of(recipient), recipient, data, wait_for_queue=not flow,
+                      persistent=persistent, exchange=self._flows_out if flow else "")
 
     def send_unconfirmed(self, messages: list[tuple[str, bytes]]) -> None:
         """Deliver transient messages, each ``(recipient, data)`` to a party's inbox, without
@@ -347,7 +356,7 @@ class RabbitTransport(PartyWork):
         return channel
 
     def _publish(self, queue: str, recipient: str, data: bytes, *,
-                 wait_for_queue: bool, persistent: bool = True) -> None:
+                 wait_for_queue: bool, persistent: bool = True, exchange: str = "") -> None:
         if not isinstance(data, bytes):
             raise TypeError("transports carry bytes only")
         if len(data) > self.max_message_bytes:
@@ -362,17 +371,17 @@ class RabbitTransport(PartyWork):
             for _, _, props in chunks:
                 props.headers.update(signed)
         for _, chunk, props in chunks:
-            if not self._publish_one(queue, recipient, chunk, props, wait_for_queue):
+            if not self._publish_one(queue, recipient, chunk, props, wait_for_queue, exchange):
                 return
 
     def _publish_one(self, queue: str, recipient: str, body: bytes, props: Any,
-                     wait_for_queue: bool) -> bool:
+                     wait_for_queue: bool, exchange: str = "") -> bool:
         """Publish until the broker confirms; a chunk published twice is dropped on receipt."""
         deadline = time.monotonic() + self.reconnect_seconds
         delay = 0.5
         while True:
             try:
-                self._channel.basic_publish("", queue, body, props, mandatory=True)
+                self._channel.basic_publish(exchange, queue, body, props, mandatory=True)
                 return True
             except px.UnroutableError:
                 if not wait_for_queue:

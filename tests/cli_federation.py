@@ -36,8 +36,8 @@ class CliFederation:
 
     def __init__(self, root: Path, url: str, *, prefix: str, job_file: str = "default_credit.yaml",
                  params: dict[str, Any] | None = None, step_timeout: float | None = 600,
-                 protocols: list[str] | None = None) -> None:
-        self.root, self.url, self.tag = root, url, uuid.uuid4().hex[:6]
+                 protocols: list[str] | None = None, tag: str | None = None) -> None:
+        self.root, self.url, self.tag = root, url, tag or uuid.uuid4().hex[:6]
         self.prefix, self.shipped, self.params = prefix, job_file, dict(params or {})
         self.step_timeout, self.protocols = step_timeout, protocols
         self.guest, self.host = f"guest{self.tag}", f"host{self.tag}"
@@ -79,16 +79,20 @@ class CliFederation:
 
     def start(self, party: str, *, processes: int = 1, args: Iterable[str] = (),
               log: Path | None = None, helper: bool = False,
-              command: Iterable[str] = FEDBOOST) -> subprocess.Popen[bytes]:
+              command: Iterable[str] = FEDBOOST,
+              url: str | None = None) -> subprocess.Popen[bytes]:
         """A worker process of ``party`` serving ``base.yaml`` (``helper``: one more process
         of the party beside its worker, e.g. on another machine; it does not replace it),
-        started by ``command`` (e.g. the CLI inside a network namespace)."""
+        started by ``command`` (e.g. the CLI inside a network namespace), over the broker at
+        ``url`` if given (its own organisation's, as ``FEDBOOST_AMQP_URL``: not on a command
+        line) instead of the job's."""
         if log is None:
             kind = f"helper-{uuid.uuid4().hex[:4]}" if helper else str(len(self.logs[party]))
             log = self.root / f"{party}-{kind}.log"
         if not helper:
             self.logs[party].append(log)
-        proc = start_worker(party, self.job_file, log=log, cwd=self.root, env=self.env,
+        env = self.env if url is None else {**self.env, "FEDBOOST_AMQP_URL": url}
+        proc = start_worker(party, self.job_file, log=log, cwd=self.root, env=env,
                             command=command, args=["--models", str(self.models), "--processes", str(processes),
                                   *args])
         self.started.append(proc)

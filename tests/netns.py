@@ -14,15 +14,21 @@ WAN profiles (``PROFILES``: ``lan``, ``1gbit-5ms``, ``100mbit-50ms``, ``10mbit-5
 ``benchmarks.wan_relay``): ``NetnsFederation.wan(name, profile, target)`` rate-limits ``name``'s
 link (``tc tbf``) and starts the delay relay inside ``name``'s namespace in front of ``target``
 (this kernel has no netem), for as long as the ``with`` block lasts.
+``NetnsFederation(per_org=True, parties={"guest": [...], "host": [...]})`` is the
+per-organisation topology (``up --per-org``: brokers joined by shovels over TLS,
+``messages.broker_links``); ``links``/``await_links`` show its shovels, ``restart`` restarts an
+organisation's broker, ``definitions`` and ``tls_dir`` give what it generated.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -86,13 +92,16 @@ class NetnsFederation:
 
     def __init__(self, *, orgs: Sequence[str] = ("guest", "host"),
                  machines: Sequence[str] = ("host-2",), brokers: bool = True,
-                 bridge_address: bool = False, prefix: str | None = None) -> None:
+                 bridge_address: bool = False, prefix: str | None = None,
+                 per_org: bool = False, lender: str | None = None,
+                 parties: dict[str, Sequence[str]] | None = None) -> None:
         self.prefix = prefix or f"fb{uuid.uuid4().hex[:4]}"
         self.state = Path(f"/run/fedboost-netns-{self.prefix}")
         # a /24 of this federation's own (10.231.1-254.0), so two sessions' bridges never meet
         self.net = f"10.231.{int(self.prefix.encode().hex(), 16) % 254 + 1}"
         self.env = {**os.environ, "FEDBOOST_NETNS_PREFIX": self.prefix,
-                    "FEDBOOST_NETNS_DIR": str(self.state), "FEDBOOST_NETNS_NET": self.net}
+                    "FEDBOOST_NETNS_DIR": str(self.state), "FEDBOOST_NETNS_NET": self.net,
+                    "FEDBOOST_PYTHON": sys.executable}
         self.hosts: dict[str, NetnsHost] = {}
         self._up_args = ["--orgs", ",".join(orgs)]
         if machines:
@@ -101,6 +110,14 @@ class NetnsFederation:
             self._up_args.append("--no-brokers")
         if bridge_address:
             self._up_args.append("--bridge-address")
+        self.per_org = per_org
+        if per_org:
+            self._up_args.append("--per-org")
+            if lender:
+                self._up_args += ["--lender", lender]
+            if parties:
+                self._up_args += ["--parties", ",".join(f"{org}={'+'.join(names)}"
+                                                        for org, names in parties.items())]
         self._is_up = False
 
     def script(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -168,12 +185,47 @@ class NetnsFederation:
     def mend(self, name: str) -> None:
         self._ok(self.script("mend", name))
 
+    def restart(self, org: str) -> None:
+        """``org``'s broker node stopped and started again (its durable queues and messages,
+        users and shovels come back from its own data folder)."""
+        self._ok(self.script("restart", org))
+
     def rabbitmqctl(self, org: str, *args: str) -> str:
         """``rabbitmqctl ARGS`` against ``org``'s broker; its output."""
         return self._ok(self.script("ctl", org, *args))
 
     def status(self) -> str:
         return self._ok(self.script("status"))
+
+    def links(self) -> dict[tuple[str, str], str]:
+        """Per-organisation brokers: (organisation, shovel) -> its state (``running``, ...)."""
+        states = {}
+        for line in self._ok(self.script("links")).splitlines():
+            org, status = line.split(" ", 1)
+            shovel = json.loads(status)
+            states[(org, shovel["name"])] = shovel["state"]
+        return states
+
+    def await_links(self, timeout: float = 60) -> None:
+        """Every shovel of every broker running (they connect a moment after the brokers start,
+        and again after a cut link is mended)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            states = self.links()
+            if states and all(state == "running" for state in states.values()):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"links not running after {timeout:.0f} s: {states}")
+            time.sleep(0.5)
+
+    def tls_dir(self, org: str) -> Path:
+        """Organisation ``org``'s TLS files (per-org): ``ca.pem``, ``server.pem``/``.key`` of its
+        broker, ``link.pem``/``.key`` its shovels present."""
+        return self.state / "tls" / org
+
+    def definitions(self, org: str) -> dict[str, Any]:
+        """The definitions ``messages.broker_links`` wrote for ``org``'s broker (per-org)."""
+        return json.loads((self.state / "links" / org / "definitions.json").read_text())
 
     def down(self) -> None:
         """Remove everything this federation made (namespaces, links, bridge, brokers); safe to
