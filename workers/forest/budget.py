@@ -103,6 +103,8 @@ class FeatureLedger:
               asked: list[int]) -> None:
         """Add one request's nodes (features asked per node) to the level's sums, or refuse
         (``ProtocolError``, logged, nothing written) beyond what honest draws sum."""
+        if not asked:
+            return
         with open(self.path.with_suffix(".lock"), "a") as lock:  # jobs of one party at once
             fcntl.flock(lock, fcntl.LOCK_EX)
             kept = self._load()
