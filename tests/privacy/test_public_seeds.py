@@ -21,9 +21,14 @@ the role observes. A replay must predict nothing the role is not sent in the cle
   rows (``tests/privacy/test_horizontal_seeds.py`` does the DP dealing and three members);
   member: a job that fixes ``privacy.seed`` is refused (a873a89 ran it);
 - SimFL, aggregator: which rows share a bucket under each hash function (the members' LSH
-  functions drawn from their shared secret; ``LshFunctions.from_seed`` of any public seed
-  gives another partition). A member: its peer's handles (OS entropy) and the aggregator's
-  ties (its keyed secret) are not replayed from integers: checked below as the handles' order.
+  functions drawn from their shared secret; ``LshFunctions.from_seed`` of any public seed, or
+  a bare seed list, gives other bucket sizes). A member sees its peer's handles (OS entropy)
+  and the aggregator's ties (drawn from its own key): no seed of the spec enters either, so
+  there is nothing to replay (docs/threat-model.md, "Draws").
+
+Every job here ran on a873a89 too: the instance-space and the two noise-seed checks failed
+there (each tree's rows predicted; both jobs trained), the others passed (their draws were
+already secret).
 """
 
 from __future__ import annotations
