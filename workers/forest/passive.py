@@ -83,7 +83,7 @@ class PassiveForest:
     summed: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Per level, over every tree (and attempt) of the job so far: the nodes asked about and
     the features summed for them (``workers.forest.budget``), where no ledger keeps them."""
-    ledger: FeatureLedger | None = None
+    features_ledger: FeatureLedger | None = None
     """The same sums over every forest job on this data set, on disk (a worker's jobs)."""
 
 
@@ -91,7 +91,7 @@ def open_job(ctx: StepContext, body: OpenForest) -> tuple[MsgType, Any]:
     """Load own features (no labels); report the trees kept."""
     spec = body.spec
     state = open_passive(ctx, spec, PROTOCOL)
-    state.role_state = PassiveForest(spec=spec, ledger=FeatureLedger(
+    state.role_state = PassiveForest(spec=spec, features_ledger=FeatureLedger(
         ctx.party.private_dir(), dataset_digest(state.data_file, state.data.names)))
     ctx.state = state
     return MsgType.F_OPENED, ForestOpened(rows=len(state.data.ids),
@@ -248,8 +248,8 @@ def _histograms(party: str, run: PassiveForest, work: TreeWork, request: LevelRe
                                 f"{run.spec.min_samples_leaf} rows: refused")
         node_rows.append((features, rows))
     asked = [len(f) for f, _ in node_rows]
-    if run.ledger is not None:  # written before anything is summed and sent
-        run.ledger.check(party, run.spec.max_features, n_features, request.depth, asked)
+    if run.features_ledger is not None:  # written before anything is summed and sent
+        run.features_ledger.check(party, run.spec.max_features, n_features, request.depth, asked)
     else:
         run.summed[request.depth] = check_features_summed(
             party, run.spec.max_features, n_features, request.depth,
