@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from boosting import BoostingError
 from boosting._typing import BinMatrix, FloatArray
@@ -116,12 +117,15 @@ def train(
     valid: tuple[list[FeatureBlock], FloatArray] | None = None,
     on_tree: OnTree | None = None,
     cuts: list[list[FloatArray]] | None = None,
+    in_tree: Callable[[int], npt.NDArray[np.bool_]] | None = None,
 ) -> Model:
     """Train on joined data, one block per party in the federation's party order.
 
     ``cuts`` (per block, per feature) replaces the quantile cuts fitted on the data, e.g. by
     the cuts a horizontal federation merged from its members' summaries; they are checked
-    like the fitted ones (BoostingError).
+    like the fitted ones (BoostingError). ``in_tree`` (tree -> row mask) replaces the row
+    subsample drawn from ``params.seed``, e.g. by the draws a federation's parties make from
+    their own secrets (``workers.vertical.draws``, ``workers.horizontal.draws``).
     """
     n_classes = check_labels(params.objective, y)
     k = n_outputs(params.objective, n_classes)
@@ -141,7 +145,8 @@ def train(
             grads = gradients(params.objective, margin, y)
         grower = TreeGrower(params, quantize(grads[0][:, output], y.size),
                             quantize(grads[1][:, output], y.size),
-                            sample_rows(y.size, params.subsample, params.seed, t), len(binned))
+                            sample_rows(y.size, params.subsample, params.seed, t)
+                            if in_tree is None else in_tree(t), len(binned))
         tree = grow_tree(params, grower, binned, allowed_blocks(params, t, len(binned), k), output)
         margin[:, output] += node_values(tree)[grower.node_of_row]
         model = dataclasses.replace(model, trees=model.trees + (tree,))

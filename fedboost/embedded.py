@@ -31,9 +31,11 @@ def embedded_policy() -> PartyPolicy:
     organisation sees its ciphertexts; 1024-bit keys (of either scheme) are allowed there
     (tests, quick trials) unless the job file gives a party a stricter ``policy:``. Workers of a
     real federation default to ``workers.policy.MIN_KEY_BITS``. The operator sees every party's
-    data anyway, so both prediction modes are answered and the key holder may fold bin sums."""
+    data anyway, so both prediction modes are answered, the key holder may fold bin sums and a
+    job may fix its noise seed (``privacy.seed``: the benchmarks repeat runs exactly)."""
     return PartyPolicy(min_key_bits=1024, min_ou_key_bits=1024, protocols=tuple(declared()),
-                       predict_modes=("path", "batched"), pack_bin_sums=("key_holder", "passive"))
+                       predict_modes=("path", "batched"), pack_bin_sums=("key_holder", "passive"),
+                       fixed_noise_seed="allow")
 
 
 def party_specs(config: AnyJobConfig, out_dir: Path,

@@ -57,6 +57,7 @@ def policy_of(config: PolicyConfig) -> PartyPolicy:
                        schemes=tuple(config.schemes), min_ou_key_bits=config.min_ou_key_bits,
                        horizontal_member_sets=config.horizontal_member_sets,
                        horizontal_min_members=config.horizontal_min_members,
+                       fixed_noise_seed=config.fixed_noise_seed,
                        roles={protocol: tuple(roles) for protocol, roles in config.roles.items()})
 
 

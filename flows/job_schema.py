@@ -58,6 +58,10 @@ class PolicyConfig(Strict):
     horizontal_min_members: int = Field(2, ge=2, le=1000)
     """Fewest members of a horizontal job this member joins (two: each learns the other's row
     count and label sum)."""
+    fixed_noise_seed: Literal["refuse", "allow"] = "refuse"
+    """A job whose ``privacy.seed`` fixes the noise of differential privacy: ``refuse`` (the
+    party the noise protects refuses it: whoever reads the job could remove the noise), or
+    ``allow`` (logged; experiments that repeat a run exactly)."""
     roles: dict[Protocol, list[Literal["active", "passive", "member", "aggregator"]]] = {}
     """Per protocol, the only roles the party takes, e.g. ``{vertical_secureboost: [active],
     horizontal: [member]}`` (a protocol not named: any role a job gives it)."""

@@ -30,6 +30,7 @@ from flows.config import JobConfig, parse_config
 from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
 from workers.policy import PartyPolicy
+from workers.vertical.draws import in_tree_rows
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_POLICY = PartyPolicy(min_key_bits=1024, min_ou_key_bits=1024,
@@ -81,13 +82,33 @@ def centralized_view(model: Model) -> list[list[NodeView]]:
              for n in tree.nodes] for tree in model.trees]
 
 
-def train_centralized(config: JobConfig) -> tuple[Model, JoinedData]:
-    """The lossless reference on the joined data."""
+def train_centralized(config: JobConfig, out: Path | None = None) -> tuple[Model, JoinedData]:
+    """The lossless reference on the joined data. With ``subsample < 1`` the rows of each tree
+    are the active party's draws in the job run into ``out`` (:func:`active_draws`)."""
     joined = join_parties(config)
     blocks, y = joined.part(valid=False)
     # early_stopping_rounds is the flow's, not the core's: train grows every tree
     params = BoostParams.from_dict(config.params.model_dump(exclude={"early_stopping_rounds"}))
-    return train(params, blocks, y), joined
+    if params.subsample >= 1.0:
+        return train(params, blocks, y), joined
+    if out is None:
+        raise ValueError("subsample < 1: the active party's draws need the run's folder")
+    secret = active_draws(out, config)
+    return train(params, blocks, y,
+                 in_tree=lambda t: in_tree_rows(secret, t, y.size, params.subsample)), joined
+
+
+def active_draws(out: Path, config: JobConfig) -> bytes:
+    """The secret of the active party's row draws in the vertical job run into ``out``, as it
+    derives it (``workers.vertical.draws``: its checkpoint key, the job's digest)."""
+    from flows.secureboost import job_spec
+    from workers.checkpoint import job_digest
+    from workers.vertical.draws import active_secret
+
+    party = config.parties[config.active]
+    digest = job_digest(job_spec(config), str(party.data), party.columns, party.categorical)
+    return active_secret((out / ".fedboost" / config.active / "checkpoint.key").read_bytes(),
+                         digest)
 
 
 def assert_same_trees(fed: list[list[NodeView]], cen: list[list[NodeView]], tol: float = 1e-6) -> None:

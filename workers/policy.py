@@ -7,10 +7,13 @@ than the policy allows is refused; it never lowers the policy.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
 from workers import ProtocolError
+
+log = logging.getLogger("fedboost.worker")
 
 MIN_KEY_BITS = 2048
 """Default smallest Paillier modulus a party accepts: NIST SP 800-57 puts a 2048-bit RSA-type
@@ -58,6 +61,12 @@ class PartyPolicy:
     horizontal_min_members: int = 2
     """Fewest members of a horizontal job this member joins. With two, each learns the other's
     exact row count and label sum (docs/horizontal.md); 3 refuses such jobs."""
+    fixed_noise_seed: str = "refuse"
+    """A job whose ``privacy.seed`` fixes the differential-privacy noise (``dp_seed``): whoever
+    reads the spec replays the noise and subtracts it from the leaves and split choices it is
+    shown. ``refuse`` (the default) has the party the noise protects (the vertical active
+    party, a horizontal member) refuse such a job; ``allow`` (logged) is for experiments that
+    must repeat a run exactly (the benchmarks, on the embedded default's policy)."""
 
     def min_bits(self, scheme: str) -> int:
         """This party's floor for a modulus of ``scheme``."""
@@ -97,6 +106,19 @@ def check_bin_sum_packer(policy: PartyPolicy, party: str, packer: str, why: str)
                           f"fold ({why}): its policy (pack_bin_sums) allows "
                           f"{', '.join(policy.pack_bin_sums)} only; set the job's "
                           f"crypto.pack_bin_sums: passive")
+
+
+def check_noise_seed(policy: PartyPolicy, party: str, dp_seed: int) -> None:
+    """Refuse a job that fixes its noise seed (``dp_seed >= 0``) unless the policy allows it."""
+    if dp_seed < 0:
+        return
+    if policy.fixed_noise_seed != "allow":
+        raise PolicyError(f"party {party} refuses a job whose privacy.seed fixes the noise "
+                          f"({dp_seed}): anyone who reads the job replays the noise and removes "
+                          f"it; drop privacy.seed, or set fixed_noise_seed: allow in the "
+                          f"party's policy (experiments only)")
+    log.warning("%s: the job fixes its noise seed (privacy.seed); this party's policy allows "
+                "it (fixed_noise_seed: allow): whoever reads the job can replay the noise", party)
 
 
 def check_key_bits(policy: PartyPolicy, party: str, key_bits: int, what: str,

@@ -5,6 +5,7 @@ model of the same job run alone (the embedded default), so jobs share nothing th
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -83,6 +84,11 @@ def test_four_jobs_at_once_each_equal_their_solo_run(rabbit_url: str, tmp_path: 
         memory = config.model_copy(update={"transport": config.transport.model_copy(
             update={"kind": "memory"})})
         solo_dir = tmp_path / "solo" / config.job
+        # the active party draws a subsample from its own key (workers.vertical.draws): the
+        # solo run's party has the worker's
+        own = solo_dir / ".fedboost" / config.active
+        own.mkdir(parents=True, mode=0o700)
+        shutil.copy(models / ".fedboost" / config.active / "checkpoint.key", own / "checkpoint.key")
         solo = train_embedded(memory, solo_dir)
         assert result["n_trees"] == config.params.n_trees
         assert result["train_auc"] == solo["train_auc"], config.job

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 def _check_lossless(config: JobConfig, out: Path, *, predict: bool = True,
                     batch_size: int = 200) -> dict:
     result = train_embedded(config, out)
-    model, joined = train_centralized(config)
+    model, joined = train_centralized(config, out)
     assert_same_trees(federated_view(out, config), centralized_view(model))
     if predict:  # federated prediction of every aligned row equals the centralized one,
         # with the same bytes in both modes (path: one round per level; batched: two per batch)

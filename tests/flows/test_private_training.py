@@ -22,7 +22,7 @@ from boosting.fixedpoint import quantize
 from boosting.grow import TreeGrower
 from boosting.losses import base_score, gradients
 from boosting.params import BoostParams
-from boosting.privacy import (PrivacyPlan, PrivateTree, clip_gradients, deal_rows,
+from boosting.privacy import (PrivacyPlan, PrivateTree, clip_gradients,
                               split_candidates, tree_rng)
 from boosting.train import allowed_blocks, bin_block, grow_tree
 from boosting.tree import load_model, node_values
@@ -30,10 +30,15 @@ from fedboost import embedded
 from fedboost.joined import join_parties, pool_members
 from flows import run_charts
 from tests.flows.test_horizontal import assert_same_tree, member_draws, members_model, params_of
-from tests.scenarios import (assert_same_trees, centralized_view, config_with, federated_view,
-                             horizontal_config)
+from tests.scenarios import (active_draws, assert_same_trees, centralized_view, config_with,
+                             federated_view, fixed_checkpoint_keys, horizontal_config)
 from workers.data import load_party_data
 from workers.horizontal.draws import floor_rows, private_rows
+from workers.vertical.draws import dealt_rows
+
+KEY_BYTE = 1
+"""The active party's checkpoint key (the byte, 32 times) whose dealing leaves tree 3 of the
+empty-tree test no rows."""
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -109,7 +114,9 @@ def test_vertical_private_tree_of_no_rows_is_the_cores(tmp_path: Path) -> None:
     """breast, one ensemble of 4 trees with eta 0.9: the shares 0.9, 0.09, 0.009, 0.0009 of
     the 398 training rows deal tree 3 none (params.seed 0: 348 / 44 / 6 / 0 rows). The passive
     party takes its gradients in 0 chunks, its histograms are empty, and the active party
-    draws a full tree among equal gains and gives its leaves the noise of empty leaves."""
+    draws a full tree among equal gains and gives its leaves the noise of empty leaves. The
+    active party deals its rows from its own secret (``workers.vertical.draws``): a fixed
+    checkpoint key makes the dealing known before the run."""
     config = config_with("breast.yaml", params={"n_trees": 4, "max_depth": 2,
                                                 "learning_rate": 0.9, "reg_lambda": 5.0,
                                                 "max_bin": 8},
@@ -120,7 +127,8 @@ def test_vertical_private_tree_of_no_rows_is_the_cores(tmp_path: Path) -> None:
     blocks, y = joined.part(valid=False)
     params = BoostParams.from_dict(config.params.model_dump(exclude={"early_stopping_rounds"}))
     plan = PrivacyPlan(4.0, 4, 2, 4, 0.3, params.reg_lambda, params.learning_rate)
-    dealt = deal_rows(plan, 0, y.size, np.random.default_rng([params.seed, 0]))
+    fixed_checkpoint_keys(tmp_path, list(config.parties), KEY_BYTE)
+    dealt = dealt_rows(active_draws(tmp_path, config), plan, 0, y.size)
     assert np.bincount(dealt, minlength=4)[3] == 0, "the test needs a tree of no rows"
 
     result = embedded.train_embedded(config, tmp_path)

@@ -99,12 +99,15 @@ def _read_cells(msg: LevelHistograms, asked: list[tuple[np.ndarray, list[int]]],
 
 def _chosen_label_forest(bins: np.ndarray, keypair: tuple[PaillierPublicKey,
                                                           PaillierPrivateKey],
-                         greedy: bool = False) -> tuple[np.ndarray, str]:
+                         greedy: bool = False, run: PassiveForest | None = None,
+                         turn: int = 0) -> tuple[np.ndarray, str]:
     """One tree of the attack against a real passive party's code: the job's own sample (its
     check passes), labels chosen so that each final pair holds one 1 and one 0, row blocks
     halved down to pairs, and at each level every feature at every node, or (``greedy``) as
     many features in all as the passive party's budget allows, spread over the level's nodes
-    and rotating so each node's are new. Returns the cells read and the refusal."""
+    and rotating (from feature ``turn``) so each node's are new. ``run``: the passive party's
+    state of the job as its worker opened it (default: one of its own, without a ledger).
+    Returns the cells read and the refusal."""
     public, private = keypair
     n_rows, n_features = bins.shape
     spec = _forest_spec(n_rows)
@@ -116,11 +119,13 @@ def _chosen_label_forest(bins: np.ndarray, keypair: tuple[PaillierPublicKey,
     encrypted = ciphertexts_from_bytes(ciphertexts_to_bytes(
         private.encrypt_batch(packer.pack(labels.tolist(), [0] * n_rows)), public), public)
     packing = BinSumPacking.for_key(packer.cell_bits, public.plaintext_bits)
-    run = PassiveForest(spec=spec, public=public, labels=[encrypted], packing=packing)
+    if run is None:
+        run = PassiveForest(spec=spec)
+    run.public, run.labels, run.packing = public, [encrypted], packing
     read = np.full(bins.shape, -1)
     level: dict[int, np.ndarray] = {0: sampled}
     splits: list[NodeSplit] = []
-    next_id, depth, turn = 1, 0, 0
+    next_id, depth = 1, 0
     while True:
         nodes = [rows for rows in level.values() if rows.size >= 2]
         counts = [n_features] * len(nodes)

@@ -22,13 +22,27 @@ What it does not: over more trees the attack reads the other features of the sam
 honest-but-curious active party reads some at every small node; the job's
 ``min_samples_leaf`` (every node holds two leaves' worth of distinct rows) is what bounds a
 node's rows.
+
+The running sums are kept per passive data set, over every forest job on it, in a ledger in
+the party's private folder (:class:`FeatureLedger`, ``forest-features.json``), written before
+the histograms leave: a worker restarted mid-job, a job run again under another name and a
+second job over the same rows all go on from the sums already spent, so the slack (``n``
+features and four standard deviations per level) is the data set's once, not each job's or
+each worker process's (in memory only, as before issue 36, a restart or a new job gave it
+afresh: ``tests/privacy/test_malicious_active.py``). Jobs of different ``max_features`` rules
+share it: each request adds its own rule's honest mean to the level's allowance.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
 import logging
 import math
+from pathlib import Path
 
+from boosting.tree import open_private
 from workers import ProtocolError
 
 log = logging.getLogger("fedboost.worker")
@@ -58,12 +72,72 @@ def check_features_summed(party: str, rule: str, n_features: int, depth: int,
     nodes, features = summed[0] + len(asked), summed[1] + sum(asked)
     mean = mean_features_bound(rule, n_features)
     allowed = mean * nodes + n_features + SLACK_SDS * math.sqrt(mean * nodes)
+    _refuse_beyond(party, rule, n_features, depth, asked, nodes, features, mean, allowed, "")
+    return nodes, features
+
+
+LEDGER_FILE = "forest-features.json"
+"""In the passive party's private folder: per data set and level, the (nodes, features,
+allowance) its forest jobs have summed."""
+
+
+def dataset_digest(data_file: str, names: list[str]) -> str:
+    """A passive data set's name in the ledger: the SHA-256 of its file and the columns used."""
+    h = hashlib.sha256()
+    with open(data_file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    h.update(repr(list(names)).encode())
+    return h.hexdigest()
+
+
+class FeatureLedger:
+    """The features a passive party has summed per node asked, per level, over every forest
+    job on one of its data sets (the module docstring)."""
+
+    def __init__(self, private_dir: Path, dataset: str) -> None:
+        self.path = Path(private_dir) / LEDGER_FILE
+        self.dataset = dataset
+
+    def check(self, party: str, rule: str, n_features: int, depth: int,
+              asked: list[int]) -> None:
+        """Add one request's nodes (features asked per node) to the level's sums, or refuse
+        (``ProtocolError``, logged, nothing written) beyond what honest draws sum."""
+        if not asked:
+            return
+        with open(self.path.with_suffix(".lock"), "a") as lock:  # jobs of one party at once
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            kept = self._load()
+            levels = kept.setdefault(self.dataset, {})
+            nodes, features, allowance = levels.get(str(depth), (0, 0, 0.0))
+            mean = mean_features_bound(rule, n_features)
+            nodes, features = nodes + len(asked), features + sum(asked)
+            allowance = allowance + mean * len(asked)
+            _refuse_beyond(party, rule, n_features, depth, asked, nodes, features, mean,
+                           allowance + n_features + SLACK_SDS * math.sqrt(allowance),
+                           " over every forest job on this data set")
+            levels[str(depth)] = (nodes, features, allowance)
+            with open_private(self.path, "w") as out:
+                json.dump(kept, out)
+
+    def _load(self) -> dict[str, dict[str, tuple[int, int, float]]]:
+        if not self.path.exists():
+            return {}
+        try:
+            kept = json.loads(self.path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ProtocolError(f"the forest feature ledger {self.path} cannot be read ({exc}): "
+                                f"refused, rather than start its sums afresh") from None
+        return kept if isinstance(kept, dict) else {}
+
+
+def _refuse_beyond(party: str, rule: str, n_features: int, depth: int, asked: list[int],
+                   nodes: int, features: int, mean: float, allowed: float, where: str) -> None:
     if features > allowed:
         message = (f"{party}: refused histograms of {sum(asked)} features for {len(asked)} "
                    f"nodes at level {depth}: with them the job's trees ask {features} of this "
-                   f"party's features for {nodes} nodes of that level, more than honest "
+                   f"party's features for {nodes} nodes of that level{where}, more than honest "
                    f"max_features={rule} draws sum ({mean:.2f} per node of its {n_features} "
                    f"features, at most {int(allowed)})")
         log.warning("%s", message)
         raise ProtocolError(message)
-    return nodes, features

@@ -38,7 +38,7 @@ from workers import ProtocolError, StageError, checkpoint
 from workers.data import save_categories
 from workers.forest import trees as kept
 from workers.forest.active import PROTOCOL, REGRESSION_BITS
-from workers.forest.budget import check_features_summed
+from workers.forest.budget import FeatureLedger, check_features_summed, dataset_digest
 from workers.handlers import StepContext
 from workers.policy import check_key_bits
 from workers.state import JobState
@@ -82,14 +82,17 @@ class PassiveForest:
     """Every finished tree's records (the lookup table)."""
     summed: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Per level, over every tree (and attempt) of the job so far: the nodes asked about and
-    the features summed for them (``workers.forest.budget``)."""
+    the features summed for them (``workers.forest.budget``), where no ledger keeps them."""
+    features_ledger: FeatureLedger | None = None
+    """The same sums over every forest job on this data set, on disk (a worker's jobs)."""
 
 
 def open_job(ctx: StepContext, body: OpenForest) -> tuple[MsgType, Any]:
     """Load own features (no labels); report the trees kept."""
     spec = body.spec
     state = open_passive(ctx, spec, PROTOCOL)
-    state.role_state = PassiveForest(spec=spec)
+    state.role_state = PassiveForest(spec=spec, features_ledger=FeatureLedger(
+        ctx.party.private_dir(), dataset_digest(state.data_file, state.data.names)))
     ctx.state = state
     return MsgType.F_OPENED, ForestOpened(rows=len(state.data.ids),
                                           trees=kept.held_trees(ctx.model_dir, state.digest))
@@ -244,9 +247,13 @@ def _histograms(party: str, run: PassiveForest, work: TreeWork, request: LevelRe
             raise ProtocolError(f"{party}: node {req.node} holds fewer than two leaves' "
                                 f"{run.spec.min_samples_leaf} rows: refused")
         node_rows.append((features, rows))
-    run.summed[request.depth] = check_features_summed(
-        party, run.spec.max_features, n_features, request.depth,
-        run.summed.get(request.depth, (0, 0)), [len(f) for f, _ in node_rows])
+    asked = [len(f) for f, _ in node_rows]
+    if run.features_ledger is not None:  # written before anything is summed and sent
+        run.features_ledger.check(party, run.spec.max_features, n_features, request.depth, asked)
+    else:
+        run.summed[request.depth] = check_features_summed(
+            party, run.spec.max_features, n_features, request.depth,
+            run.summed.get(request.depth, (0, 0)), asked)
     sums: list[list[mpz]] = [[] for _ in run.labels]
     for features, rows in node_rows:
         drawn = np.repeat(rows, work.weights[rows])  # a row drawn k times is summed k times

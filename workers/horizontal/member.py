@@ -43,7 +43,7 @@ from workers.horizontal.draws import floor_rows, in_tree_rows, member_secret, pr
 from workers.horizontal.member_state import MemberJob
 from workers.horizontal.peers import announce_key, pair_secrets, round_key, send_masked
 from workers.horizontal.tree import MemberTree, assemble
-from workers.policy import check_protocol
+from workers.policy import check_noise_seed, check_protocol
 from workers.row_partitioned import (aggregator_of, load_member_data, members_of, params_of,
                                      save_member_model)
 
@@ -64,6 +64,7 @@ def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
     spec = body.spec
     me = ctx.party.name
     check_protocol(ctx.party.policy, me, PROTOCOL)
+    check_noise_seed(ctx.party.policy, me, spec.dp_seed)  # the aggregator's noise protects it
     own = ctx.party.dataset_in(spec.parties)
     data = load_member_data(me, own)
     _check_labels(me, own.path, spec.params.objective, data.y)

@@ -34,6 +34,7 @@ from messages.instance_space import decode_mask, encode_mask
 from workers import ProtocolError, StageError, checkpoint
 from workers.data import save_categories
 from workers.handlers import StepContext
+from workers.policy import check_noise_seed
 from workers.state import JobState
 from workers.vertical.active_state import ActiveTraining, participants_of
 from workers.vertical.alignment import send_public_key
@@ -62,6 +63,8 @@ def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
         raise ProtocolError(f"pack_bin_sums {body.spec.pack_bin_sums!r} is not one of {PACKERS}")
     params = params_of(body)
     privacy = private_plan(ctx.party.name, body.spec, params)
+    if privacy is not None:  # its noise protects this party's labels
+        check_noise_seed(ctx.party.policy, ctx.party.name, body.spec.dp_seed)
     public, private = generate_keypair(body.spec.scheme, body.spec.key_bits,
                                        obfuscator=ctx.party.policy.obfuscator)
     state.role_state = run = ActiveTraining(params=params, public=public, private=private,

@@ -11,21 +11,21 @@ import numpy as np
 
 from boosting._typing import FloatArray
 from boosting.fixedpoint import Quantized, quantize
-from boosting.grow import TreeGrower, sample_rows
+from boosting.grow import TreeGrower
 from boosting.losses import gradients
-from boosting.privacy import (PrivacyPlan, PrivateTree, clip_gradients, deal_rows,
-                              split_candidates, tree_rng)
+from boosting.privacy import PrivacyPlan, PrivateTree, clip_gradients, split_candidates, tree_rng
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from messages.bodies import Ack, Step
 from messages.secureboost import EncryptedGradients, TreeStart
 from messages.envelope import MsgType
 from messages.instance_space import encode_mask
-from workers import StageError
+from workers import StageError, checkpoint
 from workers.crypto_shards import encrypt_claimed, hand_out, take_units, to_bytes, wait_for_helpers
 from workers.handlers import StepContext
 from workers.state import JobState
 from workers.vertical.active_state import ActiveTraining, Encryption, participants_of
+from workers.vertical.draws import active_secret, tree_rows
 
 log = logging.getLogger("fedboost.worker")
 
@@ -34,17 +34,13 @@ GRADIENT_CHUNK = 4096
 
 
 def _private_tree(state: JobState, run: ActiveTraining, plan: PrivacyPlan, tree: int,
-                  in_tree: np.ndarray, g: FloatArray) -> tuple[np.ndarray, FloatArray,
-                                                               PrivateTree]:
-    """DPBoost's tree ``tree``: its rows of its ensemble (drawn without the data: the rows in
-    a tree, which passive parties see, say nothing of gradients), gradients clipped to the
-    bound, the tree's mechanisms and noise source."""
-    ensemble, position = plan.ensemble_of(tree)
-    dealt = deal_rows(plan, ensemble, g.size,
-                      np.random.default_rng([run.params.seed, ensemble]))
+                  g: FloatArray) -> tuple[FloatArray, PrivateTree]:
+    """DPBoost's tree ``tree``: gradients clipped to the bound, the tree's mechanisms and
+    noise source (its rows of its ensemble are drawn in ``workers.vertical.draws``, without
+    the data: the rows in a tree, which passive parties see, say nothing of gradients)."""
     # the passive parties' cuts are theirs: every bin of theirs is a candidate
     candidates = {0: split_candidates([len(c) for c in state.cuts], run.params.max_bin)}
-    return (in_tree & (dealt == position), clip_gradients(g, plan.bound),
+    return (clip_gradients(g, plan.bound),
             PrivateTree(plan, tree, candidates, tree_rng(run.noise_seed, tree)))
 
 
@@ -64,10 +60,12 @@ def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     if output == 0 or run.grads is None:  # one gradient computation per round
         run.grads = gradients(run.params.objective, run.margin, run.y)
     n = run.y.size
-    in_tree = sample_rows(n, run.params.subsample, run.params.seed, tree)
+    # drawn from this party's own secret, never the spec's seed (workers.vertical.draws)
+    in_tree = tree_rows(active_secret(checkpoint.key_of(ctx.party), state.digest), tree, n,
+                        run.params.subsample, run.privacy)
     grad, hess, private = run.grads[0][:, output], run.grads[1][:, output], None
     if run.privacy is not None:
-        in_tree, grad, private = _private_tree(state, run, run.privacy, tree, in_tree, grad)
+        grad, private = _private_tree(state, run, run.privacy, tree, grad)
         hess = np.ones_like(hess)
     g: Quantized = quantize(grad, n)
     h: Quantized = quantize(hess, n)
