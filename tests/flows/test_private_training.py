@@ -40,8 +40,9 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 def test_horizontal_private_model_is_the_cores_private_model(tmp_path: Path) -> None:
     """breast, two members, 6 trees in ensembles of 3, epsilon 8 with a fixed seed: the count
-    floors (threshold about 30 rows) close some splits' children and keep others, and close
-    the later trees to some member's rows."""
+    floors (a split's children go deeper if both pass about 27 rows) close some splits and keep
+    others; every tree expects more than the root floor of each member's rows (the members'
+    root decisions are ``tests/workers/horizontal/test_draws.py``'s)."""
     config = horizontal_config(
         "homo-breast-dp", "breast",
         params={"n_trees": 6, "max_depth": 3, "learning_rate": 0.5, "reg_lambda": 10.0,
@@ -70,11 +71,9 @@ def test_horizontal_private_model_is_the_cores_private_model(tmp_path: Path) -> 
     draws = [member_draws(tmp_path, config, m) for m in config.members]
     margin = np.full((pooled.y.size, 1), base_score("binary", pooled.y, 2)[0])
     candidates = split_candidates([len(c) for c in pooled.cuts], params.max_bin)
-    closed_roots = 0
     for t in range(6):
         # each member's rows of tree t, dealt and floored from its own secret (as it does)
         own = [private_rows(d, plan, t, np.ones(n, dtype=bool)) for d, n in zip(draws, sizes)]
-        closed_roots += sum(not o.any() for o in own)
         in_tree = np.concatenate(own)
         g = gradients("binary", margin, pooled.y)[0][:, 0]
         grower = TreeGrower(params, quantize(np.where(in_tree, clip_gradients(g, 0.3), 0.0),
@@ -84,10 +83,9 @@ def test_horizontal_private_model_is_the_cores_private_model(tmp_path: Path) -> 
         expected = grow_tree(params, grower, [rows], [0], 0)
         assert_same_tree(model.trees[t], expected, f"tree {t}")
         margin[:, 0] += node_values(expected)[grower.node_of_row]
-    # the floors acted both ways: the comparison covers closed and open splits and roots
+    # the floors acted both ways: the comparison covers closed and open splits
     sizes_of_trees = sorted(len(tree.nodes) for tree in model.trees)
     assert sizes_of_trees[0] < 15 and sizes_of_trees[-1] > 3, sizes_of_trees
-    assert 0 < closed_roots < 12, closed_roots
 
 
 @pytest.mark.heavy  # Paillier training with full-depth private trees: 'make test-all'

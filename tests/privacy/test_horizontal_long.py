@@ -10,8 +10,9 @@ one's sibling (its parent's minus it): every such node is *opened*. The checks:
 - **no opened node of 1 to 9 rows** (the floor, ``workers.horizontal.draws.DEALT_ROWS_FLOOR``):
   a node's histograms over one row are that row's bin in every feature and its clipped
   gradient. On a873a89 (the root floor only; a private tree full, ``min_samples_leaf`` not
-  acting) the aggregator opened deep nodes of 1 to 9 rows (the test prints how many); now the
-  children of a split whose noisy counts do not both pass the floor are leaves, never built;
+  acting) deep nodes could hold any number of rows (the test prints how many it finds below
+  the floor; its run there has not yet been seen to the end); now the children of a split
+  whose noisy counts do not both pass the floor are leaves, never built;
 - **every public seed replayed** (``harness.public_seeds``: the spec's integers and every
   integer the aggregator received) as the seed of the members' subsamples and of their DP
   dealing, mixed with tree, ensemble and member numbers: none predicts more than chance of the
