@@ -5,14 +5,16 @@ protocol.
 
     python -m benchmarks.dp_core [--data homo|hetero] [--valid FRACTION] [--trees 50]
         [--per-ensemble N] [--depth 3] [--lr 0.3] [--reg-lambda 100] [--max-bin 16]
-        [--clip 0.3] [--epsilons 1 2 4 8] [--seeds 0 1 2]
+        [--clip 0.3] [--count-share 0.1] [--count-miss 0.01] [--epsilons 1 2 4 8] [--seeds 0 1 2]
 
 Prints the AUC per epsilon (mean over seeds, then each seed's). ``homo``: the three members'
 files of default_credit_homo, test on default_credit_homo_test.csv. It draws what the real
 protocol draws for a job with ``params.seed`` = ``privacy.seed`` = the seed: the set-up's cuts
 (``workers.horizontal.grid.union_cuts``), each member's dealing of its rows, each tree's noise
-source, the same quantized sums: its test AUC is what ``python -m benchmarks.horizontal --dp``
-measures. ``hetero``: default_credit's two vertical halves joined in the active party's row
+source, the same quantized sums, the count floors (``--count-share``, homo only: the
+members' root decisions and the aggregator's deeper ones, as ``workers.horizontal.draws``):
+its test AUC is what ``python -m benchmarks.horizontal --dp`` measures (in distribution: the
+members now deal and floor from their own secrets, drawn here from the seed). ``hetero``: default_credit's two vertical halves joined in the active party's row
 order, its 1/3 holdout (``vertical_dp``'s), the host's columns with every bin a candidate.
 
 ``--valid FRACTION`` tunes without the test rows: a seeded FRACTION of each member's (or the
@@ -39,6 +41,7 @@ from boosting.params import BoostParams
 from boosting.privacy import (PrivacyPlan, clip_gradients, deal_rows, private_leaves,
                               private_split, split_candidates, tree_rng)
 from boosting.split import NodeTotals
+from workers.horizontal.draws import COUNT_MISS, COUNT_SHARE, floor_rows
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 GUEST_FEATURES = 13
@@ -76,42 +79,72 @@ def train_private(bins: BinMatrix, y: FloatArray, test_bins: BinMatrix, n_cuts: 
     base = float(base_score("binary", y, 2)[0])
     margin, test_margin = np.full(y.size, base), np.full(test_bins.shape[0], base)
     dealt = np.zeros(y.size, dtype=np.int64)
-    first = 2 ** params.max_depth - 1  # a private tree is full: its leaves are first .. 2 first
     for tree in range(params.n_trees):
         ensemble, position = plan.ensemble_of(tree)
         if position == 0:
             dealt = deal(plan, ensemble, y.size, seed, members)
         rng = tree_rng(seed, tree)  # the aggregator's (active party's) noise of this tree
         g = gradients("binary", margin[:, None], y)[0][:, 0]
-        in_tree = dealt == position
+        in_tree = floored(plan, dealt == position, seed, tree, members)
         g = np.where(in_tree, clip_gradients(g, plan.bound), 0.0)
         gq, hq = quantize(g, y.size), quantize(np.ones(y.size), y.size)
+        # nodes numbered as a heap (children of k: 2k + 1, 2k + 2), which is the protocol's
+        # order of creation level by level; a node the count floor closes is a leaf
         node = np.zeros(y.size, dtype=np.int64)
         test_node = np.zeros(test_bins.shape[0], dtype=np.int64)
+        frontier, leaves = [0], []
         for depth in range(params.max_depth):
-            level = 2 ** depth - 1
-            slot = np.where(in_tree, node - level, -1)
-            hists = build_histograms(bins, slot, gq.ints, hq.ints, 2 ** depth, params.max_bin)
-            for k, hist in enumerate(hists):
+            slot = np.full(y.size, -1, dtype=np.int64)
+            for k, n in enumerate(frontier):
+                slot[(node == n) & in_tree] = k
+            hists = build_histograms(bins, slot, gq.ints, hq.ints, len(frontier), params.max_bin)
+            children = []
+            for n, hist in zip(frontier, hists):
                 g_sum, h_sum, count = (int(v) for v in hist[0].sum(axis=0))
                 split = private_split({0: hist}, NodeTotals(g_sum, h_sum, count), gq.scale,
                                       hq.scale, params, {0: candidates}, plan.split_epsilon(),
                                       plan.gain_sensitivity(), rng)
                 assert split is not None
                 for nodes, b in ((node, bins), (test_node, test_bins)):
-                    rows = np.flatnonzero(nodes == level + k)
+                    rows = np.flatnonzero(nodes == n)
                     go = goes_left(b[rows, split.feature], split.bin, split.missing_left,
                                    params.max_bin)
-                    nodes[rows[go]] = 2 * (level + k) + 1
-                    nodes[rows[~go]] = 2 * (level + k) + 2
-        in_leaf = (node[:, None] == np.arange(first, 2 * first + 1)[None, :]) & in_tree[:, None]
+                    nodes[rows[go]] = 2 * n + 1
+                    nodes[rows[~go]] = 2 * n + 2
+                children += [2 * n + 1, 2 * n + 2]
+            frontier = []
+            if depth + 1 < params.max_depth:  # the count floor: a split's two children or none
+                passed = [plan.opens(int((in_tree & (node == c)).sum()), rng) for c in children]
+                frontier = [c for k in range(0, len(children), 2) if passed[k] and passed[k + 1]
+                            for c in children[k:k + 2]]
+            leaves += [c for c in children if c not in frontier]
+        leaves.sort()
+        in_leaf = (node[:, None] == np.array(leaves)[None, :]) & in_tree[:, None]
         # the leaves' sums as the aggregator reads them off the summed (quantized) histograms
         g_sums = (gq.ints[:, None] * in_leaf).sum(axis=0) / gq.scale
         values = private_leaves(g_sums, in_leaf.sum(axis=0), plan, tree, rng) \
             * params.learning_rate
-        margin += values[node - first]
-        test_margin += values[test_node - first]
+        position_of = np.full(2 ** (params.max_depth + 1), -1)
+        position_of[leaves] = np.arange(len(leaves))
+        margin += values[position_of[node]]
+        test_margin += values[position_of[test_node]]
     return test_margin
+
+
+def floored(plan: PrivacyPlan, dealt: npt.NDArray[np.bool_], seed: int, tree: int,
+            members: list[int] | None) -> npt.NDArray[np.bool_]:
+    """Each member's dealt rows of ``tree``, or none if its noisy row count does not expect the
+    floor there (``workers.horizontal.draws.private_rows``; its noise here from the seed)."""
+    if members is None or plan.count_floor == 0:
+        return dealt
+    ensemble = plan.ensemble_of(tree)[0]
+    out, start = dealt.copy(), 0
+    for m, n in enumerate(members):
+        part = out[start:start + n]
+        if not plan.takes(n, tree, 1.0, np.random.default_rng([seed, m, ensemble, 1])):
+            part[:] = False
+        start += n
+    return out
 
 
 def deal(plan: PrivacyPlan, ensemble: int, n_rows: int, seed: int,
@@ -178,7 +211,9 @@ def one_run(args: argparse.Namespace, epsilon: float, seed: int) -> float:
     params = BoostParams(n_trees=args.trees, max_depth=args.depth, learning_rate=args.lr,
                          max_bin=args.max_bin, reg_lambda=args.reg_lambda, seed=seed)
     per = args.per_ensemble or trees_per_ensemble(epsilon, args.trees)
-    plan = PrivacyPlan(epsilon, args.trees, args.depth, per, args.clip, args.reg_lambda, args.lr)
+    share = args.count_share if args.data == "homo" else 0.0
+    plan = PrivacyPlan(epsilon, args.trees, args.depth, per, args.clip, args.reg_lambda, args.lr,
+                       floor_rows(params) if share > 0 else 0, share, args.count_miss)
     margin = train_private(bins, y, test_bins, [len(c) for c in cuts], params, plan, seed,
                            [p.shape[0] for p in parts] if args.data == "homo" else None, hidden)
     return auc(ty, transform("binary", margin[:, None])[:, 0])
@@ -198,6 +233,10 @@ def main() -> None:
     parser.add_argument("--reg-lambda", type=float, default=100.0)
     parser.add_argument("--max-bin", type=int, default=16)
     parser.add_argument("--clip", type=float, default=0.3)
+    parser.add_argument("--count-share", type=float, default=COUNT_SHARE,
+                        help="homo: share of each ensemble's epsilon for the count floors")
+    parser.add_argument("--count-miss", type=float, default=COUNT_MISS,
+                        help="homo: the floors' probability of passing floor - 1 rows")
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
@@ -205,7 +244,7 @@ def main() -> None:
     per = args.per_ensemble or "ceil(trees / round(epsilon))"
     print(f"{args.data}: {args.trees} trees, {per} per ensemble, "
           f"depth {args.depth}, lr {args.lr}, lambda {args.reg_lambda}, max_bin "
-          f"{args.max_bin}, clip {args.clip}; AUC on {scored}")
+          f"{args.max_bin}, clip {args.clip}, count share {args.count_share}, miss {args.count_miss}; AUC on {scored}")
     for epsilon in args.epsilons:
         aucs = [one_run(args, epsilon, seed) for seed in args.seeds]
         print(f"  epsilon {epsilon:g}: mean AUC {statistics.mean(aucs):.4f}  "

@@ -92,8 +92,8 @@ class TreeGrower:
         """Frontier nodes whose histograms must be built; their siblings come by subtraction."""
         if self.depth == 0:
             return [0]
-        return [smaller_child(self.nodes[l].totals.count, self.nodes[r].totals.count, l, r)
-                for _, l, r in self._pairs]
+        return built_children(self._pairs, self.frontier,
+                              {n.id: n.totals.count for n in self.nodes})
 
     def slot_of_row(self, built: list[int]) -> IntArray:
         """Per row, the index in ``built`` of its node, or -1."""
@@ -108,6 +108,8 @@ class TreeGrower:
             self._hist[(block, node)] = hist[k]
         for parent, left, right in self._pairs:
             parent_hist = self._hist.pop((block, parent))
+            if left not in self.frontier:
+                continue  # children closed by a count floor: neither is built
             if (block, left) in self._hist:
                 self._hist[(block, right)] = parent_hist - self._hist[(block, left)]
             else:
@@ -151,11 +153,16 @@ class TreeGrower:
         return left_id, right_id
 
     def next_level(self) -> list[int]:
-        """Close the current depth: drop leaf histograms, make the children the frontier."""
+        """Close the current depth: drop leaf histograms, make the children the frontier
+        (under a private plan's count floors only the splits whose two children pass it:
+        :func:`open_children`)."""
         children = [c for p, l, r in self._pairs for c in (l, r)]
         split_parents = {p for p, _, _ in self._pairs}
         self._hist = {k: v for k, v in self._hist.items() if k[1] in split_parents}
         self.depth += 1
+        if self.depth < self.params.max_depth and self.private is not None:
+            children = open_children(self._pairs, self.private,
+                                     {n.id: n.totals.count for n in self.nodes})
         self.frontier = children if self.depth < self.params.max_depth else []
         if not self.frontier:
             self._pairs = []
@@ -189,6 +196,26 @@ class TreeGrower:
         values = self.private.leaves(np.array([n.totals.g / self.grad.scale for n in leaves]),
                                      np.array([n.totals.count for n in leaves], dtype=np.float64))
         return {n.id: float(v) * self.params.learning_rate for n, v in zip(leaves, values)}
+
+
+def open_children(pairs: list[tuple[int, int, int]], private: PrivateTree,
+                  counts: dict[int, int]) -> list[int]:
+    """The children that are split further under a private plan's count floors: both children
+    of a split if both their noisy counts pass (``PrivateTree.opens``, drawn for every child in
+    node order), else neither (both leaves). One open child would be built and its parent's
+    histogram minus it is the other's: a split's children are opened together or not at all."""
+    passed = [(private.opens(counts[left]), private.opens(counts[right]))
+              for _, left, right in pairs]
+    return [c for (_, left, right), (a, b) in zip(pairs, passed) if a and b for c in (left, right)]
+
+
+def built_children(pairs: list[tuple[int, int, int]], frontier: list[int],
+                   counts: dict[int, int]) -> list[int]:
+    """The children of a level's splits whose histograms are built: the smaller of each split
+    whose children are open (the other is its parent's minus it); none of a split whose
+    children a count floor closed."""
+    return [smaller_child(counts[left], counts[right], left, right)
+            for _, left, right in pairs if left in frontier]
 
 
 def smaller_child(left_count: int, right_count: int, left: int, right: int) -> int:

@@ -35,10 +35,26 @@ compose sequentially. Each ensemble gets ``epsilon / n_ensembles``; in a tree ha
 the leaves (disjoint rows: parallel) and half to the splits, ``/ max_depth`` per level (a
 level's nodes hold disjoint rows: parallel). A root-to-leaf path thus spends ``max_depth``
 split shares and one leaf share: the ensemble's epsilon.
+
+**Count floors** (``count_floor > 0``, the horizontal protocol's; issue 36): whoever would open
+the sums of a node of few rows (the horizontal aggregator reads every bin of every node it
+builds) first asks a **noisy threshold** whether it holds enough rows:
+``count + Laplace(1 / count_epsilon) >= count_threshold`` (:meth:`PrivacyPlan.opens`), the
+count's sensitivity being 1. The children of a split are split further only if both pass
+(``boosting.grow.open_children``: one open child's histograms, subtracted from its parent's,
+would be the other's), else both are leaves whose histograms are never built; a horizontal
+member whose rows of a tree fail it puts none of them in (the root's decision, drawn from its
+own secret). ``count_share`` of each ensemble's epsilon pays for them, ``/ max_depth``
+per level (the member's root decision and the aggregator's at depths 1 to ``max_depth - 1``);
+splits and leaves share the rest as above, so a path still spends the ensemble's epsilon. The
+threshold sits ``ln(1 / (2 count_miss)) / count_epsilon`` above the floor: a node of fewer
+than ``count_floor`` rows passes with probability below ``count_miss`` (docs/privacy.md, "The
+floor").
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -51,12 +67,20 @@ from boosting.params import BoostParams
 from boosting.split import NodeTotals, SplitCandidate, candidate_at, split_gains
 
 
+COUNT_MISS = 0.01
+"""The default ``count_miss``: the largest probability that a node (or a member's rows of a
+tree) of ``count_floor - 1`` rows passes the noisy threshold (fewer rows: less; one row
+``count_miss exp(-(floor - 2) count_epsilon)``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PrivacyPlan:
     """Where a total ``epsilon`` goes over ``n_trees`` trees of depth ``max_depth``.
 
     ``n_trees`` counts every tree grown (rounds x classes in multiclass); ``learning_rate``
-    is DPBoost's ``eta`` (row shares and leaf clipping); ``bound`` is ``g*``.
+    is DPBoost's ``eta`` (row shares and leaf clipping); ``bound`` is ``g*``;
+    ``count_floor``, ``count_share`` and ``count_miss``: the noisy count floors (module
+    docstring; 0: none, every node of a full tree is split).
     """
 
     epsilon: float
@@ -66,10 +90,20 @@ class PrivacyPlan:
     bound: float
     reg_lambda: float
     learning_rate: float
+    count_floor: int = 0
+    count_share: float = 0.0
+    count_miss: float = COUNT_MISS
 
     def __post_init__(self) -> None:
         _positive("privacy epsilon", self.epsilon)
         _positive("gradient bound", self.bound)
+        if self.count_floor < 0 or not 0 <= self.count_share < 1 or \
+                (self.count_floor > 0) != (self.count_share > 0):
+            raise BoostingError(f"a count floor needs count_floor >= 1 and count_share in "
+                                f"(0, 1), or both 0; got {self.count_floor} and "
+                                f"{self.count_share}")
+        if not 0 < self.count_miss < 0.5:
+            raise BoostingError(f"count_miss must be in (0, 0.5), got {self.count_miss}")
 
         if self.n_trees < 1 or self.max_depth < 1 or self.trees_per_ensemble < 1:
             raise BoostingError(f"a privacy plan needs n_trees, max_depth and trees_per_ensemble "
@@ -91,13 +125,57 @@ class PrivacyPlan:
         return self.epsilon / self.n_ensembles
 
     def split_epsilon(self) -> float:
-        """Epsilon of each node's split choice: half an ensemble's share over the levels (a
-        level's nodes hold disjoint rows)."""
-        return self.ensemble_epsilon() / 2 / self.max_depth
+        """Epsilon of each node's split choice: half an ensemble's share (less the count
+        floors') over the levels (a level's nodes hold disjoint rows)."""
+        return self.ensemble_epsilon() * (1.0 - self.count_share) / 2 / self.max_depth
 
     def leaf_epsilon(self) -> float:
         """Epsilon of each leaf's noise: the other half (leaves hold disjoint rows)."""
-        return self.ensemble_epsilon() / 2
+        return self.ensemble_epsilon() * (1.0 - self.count_share) / 2
+
+    def count_epsilon(self) -> float:
+        """Epsilon of each count floor's decision: ``count_share`` of the ensemble's share over
+        the levels (0 without floors)."""
+        return self.ensemble_epsilon() * self.count_share / self.max_depth
+
+    def count_threshold(self) -> float:
+        """What a noisy count must reach: the floor plus ``ln(1 / (2 count_miss)) /
+        count_epsilon``, so that ``floor - 1`` rows pass with probability ``count_miss``."""
+        if self.count_floor == 0:
+            return 0.0
+        return self.count_floor + math.log(1.0 / (2.0 * self.count_miss)) / self.count_epsilon()
+
+    def expected_floor(self) -> float:
+        """The fewest rows a tree must *expect* of a member for it to take them: the smallest
+        mean ``mu`` (to 0.01) whose Poisson count is below ``count_floor`` with probability at
+        most ``count_miss``. A member's dealt count is binomial of mean ``n q share_t``, whose
+        lower tail is the Poisson's or thinner: a tree taken with this expectation holds fewer
+        than ``count_floor`` of its rows with probability at most ``count_miss``."""
+        if self.count_floor == 0:
+            return 0.0
+        return _poisson_floor(self.count_floor, self.count_miss)
+
+    def takes(self, rows: int, tree: int, subsample: float, rng: np.random.Generator) -> bool:
+        """A member's root decision: whether its ``rows`` rows (all of them, before the
+        subsample ``subsample`` and the dealing) go into tree ``tree``: ``rows + Laplace(1 /
+        count_epsilon)`` times the tree's expected share ``subsample * share_t`` reaches
+        :meth:`expected_floor` (one draw; always True, drawing nothing, without floors). One
+        noisy count per member and ensemble decides all the ensemble's trees: ``rng`` is
+        created afresh from the same seed (or key) of the ensemble for each of its trees."""
+        if self.count_floor == 0:
+            return True
+        ensemble, position = self.ensemble_of(tree)
+        noisy = rows + float(rng.laplace(0.0, 1.0 / self.count_epsilon()))
+        return noisy * subsample * float(self.row_shares(ensemble)[position]) \
+            >= self.expected_floor()
+
+    def opens(self, count: int, rng: np.random.Generator) -> bool:
+        """The noisy threshold: ``count + Laplace(1 / count_epsilon) >= count_threshold``
+        (one draw from ``rng``); always True, drawing nothing, without count floors."""
+        if self.count_floor == 0:
+            return True
+        noisy = count + float(rng.laplace(0.0, 1.0 / self.count_epsilon()))
+        return noisy >= self.count_threshold()
 
     def ensemble_of(self, tree: int) -> tuple[int, int]:
         """(ensemble, position in it) of tree number ``tree``."""
@@ -278,6 +356,11 @@ class PrivateTree:
         return private_split(hists, totals, g_scale, h_scale, params, self.candidates,
                              self.plan.split_epsilon(), self.plan.gain_sensitivity(), self.rng)
 
+    def opens(self, count: int) -> bool:
+        """Whether a child of ``count`` rows is split further (its histograms built): the
+        plan's noisy count floor (:meth:`PrivacyPlan.opens`), from the tree's noise source."""
+        return self.plan.opens(count, self.rng)
+
     def leaves(self, g_sums: FloatArray, counts: FloatArray) -> FloatArray:
         """Leaf values before the learning rate (:func:`private_leaves`)."""
         return private_leaves(g_sums, counts, self.plan, self.tree, self.rng)
@@ -315,6 +398,25 @@ def private_leaves(g_sums: FloatArray, counts: FloatArray, plan: PrivacyPlan, tr
     bound = plan.leaf_bound(tree)
     return laplace_noise(np.clip(raw, -bound, bound), plan.leaf_epsilon(),
                          plan.leaf_sensitivity(tree), rng)
+
+
+@functools.lru_cache(maxsize=64)
+def _poisson_floor(floor: int, miss: float) -> float:
+    """The smallest mean (a multiple of 0.01) whose Poisson count is below ``floor`` with
+    probability at most ``miss``."""
+    steps = 100 * floor
+    while _poisson_below(steps / 100, floor) > miss:
+        steps += 1
+    return steps / 100
+
+
+def _poisson_below(mu: float, k: int) -> float:
+    """``P(X < k)`` for ``X ~ Poisson(mu)``."""
+    term, total = math.exp(-mu), 0.0
+    for j in range(k):
+        total += term
+        term *= mu / (j + 1)
+    return total
 
 
 def _positive(name: str, value: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -34,6 +35,33 @@ def test_budget_goes_to_ensembles_then_half_to_levels_half_to_leaves() -> None:
     # one root-to-leaf path composes max_depth split choices and one leaf: the ensemble's share
     assert p.max_depth * p.split_epsilon() + p.leaf_epsilon() == pytest.approx(2.0)
     assert [p.ensemble_of(t) for t in (0, 3, 4, 11)] == [(0, 0), (0, 3), (1, 0), (2, 3)]
+
+
+def test_count_floors_take_their_share_and_the_path_still_spends_the_ensembles() -> None:
+    """The noisy count floors: ``count_share`` of an ensemble's epsilon over the levels, the
+    splits and leaves the rest as before; the threshold passes ``floor - 1`` rows with
+    probability ``count_miss`` (a Laplace tail) and an empty node almost never."""
+    p = replace(plan(epsilon=6.0, n_trees=12, max_depth=3, per=4), count_floor=10,
+                count_share=0.3, count_miss=0.01)
+    assert p.count_epsilon() == pytest.approx(0.2)
+    assert p.split_epsilon() == pytest.approx(0.7 / 3) and p.leaf_epsilon() == pytest.approx(0.7)
+    path = p.max_depth * p.count_epsilon() + p.max_depth * p.split_epsilon() + p.leaf_epsilon()
+    assert path == pytest.approx(p.ensemble_epsilon())
+    assert p.spent(5) == plan(epsilon=6.0, n_trees=12, max_depth=3, per=4).spent(5)
+    assert p.count_threshold() == pytest.approx(10 + math.log(50) / 0.2)
+    rng = np.random.default_rng(3)
+    passed = np.mean([p.opens(9, rng) for _ in range(20000)])
+    assert 0.0065 < passed < 0.0100  # P(Laplace(5) >= threshold - 9) = 0.01 exp(-0.2): 0.0082
+    assert np.mean([p.opens(0, rng) for _ in range(4000)]) < 0.003  # 0.5 exp(-0.2 T): 0.0014
+    assert all(p.opens(200, rng) for _ in range(2000))
+    # without floors nothing is drawn: the vertical protocol's and the core's noise as before
+    free = plan()
+    state = rng.bit_generator.state
+    assert free.opens(0, rng) and rng.bit_generator.state == state
+    with pytest.raises(BoostingError):
+        replace(free, count_floor=10)
+    with pytest.raises(BoostingError):
+        replace(free, count_floor=10, count_share=0.1, count_miss=0.6)
 
 
 @pytest.mark.parametrize(("n_trees", "per"), [(12, 4), (10, 4), (7, 7), (5, 50), (50, 1)])

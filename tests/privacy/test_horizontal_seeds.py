@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from boosting.params import BoostParams
 from boosting.privacy import PrivacyPlan, deal_rows
 from flows.config import HorizontalJobConfig
 from messages.envelope import MsgType
@@ -40,7 +41,7 @@ from tests.flows.test_horizontal import member_draws
 from tests.flows.test_horizontal_dropout_privacy import MAX_BIN, opened_roots
 from tests.privacy.harness import Transcript, public_seeds, record_training
 from tests.scenarios import DATA
-from workers.horizontal.draws import DEALT_ROWS_FLOOR, in_tree_rows, private_rows
+from workers.horizontal.draws import DEALT_ROWS_FLOOR, floored_plan, in_tree_rows, private_rows
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -147,23 +148,27 @@ def test_no_public_seed_predicts_a_members_subsample(tmp_path: Path, members: in
 def test_no_public_seed_predicts_the_dp_dealing_and_no_root_is_below_the_floor(
         tmp_path: Path, members: int) -> None:
     """The docs' tuned shape (lr 0.3, one ensemble, clip 0.3, lambda 100): its later trees are
-    dealt a handful of each member's rows."""
+    dealt a handful of each member's rows. Epsilon 4: the floor's noise on a member's row
+    count (scale 1 / (0.1 * 4)) then lets its first three trees in whatever its secret, so the
+    replay always has their counts to predict."""
     config = _config(tmp_path, members, f"homo-seeds-dp-{members}",
                      params={"n_trees": N_TREES, "max_depth": 1, "max_bin": MAX_BIN,
                              "learning_rate": 0.3, "reg_lambda": 100.0, "seed": 0},
-                     privacy={"epsilon": 1.0, "clip": 0.3, "trees_per_ensemble": N_TREES})
+                     privacy={"epsilon": 4.0, "clip": 0.3, "trees_per_ensemble": N_TREES})
     transcript = record_training(config, tmp_path / "run")
-    assert transcript.result["epsilon_spent"] == 1.0  # every tree's ensemble is counted
+    assert transcript.result["epsilon_spent"] == 4.0  # every tree's ensemble is counted
     roots = _root_counts(transcript)
     assert sorted(roots) == list(range(N_TREES)), roots
     sizes = _sizes(transcript, config.members)
-    plan = PrivacyPlan(1.0, N_TREES, 1, N_TREES, 0.3, 100.0, 0.3)
+    plan = floored_plan(PrivacyPlan(4.0, N_TREES, 1, N_TREES, 0.3, 100.0, 0.3),
+                        BoostParams())
 
     low = {t: c for t, c in roots.items() if 0 < c < DEALT_ROWS_FLOOR}
     assert not low, f"roots the aggregator opened over fewer than {DEALT_ROWS_FLOOR} rows: {low}"
-    # and at each member: a tree takes none of its rows or at least the floor
+    # and at each member: a tree takes none of its rows or at least the floor (the floor is a
+    # noisy threshold on the tree's expected rows: below it with probability COUNT_MISS)
     draws = [member_draws(tmp_path / "run", config, m) for m in config.members]
-    own = [{t: int(private_rows(d, plan, t, np.ones(n, dtype=bool), DEALT_ROWS_FLOOR).sum())
+    own = [{t: int(private_rows(d, plan, t, np.ones(n, dtype=bool)).sum())
             for t in range(N_TREES)} for d, n in zip(draws, sizes)]
     assert all(c == 0 or c >= DEALT_ROWS_FLOOR for o in own for c in o.values()), own
     assert roots == {t: sum(o[t] for o in own) for t in range(N_TREES)}

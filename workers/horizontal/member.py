@@ -39,7 +39,7 @@ from workers.horizontal import ledger, released
 from workers.horizontal.masking import SEAL_BYTES, MaskKey, MaskRound
 from workers.handlers import StepContext
 from workers.horizontal.attempts import take_current
-from workers.horizontal.draws import floor_rows, in_tree_rows, member_secret, private_rows
+from workers.horizontal.draws import floored_plan, in_tree_rows, member_secret, private_rows
 from workers.horizontal.member_state import MemberJob
 from workers.horizontal.peers import announce_key, pair_secrets, round_key, send_masked
 from workers.horizontal.tree import MemberTree, assemble
@@ -100,8 +100,8 @@ def _check_labels(me: str, path: str, objective: str, y: FloatArray) -> None:
 def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     """FedTree step 2, first half: g and h of every row under the model so far (under
     differential privacy: unit hessians, gradients clipped to the bound, and only this tree's
-    rows of its DPBoost ensemble, none if fewer than the floor); the aggregator gets their
-    peak exponents."""
+    rows of its DPBoost ensemble, none if the tree expects fewer than the floor); the
+    aggregator gets their peak exponents."""
     job: MemberJob = ctx.state
     me = ctx.party.name
     _check_round(job, me, body)
@@ -119,7 +119,7 @@ def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     plan = private_plan(job.spec, job.params, me, job.classes)
     if plan is not None:  # DPBoost: this tree's rows of its ensemble (or none below the
         # floor), clipped; unit hessians
-        in_tree = private_rows(job.draws, plan, body.tree, in_tree, floor_rows(job.params))
+        in_tree = private_rows(job.draws, plan, body.tree, in_tree, job.params.subsample)
         g, h = np.where(in_tree, clip_gradients(g, plan.bound), 0.0), np.ones_like(h)
     job.round, job.live = (body.tree, body.attempt), list(body.members)
     job.prefix = released.tree_prefix(job.run, job.trees)
@@ -133,16 +133,17 @@ def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
 
 def private_plan(spec: HorizontalSpec, params: BoostParams, me: str,
                  classes: int = 1) -> PrivacyPlan | None:
-    """The job's DPBoost plan (``boosting.privacy``), None without differential privacy.
+    """The job's DPBoost plan (``boosting.privacy``) with the count floors
+    (``draws.floored_plan``), None without differential privacy.
     It counts every tree grown: ``n_trees * classes`` in multiclass (one tree per class per
     round, as the vertical active party plans)."""
     if spec.dp_epsilon <= 0:
         return None
     trees = params.n_trees * classes
     try:
-        return PrivacyPlan(spec.dp_epsilon, trees, params.max_depth,
-                           spec.dp_per_ensemble or trees, spec.dp_clip,
-                           params.reg_lambda, params.learning_rate)
+        return floored_plan(PrivacyPlan(spec.dp_epsilon, trees, params.max_depth,
+                                        spec.dp_per_ensemble or trees, spec.dp_clip,
+                                        params.reg_lambda, params.learning_rate), params)
     except BoostingError as exc:
         raise ProtocolError(f"{me}: the job's privacy settings are refused: {exc}") from None
 

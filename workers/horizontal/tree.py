@@ -16,7 +16,7 @@ import numpy as np
 
 from boosting._typing import BinMatrix, FloatArray, Histogram, IntArray
 from boosting.binning import goes_left, split_threshold
-from boosting.grow import smaller_child
+from boosting.grow import built_children, open_children
 from boosting.hist import build_histograms
 from boosting.params import BoostParams
 from boosting.privacy import PrivateTree
@@ -33,7 +33,8 @@ OWNER = "members"
 class SplitChooser:
     """How the aggregator picks a node's split: the best gain (lossless), or, under
     differential privacy, the exponential mechanism over every candidate of the public cuts
-    (``boosting.privacy.PrivateTree``: a node above ``max_depth`` always splits)."""
+    (``boosting.privacy.PrivateTree``: a node above ``max_depth`` always splits, unless the
+    count floor closed it)."""
 
     private: PrivateTree | None = None
 
@@ -108,14 +109,22 @@ class SummedTree:
             pairs.append((node_id, left, right))
             splits.append(NodeSplit(node_id, split.feature, split.bin, split.missing_left,
                                     left, right))
-        # leaves keep no histogram; split parents keep theirs until the children's are derived
-        self.hists = {n: h for n, h in self.hists.items() if any(p == n for p, _, _ in pairs)}
-        self.pairs = pairs
         self.depth += 1
         children = [c for _, left, right in pairs for c in (left, right)]
-        self.frontier = children if self.depth < self.params.max_depth else []
-        self.build = [smaller_child(self.nodes[left].totals.count, self.nodes[right].totals.count,
-                                    left, right) for _, left, right in pairs] if self.frontier else []
+        # under DP the children of a split whose noisy counts are not both above the floor
+        # stay leaves: their histograms are never built (``boosting.grow.open_children``,
+        # drawn after the level's splits as the core grower draws them)
+        counts = {n.id: n.totals.count for n in self.nodes}
+        if self.depth >= self.params.max_depth:
+            self.frontier = []
+        elif chooser.private is not None:
+            self.frontier = open_children(pairs, chooser.private, counts)
+        else:
+            self.frontier = children
+        # each open split derives one child from its parent; leaves keep no histogram
+        self.pairs = [p for p in pairs if p[1] in self.frontier]
+        self.hists = {n: h for n, h in self.hists.items() if any(p == n for p, _, _ in self.pairs)}
+        self.build = built_children(pairs, self.frontier, counts)
         return splits
 
     def leaf_values(self) -> dict[int, float]:
@@ -221,11 +230,20 @@ class MemberTree:
         self.depth += 1
         self.frontier = children if self.depth < self.max_depth else []
         pairs = [(children[k], children[k + 1]) for k in range(0, len(children), 2)]
-        if self.frontier and (len(build) != len(pairs)
-                              or any(b not in pair for b, pair in zip(build, pairs))):
-            raise ProtocolError(f"{who}: nodes to build {build} are not one child of each "
-                                f"split of depth {self.depth - 1}")
+        if self.frontier and not _one_child_per_split(build, pairs):
+            raise ProtocolError(f"{who}: nodes to build {build} are not at most one child of "
+                                f"each split of depth {self.depth - 1}, in order")
         self.build = list(build) if self.frontier else []
 
     def leaves(self) -> list[int]:
         return [n for n in range(self.n_nodes) if n not in self.splits]
+
+
+def _one_child_per_split(build: list[int], pairs: list[tuple[int, int]]) -> bool:
+    """``build`` holds at most one child of each split, in the splits' order (every split's
+    without DP; under DP none of a split whose children the count floor closed)."""
+    k = 0
+    for pair in pairs:
+        if k < len(build) and build[k] in pair:
+            k += 1
+    return k == len(build)
