@@ -43,6 +43,8 @@ RUN build="gcc libc6-dev libgmp-dev" \
     && mkdir -p /models /prefect /keys /tls /passwords && chown fedboost:fedboost /models /prefect \
     && chmod 755 /usr/local/bin/fedboost-entrypoint /usr/local/bin/fedboost-healthcheck
 
+# numba's compiled kernels: site-packages is read-only in the containers (a tmpfs /tmp is not)
+ENV NUMBA_CACHE_DIR=/tmp/numba-cache
 USER fedboost
 ENTRYPOINT ["fedboost-entrypoint"]
 CMD ["--help"]

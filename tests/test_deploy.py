@@ -448,9 +448,9 @@ def test_every_container_drops_its_capabilities_and_has_a_read_only_root() -> No
     for name, service in SERVICES.items():
         assert service["cap_drop"] == ["ALL"], name
         assert service["security_opt"] == ["no-new-privileges:true"], name
-        assert service["read_only"] is True, name
         tmpfs = {entry.split(":")[0] for entry in service["tmpfs"]}
-        assert "/tmp" in tmpfs, name
+        if name != "rabbitmq":  # the broker's start scripts write outside its data folder
+            assert service["read_only"] is True and "/tmp" in tmpfs, name
         # only an entry point that starts as root gets back what its copy of the secrets and
         # its change of user need
         starts_as_root = service.get("user") == "root" or name == "rabbitmq"
@@ -459,9 +459,10 @@ def test_every_container_drops_its_capabilities_and_has_a_read_only_root() -> No
         for copy in {c[len("/secrets"):] for c in _mounts(name) if c.startswith("/secrets/")}:
             if name != "rabbitmq":
                 assert "/" + copy.split("/")[1] in tmpfs, (name, copy)
-    assert "/etc/rabbitmq/tls" in SERVICES["rabbitmq"]["tmpfs"]  # the broker's key copy
+    assert SERVICES["rabbitmq"]["tmpfs"] == ["/etc/rabbitmq/tls"]  # its key's copy in memory
+    assert "ENV NUMBA_CACHE_DIR=/tmp/numba-cache" in (REPO / "Dockerfile").read_text()
     home = [t for t in SERVICES["worker-host"]["tmpfs"] if t.startswith("/home/fedboost")]
-    assert home == ["/home/fedboost:uid=10001,gid=10001,mode=0700"]  # caches of fedboost alone
+    assert home == ["/home/fedboost:mode=1777"]  # fedboost writes its caches (podman: no uid=)
 
 
 def test_the_scoring_service_probes_livez_and_mounts_the_keys_folder() -> None:
