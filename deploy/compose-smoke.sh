@@ -405,7 +405,12 @@ import json, sys
 (c,) = json.load(open(sys.argv[1]))
 host = c["HostConfig"]
 name = c["Name"]
-assert "ALL" in [x.upper() for x in host.get("CapDrop") or []], (name, host.get("CapDrop"))
+# Docker lists cap_drop as given (ALL); podman 4 as the defaults it dropped, the ones
+# cap_add gave back not among them (this machine, 2026-12-02: 9 of its 11 defaults listed,
+# the fedboost processes' CapEff 0, the root entry points' 0xcb = the five of docker-compose.yml)
+drops = {x.upper().removeprefix("CAP_") for x in host.get("CapDrop") or []}
+assert "ALL" in drops or {"NET_RAW", "KILL", "MKNOD", "SYS_CHROOT", "SETFCAP", "SETPCAP",
+                          "AUDIT_WRITE", "FSETID", "NET_BIND_SERVICE"} <= drops, (name, drops)
 assert host.get("ReadonlyRootfs") is True or "rabbitmq" in name, (name, "root not read-only")
 assert any("no-new-privileges" in o for o in host.get("SecurityOpt") or []), (name, "new privileges")
 PY
