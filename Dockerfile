@@ -28,17 +28,23 @@ COPY deploy/healthcheck.py /usr/local/bin/fedboost-healthcheck
 # (Python's headers come with the official image; a Debian-built Python needs python3-dev)
 # writable for fedboost: /models (model parts and checkpoints), /prefect (the Prefect server's
 # database and UI files), its home (Prefect's and numba's caches) and /tmp; nothing else
+# (docker-compose.yml mounts the root read-only, tmpfs on the home, /tmp, /keys, /tls and
+# /passwords). No apt cache stays: a base image without Docker's apt clean-up (the stand-ins,
+# deploy/stand-in-images.sh) kept 135 MB of downloaded packages
 RUN build="gcc libc6-dev libgmp-dev" \
     && include=$(python -c "import sysconfig; print(sysconfig.get_paths()['include'])") \
     && { [ -e "$include/Python.h" ] || build="$build python3-dev"; } \
     && apt-get update && apt-get install -y --no-install-recommends $build \
     && pip install --no-deps --no-build-isolation . && rm -rf build ./*.egg-info \
     && apt-mark manual libgmp10 && apt-get purge -y --auto-remove $build \
-    && rm -rf /var/lib/apt/lists/* && cd / && python -c "import crypto._bin_products" && cd /app \
+    && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /var/log/apt /var/log/dpkg.log \
+    && cd / && python -c "import crypto._bin_products" && cd /app \
     && useradd --create-home --uid 10001 --user-group fedboost \
-    && mkdir -p /models /prefect /keys /tls && chown fedboost:fedboost /models /prefect \
+    && mkdir -p /models /prefect /keys /tls /passwords && chown fedboost:fedboost /models /prefect \
     && chmod 755 /usr/local/bin/fedboost-entrypoint /usr/local/bin/fedboost-healthcheck
 
+# numba's compiled kernels: site-packages is read-only in the containers (a tmpfs /tmp is not)
+ENV NUMBA_CACHE_DIR=/tmp/numba-cache
 USER fedboost
 ENTRYPOINT ["fedboost-entrypoint"]
 CMD ["--help"]

@@ -1,5 +1,5 @@
 """The checks deploy/compose-smoke.sh makes against the running federation's Prefect server
-(http://127.0.0.1:4200, basic auth from FEDBOOST_PREFECT_AUTH_STRING), each a subcommand:
+(http://127.0.0.1:FEDBOOST_PREFECT_PORT, default 4200; basic auth from FEDBOOST_PREFECT_AUTH_STRING), each a subcommand:
 
   wait-run ID SECONDS     wait for a flow run to end; exit 0 if it completed, else print its
                           state and message and exit 1
@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import yaml
 
-UI = "http://127.0.0.1:4200"
+UI = f"http://127.0.0.1:{os.environ.get('FEDBOOST_PREFECT_PORT', '4200')}"
 ENDED = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 

@@ -17,11 +17,11 @@ from multiprocessing.process import BaseProcess
 
 from flows.job_schema import PolicyConfig
 from flows.worker_config import WorkerConfig
-from messages import TransportError
+from messages import StopRequested, TransportError
 from messages.broker_url import redact
 from messages.chunks import FrameSigner
 from messages.rabbit_queues import queue_of
-from messages.rabbitmq import RabbitTransport
+from messages.rabbitmq import RabbitTransport, StopFlag
 from messages.signing import Sealer
 from workers.lifeline import die_with_parent
 from workers.party import DataSet, PartySpec
@@ -72,19 +72,28 @@ def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = 
     sealer = Sealer.from_folder(config.signing.key_dir, config.party,
                                 end_to_end=config.signing.end_to_end)
     sealer.max_age = config.max_message_age
+    # SIGTERM (docker stop, the first process passing it on) while the broker cannot be reached
+    # yet: the wait ends at once; the worker's own handler takes over once it serves
+    stop = StopFlag()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         transport = RabbitTransport(config.party, config.transport.amqp_url(), party=True,
                                     chunk_bytes=config.transport.chunk_bytes,
                                     frames=FrameSigner(sealer),
                                     partial_seconds=config.transport.partial_seconds,
-                                    tls=config.transport.tls_options())
+                                    tls=config.transport.tls_options(), stop=stop)
+    except StopRequested as exc:
+        log.warning("%s", exc)
+        log.info("%s: stopped", config.party)
+        return
     except TransportError as exc:  # unreachable broker, refused login or certificate
         log.error("%s", exc)
         raise SystemExit(1) from None
     log.info("%s: connected to %s", config.party, redact(config.transport.amqp_url()))
     if config.processes == 1:
         _warn_if_shared(transport, config)
-    worker = Worker(party_spec(config), transport, PROTOCOLS, sealer, health_file=health_file)
+    worker = Worker(party_spec(config), transport, PROTOCOLS, sealer, health_file=health_file,
+                    on_stop=transport.request_stop)
     signal.signal(signal.SIGINT, worker.stop)
     worker.serve()
     log.info("%s: stopped", config.party)

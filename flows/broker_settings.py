@@ -110,7 +110,8 @@ class TransportConfig(Strict):
         parts = urlsplit(url)
         if parts.password is not None:
             return url
-        path = os.environ.get(AMQP_PASSWORD_FILE_ENV) or self.password_file
+        from_env = os.environ.get(AMQP_PASSWORD_FILE_ENV)
+        path = from_env or self.password_file
         if parts.username is None:
             if path is not None:
                 raise ConfigError(f"transport.password_file {path}: the broker URL "
@@ -120,7 +121,8 @@ class TransportConfig(Strict):
             raise ConfigError(f"transport.url: broker user {parts.username!r} has no password: "
                               f"set {AMQP_URL_ENV}, transport.password_file or "
                               f"{AMQP_PASSWORD_FILE_ENV}")
-        return with_password(url, read_password_file(path, "transport.password_file"))
+        return with_password(url, read_password_file(
+            path, AMQP_PASSWORD_FILE_ENV if from_env else "transport.password_file"))
 
 
 def read_password_file(path: str | Path, what: str) -> str:

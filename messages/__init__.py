@@ -17,4 +17,8 @@ class TransportError(MessageError):
     """The transport failed (lost connection, timeout); retrying may help."""
 
 
-__all__ = ["MessageError", "DecodeError", "UnknownMessageType", "TransportError"]
+class StopRequested(TransportError):
+    """A stop asked by the process (SIGTERM) ended a wait for an unreachable broker."""
+
+
+__all__ = ["MessageError", "DecodeError", "UnknownMessageType", "TransportError", "StopRequested"]

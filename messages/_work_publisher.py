@@ -71,9 +71,10 @@ class WorkPublisher:
         with self._done:
             return self._done.wait_for(lambda: self._pending == 0, timeout)
 
-    def close(self) -> None:
-        """Finish what was submitted, then stop the thread and close its connection."""
-        self.flush(self._reconnect_seconds)
+    def close(self, timeout: float | None = None) -> None:
+        """Finish what was submitted (waiting up to ``timeout``, by default
+        ``reconnect_seconds``), then stop the thread and close its connection."""
+        self.flush(self._reconnect_seconds if timeout is None else timeout)
         self._jobs.put(None)
         self._thread.join(timeout=10)
 

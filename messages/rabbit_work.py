@@ -75,6 +75,8 @@ class PartyWork:
     _unacked: list[tuple[int, int]]
     _publisher: WorkPublisher | None
     _chunks: Reassembly
+    _stop: Any
+    """The transport's ``StopFlag``: a stop asked ends a wait below at once."""
 
     def _consume_work(self) -> None:
         # one shard at a time per process, so shards spread over the party's processes
@@ -110,7 +112,7 @@ class PartyWork:
             while len(partial.chunks) < partial.count:
                 method, props, body = self._channel.basic_get(data_queue, auto_ack=False)
                 if method is None:  # not published yet
-                    if time.monotonic() > deadline:
+                    if time.monotonic() > deadline or self._stop.is_set():
                         log.warning("%s: work data in %s is incomplete", self.name, data_queue)
                         return None
                     time.sleep(0.002)

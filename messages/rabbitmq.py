@@ -13,7 +13,8 @@ Payloads above ``chunk_bytes`` travel as numbered chunks with a SHA-256 of the w
 reassembled and checked before they are handed over; with a ``FrameSigner`` every chunk carries
 the sender's signed manifest, and partial messages are capped per sender and expire (see
 ``messages.chunks``: no broker user can fill the prefetch window). Lost connections are
-re-established with exponential backoff for up to ``reconnect_seconds``.
+re-established with exponential backoff for up to ``reconnect_seconds``; a stop asked meanwhile
+(``request_stop``: a worker's SIGTERM) ends that wait at once with ``StopRequested``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import pika
 import pika.exceptions as px
 
-from messages import TransportError
+from messages import StopRequested, TransportError
 from messages._pika import CONNECTION_ERRORS as _CONNECTION_ERRORS
 from messages._pika import close_channel_quietly, close_quietly, exchange_exists, why_unreachable
 from messages._work_publisher import WorkPublisher
@@ -46,6 +47,25 @@ DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 MAX_PREFETCH = 65_535
 """RabbitMQ's limit on unacknowledged deliveries per consumer."""
 _COMPLETED_IDS = 100_000
+_STOP_CHECK_SECONDS = 0.1
+"""How often a wait for the broker looks whether a stop was asked."""
+_STOPPING_FLUSH_SECONDS = 10.0
+"""After a stop, how long ``close`` waits for submitted work to reach the broker."""
+
+
+class StopFlag:
+    """A stop asked by a signal handler and polled by the waits for the broker: a plain
+    attribute, so setting it never blocks (a ``threading.Event`` takes a lock that the handler
+    could find held by the very thread it interrupted)."""
+
+    def __init__(self) -> None:
+        self._asked = False
+
+    def set(self) -> None:
+        self._asked = True
+
+    def is_set(self) -> bool:
+        return self._asked
 
 
 def _nothing() -> None:
@@ -70,7 +90,8 @@ class RabbitTransport(PartyWork):
                  frames: FrameSigner | None = None,
                  partial_seconds: float = DEFAULT_PARTIAL_SECONDS,
                  max_partials: int = DEFAULT_MAX_PARTIALS,
-                 tls: TlsOptions | None = None) -> None:
+                 tls: TlsOptions | None = None,
+                 stop: StopFlag | None = None) -> None:
         if chunk_bytes < 1024:
             raise ValueError("chunk_bytes must be at least 1024")
         self.name = name
@@ -113,9 +134,27 @@ class RabbitTransport(PartyWork):
         """Set by ``wake`` (another thread): the waiting ``receive`` returns."""
         self._unconfirmed: tuple[int, Any] | None = None
         """The connection generation and channel of ``send_unconfirmed``."""
+        self._stop = stop if stop is not None else StopFlag()
+        """Set by ``request_stop``; given, it can be set before the first connection is made
+        (by a signal handler installed before this constructor runs)."""
         self._connect(first=True)
 
     # ---- connection -------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """End a wait for the broker now (``StopRequested``) rather than after
+        ``reconnect_seconds``: a worker's SIGTERM handler calls it (safe in a signal handler)."""
+        self._stop.set()
+
+    def _pause(self, seconds: float) -> bool:
+        """Sleep ``seconds`` unless a stop is asked meanwhile; True if one was."""
+        end = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, _STOP_CHECK_SECONDS))
+        return True
 
     def _connect(self, first: bool = False) -> None:
         delay, deadline = 0.5, time.monotonic() + self.reconnect_seconds
@@ -146,7 +185,9 @@ class RabbitTransport(PartyWork):
                             "for %.0f s more (is RabbitMQ running there, and is the URL right?)",
                             self.name, where, why, delay,
                             max(0.0, deadline - time.monotonic()))
-                time.sleep(delay)
+                if self._pause(delay):
+                    raise StopRequested(f"{self.name}: stopped while waiting for the broker at "
+                                        f"{where} ({why})") from None
                 delay = min(delay * 2, 15.0)
 
     def _parameters(self, purpose: str = "") -> pika.URLParameters:
@@ -404,7 +445,9 @@ class RabbitTransport(PartyWork):
                 log.warning("%s: connection lost while sending (%r)", self.name, exc)
                 self._connect()
                 continue
-            time.sleep(delay)
+            if self._pause(delay):
+                raise StopRequested(f"{self.name}: stopped while waiting to send to "
+                                    f"{recipient}")
             delay = min(delay * 2, 5.0)
 
     def consumers(self, participant: str) -> int | None:
@@ -430,8 +473,8 @@ class RabbitTransport(PartyWork):
         """Close the connections (after handing out submitted work); unacknowledged messages
         go back to their queues."""
         self._chunks.rejections.flush(final=True)
-        if self._publisher is not None:
-            self._publisher.close()
+        if self._publisher is not None:  # after a stop, no long wait for an unreachable broker
+            self._publisher.close(_STOPPING_FLUSH_SECONDS if self._stop.is_set() else None)
             self._publisher = None
         self._drop_connection()
 

@@ -1,9 +1,11 @@
 """The deployment files: docker-compose.yml (checked by Debian's docker-compose when it is
-installed, with and without the profile 'horizontal') and structural checks that always run:
-every service, health checks, restart policies, each party mounting only its own data, broker
-users that match the definitions' and passwords without defaults, the Prefect API behind basic
-auth that only the runner holds, and every worker and job file under deploy/ valid and
-consistent with the others (the data sets a job names, the roles and protocols it asks)."""
+installed, with and without the profiles) and structural checks that always run: every service,
+health checks, restart policies, one image built once, capabilities dropped and read-only
+roots, each party mounting only its own data, broker users that match the definitions' and
+passwords only as mounted files (never in an environment), the Prefect API behind basic auth
+that only the runner holds, the scoring service, and every worker and job file under deploy/
+valid and consistent with the others (the data sets a job names, the roles and protocols it
+asks)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fedboost.broker import definitions, password_env, user_of
+from fedboost.broker import definitions, user_of
 from flows.config import (AnyJobConfig, ForestJobConfig, HorizontalJobConfig, JobConfig,
                           SimflJobConfig, load_config)
 from flows.worker_config import WorkerConfig, load_worker_config
@@ -27,21 +29,23 @@ from messages.rabbitmq import DEFAULT_CHUNK_BYTES
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
-PARTIES = {"guest": "worker-guest", "host": "worker-host", "host_1": "worker-host-1",
-           "host_2": "worker-host-2", "aggregator": "worker-aggregator"}
+PARTIES = {"guest": "worker-guest", "host": "worker-host", "host_1": "worker-host1",
+           "host_2": "worker-host2", "aggregator": "worker-aggregator"}
 """Every party of the compose file and its worker service."""
 PROFILE = "horizontal"
-PROFILED = {"worker-host-1", "worker-host-2", "worker-aggregator"}
+PROFILED = {"worker-host1", "worker-host2", "worker-aggregator"}
 """The services only 'docker compose --profile horizontal' starts."""
+SCORING = "scoring"
+"""The scoring service, of the profile of that name."""
 JOBS = {"vertical_secureboost": "/config/job.yaml", "horizontal": "/config/horizontal-job.yaml",
         "vertical_random_forest": "/config/forest-job.yaml", "simfl": "/config/simfl-job.yaml"}
 """The runner's job file per protocol (each the default parameter of its deployment)."""
 IDENTITIES = {**{service: party for party, service in PARTIES.items()}, "runner": "flow"}
 """Each service that holds a private key, and whose key it is."""
-PREFECT_AUTH = "FEDBOOST_PREFECT_AUTH_STRING"
-REQUIRED = {password_env(name) for name in [*PARTIES, "flow"]} | {PREFECT_AUTH}
-"""The variables docker compose refuses to start without (compose interpolates every service,
-also those of a profile that is off)."""
+PREFECT_AUTH_FILE = "/passwords/prefect-auth"
+"""Where the entry point finds Prefect's user:password (FEDBOOST_PREFECT_AUTH_FILE)."""
+SECRETS_CAPS = {"CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID"}
+"""The capabilities an entry point that copies secrets and changes user needs, and no more."""
 
 
 def _docker_compose(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -52,18 +56,32 @@ def _docker_compose(*args: str, env: dict[str, str]) -> subprocess.CompletedProc
 @pytest.mark.skipif(shutil.which("docker-compose") is None and not os.environ.get("CI"),
                     reason="Debian's docker-compose is not installed (apt-get install docker-compose)")
 def test_docker_compose_accepts_the_file() -> None:
-    secrets = {**os.environ, **{v: "x" for v in REQUIRED}}
-    for profile in ([], ["--profile", PROFILE]):
-        done = _docker_compose(*profile, "config", "-q", env=secrets)
+    # no password variable is needed: passwords are files
+    env = {k: v for k, v in os.environ.items()
+           if not re.search(r"PASSWORD|AUTH_STRING|^FEDBOOST_PREFECT_PORT$", k)}
+    for profile in ([], ["--profile", PROFILE], ["--profile", PROFILE, "--profile", SCORING]):
+        done = _docker_compose(*profile, "config", "-q", env=env)
         assert done.returncode == 0, (profile, done.stderr)
-    for variable in sorted(REQUIRED):  # no password has a default, with the profile or without
-        env = {k: v for k, v in secrets.items() if k != variable}
-        missing = _docker_compose("config", "-q", env=env)
-        assert missing.returncode != 0 and variable in missing.stderr, variable
     # compose's own resolution: ${VAR:-default} and paths relative to the project folder
-    resolved = yaml.safe_load(_docker_compose("--profile", PROFILE, "config", env=secrets).stdout)
-    assert {n for n, s in resolved["services"].items() if s.get("profiles")} == PROFILED
+    resolved = yaml.safe_load(_docker_compose("--profile", PROFILE, "--profile", SCORING,
+                                              "config", env=env).stdout)
+    assert {n for n, s in resolved["services"].items() if s.get("profiles")} == \
+        PROFILED | {SCORING}
     assert all(resolved["services"][n]["profiles"] == [PROFILE] for n in PROFILED)
+    assert _published(resolved["services"]["prefect-server"]) == "127.0.0.1:4200:4200"
+    other = _docker_compose("config", env={**env, "FEDBOOST_PREFECT_PORT": "14200"})
+    server = yaml.safe_load(other.stdout)["services"]["prefect-server"]
+    assert _published(server) == "127.0.0.1:14200:4200"
+    assert server["environment"]["PREFECT_UI_URL"] == "http://localhost:14200"
+
+
+def _published(service: dict[str, Any]) -> str:
+    """A resolved service's one published port as HOST_IP:PUBLISHED:TARGET (docker-compose
+    1.29 writes that string, compose v2 a mapping)."""
+    (port,) = service["ports"]
+    if isinstance(port, str):
+        return port.removesuffix("/tcp")
+    return f"{port['host_ip']}:{port['published']}:{port['target']}"
     for party, service in PARTIES.items():
         data = [v.split(":")[0] for v in resolved["services"][service]["volumes"]
                 if ":/data/" in v]
@@ -71,14 +89,18 @@ def test_docker_compose_accepts_the_file() -> None:
 
 
 def test_the_federation_has_every_service_with_health_and_restart() -> None:
-    assert set(SERVICES) == {"rabbitmq", "prefect-server", "runner", *PARTIES.values()}
+    assert set(SERVICES) == {"rabbitmq", "prefect-server", "runner", SCORING, *PARTIES.values()}
     for name, service in SERVICES.items():
         assert service.get("restart") == "unless-stopped", name
         health = service.get("healthcheck", {}).get("test")
         assert health and health[0] == "CMD", f"{name} has no health check"
         # podman 4 joins a health check's words with spaces and splits them again
         assert not [word for word in health if " " in word], name
-        assert service.get("profiles", []) == ([PROFILE] if name in PROFILED else []), name
+        assert service.get("profiles", []) == ([PROFILE] if name in PROFILED else [SCORING]
+                                               if name == SCORING else []), name
+        # compose names a container SERVICE-1 (SERVICE_1 before v2): no service is named so
+        assert not re.search(r"[-_]\d+$", name), name
+    assert SERVICES["rabbitmq"]["stop_grace_period"] == "60s"  # a stop lets it close queues
     for name in (*PARTIES.values(), "runner"):
         assert SERVICES[name]["depends_on"]["rabbitmq"]["condition"] == "service_healthy", name
     for name in PARTIES.values():  # SIGTERM: a worker finishes the message in hand
@@ -148,16 +170,21 @@ def test_each_party_mounts_only_its_own_data_and_uses_its_own_user() -> None:
             assert host.endswith(f"_{party}.csv") and (REPO / host).is_file(), (party, host)
         others = [p for p in PARTIES if p != party]
         assert not any(host.endswith(f"_{o}.csv") for o in others for host in mounts.values())
-        url = SERVICES[service]["environment"]["FEDBOOST_AMQP_URL"]
-        user, variable = re.match(r"amqps://([^:]+):\$\{(\w+):\?[^}]+\}@", url).groups()  # type: ignore[union-attr]
-        # the variable 'fedboost definitions --party NAME' reads the same password from
-        assert user == user_of(party) and user in users and variable == password_env(party)
+        environment = SERVICES[service]["environment"]
+        user = re.fullmatch(r"amqps://([^:@/]+)@rabbitmq:5671/%2F",  # type: ignore[union-attr]
+                            environment["FEDBOOST_AMQP_URL"]).group(1)
+        assert user == user_of(party) and user in users
+        # its password: the file 'fedboost definitions --party NAME=@FILE' hashed, mounted for
+        # the entry point to hand to fedboost
+        assert environment["FEDBOOST_AMQP_PASSWORD_FILE"] == "/passwords/amqp"
+        assert mounts["/secrets/passwords/amqp"] == f"./deploy/passwords/{party}"
         assert SERVICES[service]["command"][:5] == ["worker", "--party", party, "--config",
                                                     f"/config/{party}.yaml"]
-        assert mounts["/models"] == f"{party.replace('_', '-')}-models"  # a volume of its own
+        assert mounts["/models"] == f"{party.replace('_', '')}-models"  # a volume of its own
     assert not _worker_file("aggregator").data_files()  # the aggregator holds no data
-    runner_url = SERVICES["runner"]["environment"]["FEDBOOST_AMQP_URL"]
-    assert runner_url.startswith(f"amqps://fedboost-flow:${{{password_env('flow')}:?")
+    assert SERVICES["runner"]["environment"]["FEDBOOST_AMQP_URL"] == \
+        "amqps://fedboost-flow@rabbitmq:5671/%2F"
+    assert _mounts("runner")["/secrets/passwords/amqp"] == "./deploy/passwords/flow"
     assert not any(c.startswith("/data") for c in _mounts("runner"))
 
 
@@ -317,33 +344,47 @@ def test_make_certs_gives_a_broker_certificate_for_rabbitmq_and_client_certifica
         assert (tmp_path / f"{party}.key").stat().st_mode & 0o077 == 0
 
 
-def _required(value: str) -> str:
-    """The variable of a value that is exactly a required ``${VAR:?message}``."""
-    match = re.fullmatch(r"\$\{(\w+):\?[^}]+\}", value)
-    assert match, f"{value!r} is not a required variable"
-    return match.group(1)
-
-
-def test_every_secret_is_required_without_a_default() -> None:
+def test_no_password_reaches_a_container_as_a_variable() -> None:
+    """No environment of any service holds a password or interpolates one: 'docker inspect'
+    shows a container's environment to whoever may ask the engine (deploy/compose-smoke.sh
+    checks every running container's inspect too)."""
     text = (REPO / "docker-compose.yml").read_text()
-    secret_vars = set(re.findall(r"\$\{(\w*(?:PASSWORD|AUTH)\w*)", text))
-    assert secret_vars == REQUIRED
-    for variable in secret_vars:  # each use is ${VAR:?...}: no fallback, no empty default
-        assert not re.search(rf"\$\{{{variable}(?!:\?)", text), variable
-    assert not re.search(r"dev-secret|:-\w*(?:guest|host|flow)\b", text)
+    assert not re.search(r"\$\{\w*(?:PASSWORD|AUTH|SECRET|KEY)\w*", text)
+    for name, service in SERVICES.items():
+        environment = service.get("environment", {})
+        assert isinstance(environment, dict), name
+        for variable, value in environment.items():
+            assert not re.search(r"PASSWORD$|AUTH_STRING$|SECRET|TOKEN", variable), (name, variable)
+            # a URL names a user, never user:password
+            assert not re.search(r"://[^/@:]+:[^/@]+@", str(value)), (name, variable)
+        for variable, path in environment.items():  # each password file is mounted
+            if variable.endswith("_FILE") and path.startswith("/passwords/"):
+                mounts = _mounts(name)
+                assert path in mounts or f"/secrets{path}" in mounts, (name, path)
+    assert not re.search(r"dev-secret|:-(?:guest|host|flow)\b", text)  # no default password
 
 
 def test_prefect_api_behind_basic_auth_that_only_the_runner_holds() -> None:
     server = SERVICES["prefect-server"]["environment"]
     runner = SERVICES["runner"]["environment"]
-    assert _required(server["PREFECT_SERVER_API_AUTH_STRING"]) == PREFECT_AUTH
-    assert _required(runner["PREFECT_API_AUTH_STRING"]) == PREFECT_AUTH
+    for name, environment in (("prefect-server", server), ("runner", runner)):
+        # the entry point writes the file's user:password into this Prefect profile
+        assert environment["FEDBOOST_PREFECT_AUTH_FILE"] == PREFECT_AUTH_FILE, name
+        assert environment["PREFECT_PROFILES_PATH"].startswith("/home/fedboost/"), name
+        assert _mounts(name)[f"/secrets{PREFECT_AUTH_FILE}"] == "./deploy/passwords/prefect-auth"
+        # the links it prints are the address the user opens, not the in-network name
+        assert environment["PREFECT_UI_URL"] == \
+            "http://${FEDBOOST_PREFECT_UI_HOST:-localhost}:${FEDBOOST_PREFECT_PORT:-4200}", name
     assert runner["PREFECT_API_URL"] == "http://prefect-server:4200/api"
-    for service in PARTIES.values():  # party workers never talk to Prefect
+    entrypoint = (REPO / "deploy" / "entrypoint.sh").read_text()
+    assert "PREFECT_API_AUTH_STRING = {value}" in entrypoint
+    assert "PREFECT_SERVER_API_AUTH_STRING = {value}" in entrypoint
+    for service in [*PARTIES.values(), SCORING]:  # party workers never talk to Prefect
         environment = SERVICES[service].get("environment", {})
         assert not [k for k in environment if k.startswith("PREFECT_")], service
+        assert "FEDBOOST_PREFECT_AUTH_FILE" not in environment, service
         assert "prefect-server" not in SERVICES[service].get("depends_on", {}), service
-        assert not any(PREFECT_AUTH in str(v) for v in environment.values()), service
+        assert not any("prefect-auth" in v for v in SERVICES[service].get("volumes", [])), service
 
 
 def test_broker_keeps_guest_on_loopback() -> None:
@@ -361,10 +402,10 @@ def test_keys_are_handed_to_each_service_user_by_its_entry_point() -> None:
                                         '--init-groups --no-new-privs "$@"')
     for name, service in SERVICES.items():
         secrets = [c for c in _mounts(name) if c.startswith("/secrets/")]
-        # root only where there is a key to hand over; the Prefect server never is
-        assert (service.get("user") == "root") == (name in IDENTITIES), name
-        assert bool(secrets) == (name in IDENTITIES or name == "rabbitmq"), name
-        assert "entrypoint" not in service or name == "rabbitmq", name
+        # root only where there is a key or password to hand over
+        assert (service.get("user") == "root") == (name in (*IDENTITIES, "prefect-server")), name
+        assert bool(secrets) == (name in (*IDENTITIES, "prefect-server", "rabbitmq")), name
+        assert "entrypoint" not in service or name in ("rabbitmq", SCORING), name
         assert all(v.endswith(":ro") for v in service.get("volumes", []) if "/secrets/" in v)
 
 
@@ -383,9 +424,72 @@ def test_only_the_prefect_ui_is_published_and_on_loopback() -> None:
     published = {name: service["ports"] for name, service in SERVICES.items()
                  if service.get("ports")}
     # no management page: no user of the definitions may log in to one
-    assert published == {"prefect-server": ["127.0.0.1:4200:4200"]}
+    assert published == {"prefect-server": ["127.0.0.1:${FEDBOOST_PREFECT_PORT:-4200}:4200"],
+                         SCORING: ["127.0.0.1:${FEDBOOST_SCORING_PORT:-8443}:8443"]}
     assert not SERVICES["rabbitmq"]["image"].endswith("-management")
     server = SERVICES["prefect-server"]
     assert server["environment"]["PREFECT_UI_STATIC_DIRECTORY"].startswith(
         server["environment"]["PREFECT_HOME"] + "/")  # the UI's files where the server may write
     assert _mounts("prefect-server")[server["environment"]["PREFECT_HOME"]] == "prefect-data"
+
+
+def test_the_image_is_built_once_and_every_fedboost_service_runs_it() -> None:
+    built = [name for name, service in SERVICES.items() if "build" in service]
+    assert built == ["prefect-server"]  # seven builds at once took 828 s and left 4.6 GB
+    assert SERVICES["prefect-server"]["build"] == "."
+    for name, service in SERVICES.items():
+        assert service["image"] == ("rabbitmq:3.13" if name == "rabbitmq" else "fedboost:latest")
+    dockerfile = (REPO / "Dockerfile").read_text()
+    # the downloaded packages and the lists go in the layer that fetched them
+    assert "apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*" in dockerfile
+
+
+def test_every_container_drops_its_capabilities_and_has_a_read_only_root() -> None:
+    for name, service in SERVICES.items():
+        assert service["cap_drop"] == ["ALL"], name
+        assert service["security_opt"] == ["no-new-privileges:true"], name
+        tmpfs = {entry.split(":")[0] for entry in service["tmpfs"]}
+        if name != "rabbitmq":  # the broker's start scripts write outside its data folder
+            assert service["read_only"] is True and "/tmp" in tmpfs, name
+        # only an entry point that starts as root gets back what its copy of the secrets and
+        # its change of user need
+        starts_as_root = service.get("user") == "root" or name == "rabbitmq"
+        assert set(service.get("cap_add", [])) == (SECRETS_CAPS if starts_as_root else set()), name
+        # where the entry point copies /secrets/X to X: a tmpfs, the root being read-only
+        for copy in {c[len("/secrets"):] for c in _mounts(name) if c.startswith("/secrets/")}:
+            if name != "rabbitmq":
+                assert "/" + copy.split("/")[1] in tmpfs, (name, copy)
+    assert SERVICES["rabbitmq"]["tmpfs"] == ["/etc/rabbitmq/tls"]  # its key's copy in memory
+    assert "ENV NUMBA_CACHE_DIR=/tmp/numba-cache" in (REPO / "Dockerfile").read_text()
+    home = [t for t in SERVICES["worker-host"]["tmpfs"] if t.startswith("/home/fedboost")]
+    assert home == ["/home/fedboost:mode=1777"]  # fedboost writes its caches (podman: no uid=)
+
+
+def test_the_scoring_service_probes_livez_and_mounts_the_keys_folder() -> None:
+    service = SERVICES[SCORING]
+    command = service["command"]
+    assert command[:2] == ["serve-model", "/config/scoring-run"]
+    option = {command[i]: command[i + 1] for i in range(2, len(command) - 1)
+              if command[i].startswith("--")}
+    mounts = _mounts(SCORING)
+    # the folder, not the file: a revoke on the host replaces the file (a new inode), which a
+    # file mount would never show the container
+    keys = Path(option["--api-keys"])
+    assert mounts[str(keys.parent)] == "./deploy/scoring-keys" and str(keys) not in mounts
+    assert any(v.startswith("./deploy/scoring-keys:") and v.endswith(":ro")
+               for v in service["volumes"])
+    # as the operator, whose 0600 files it reads live; fedboost as the program, no entry point
+    assert service["user"] == "${FEDBOOST_SCORING_USER:-10001:10001}"
+    assert service["entrypoint"] == ["fedboost"]
+    assert service["healthcheck"]["test"] == [
+        "CMD", "fedboost-healthcheck", "live", "https://127.0.0.1:8443/livez", "/scoring-tls/ca.pem"]
+    assert mounts["/scoring-tls/ca.pem"] == "./deploy/scoring-tls/ca.pem"
+    assert option["--tls-cert"] in mounts and option["--tls-key"] in mounts
+    # the run folder it serves is the vertical job of the runner's deployment
+    run = REPO / mounts["/config/scoring-run"] / "job.json"
+    assert json.loads(run.read_text()) == yaml.safe_load((REPO / "deploy" / "job.yaml").read_text())
+    # it signs as flow and logs in as the flow's broker user, with the flow's password file
+    assert service["environment"]["FEDBOOST_AMQP_URL"] == "amqps://fedboost-flow@rabbitmq:5671/%2F"
+    assert mounts[service["environment"]["FEDBOOST_AMQP_PASSWORD_FILE"]] == "./deploy/passwords/flow"
+    private = sorted(c for c in mounts if c.endswith(".key"))
+    assert private == ["/keys/flow.key", "/scoring-tls/server.key", "/tls/flow.key"]

@@ -35,7 +35,7 @@ from typing import Any
 from boosting import BoostingError
 from crypto import CryptoError
 from crypto.bin_products import kernel as bin_products_kernel
-from messages import DecodeError, MessageError, UnknownMessageType
+from messages import DecodeError, MessageError, StopRequested, UnknownMessageType
 from messages.bodies import ErrorReply
 from messages.envelope import (COMMANDS, OPENERS, TRANSIENT, UNRECORDED, WORK, Envelope,
                                MsgType)
@@ -120,8 +120,12 @@ class Worker:
                  peer_timeout: float = DEFAULT_PEER_TIMEOUT,
                  idle_job_seconds: float = IDLE_JOB_SECONDS,
                  early_mail_seconds: float = EARLY_SECONDS,
-                 health_file: str | None = None) -> None:
+                 health_file: str | None = None,
+                 on_stop: Callable[[], None] | None = None) -> None:
         self.party = party
+        self._on_stop = on_stop
+        """Called by ``stop`` too (from the signal handler): ends the transport's waits for an
+        unreachable broker (``RabbitTransport.request_stop``)."""
         self.health_file = Path(health_file) if health_file else None
         self._last_beat = 0.0
         self.peer_timeout = peer_timeout
@@ -149,6 +153,8 @@ class Worker:
     def stop(self, *_: object) -> None:
         """Finish the current message and exit the loop."""
         self._stopping = True
+        if self._on_stop is not None:
+            self._on_stop()
 
     def serve(self) -> None:
         """Serve until stopped (SIGTERM/SIGINT) or, in single-job mode, until CLOSE_JOB."""
@@ -159,17 +165,20 @@ class Worker:
                  self.party.name,
                  ", ".join(served) or "no protocol (its policy lists none this worker has)",
                  len(self.answered), bin_products_kernel())
-        while not self._stopping:
-            data = self.transport.receive(timeout=0.5)
-            if data is not None:
-                self.handle_bytes(data)
-                self.transport.acknowledge()
-            self._expire_pending()
-            self._retry_waiting()
-            self._drop_idle_jobs()
-            self.early.expire()
-            self.rejections.flush()
-            self._beat()
+        try:
+            while not self._stopping:
+                data = self.transport.receive(timeout=0.5)
+                if data is not None:
+                    self.handle_bytes(data)
+                    self.transport.acknowledge()
+                self._expire_pending()
+                self._retry_waiting()
+                self._drop_idle_jobs()
+                self.early.expire()
+                self.rejections.flush()
+                self._beat()
+        except StopRequested as exc:  # SIGTERM while the broker was unreachable: stop now
+            log.warning("%s", exc)
         self.rejections.flush(final=True)
         if self.jobs:  # stopped mid-job (Ctrl-C, SIGTERM): say so, once (a single-job
             # worker, the embedded default's, is stopped by the command that says so itself)

@@ -67,3 +67,33 @@ def test_url_helpers_keep_host_port_and_query() -> None:
     assert redact(url) == "amqp://u:***@[::1]:5672/v?heartbeat=5"
     assert with_password(without_password(url), "p@w") == url
     assert without_password("amqp://broker/v") == "amqp://broker/v"
+
+
+def test_the_environment_names_a_password_file_read_whole_line_never_shown(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """FEDBOOST_AMQP_PASSWORD_FILE, as docker-compose.yml mounts it for each worker and the
+    runner: its first line is the password (the newline, CRLF too, stripped); a missing file
+    is one clear line naming the variable and the path; the password never reaches a message
+    or a log line, also when the broker cannot be reached."""
+    import logging
+
+    from messages import TransportError
+    from messages.broker_url import redact
+    from messages.rabbitmq import RabbitTransport
+
+    secret = "Zx9-k2!pq"
+    (tmp_path / "amqp").write_text(f"{secret}\r\n")
+    monkeypatch.setenv(AMQP_URL_ENV, "amqp://fedboost-host@127.0.0.1:1/%2F")
+    monkeypatch.setenv(AMQP_PASSWORD_FILE_ENV, str(tmp_path / "amqp"))
+    url = TransportConfig(kind="rabbitmq").amqp_url()
+    assert pika.URLParameters(url).credentials.password == secret
+    assert secret not in redact(url)
+    with caplog.at_level(logging.DEBUG):
+        with pytest.raises(TransportError) as raised:
+            RabbitTransport("host", url, party=True, reconnect_seconds=1.0)
+    assert "cannot reach the broker at 127.0.0.1:1" in str(raised.value)
+    assert secret not in str(raised.value) and secret not in caplog.text
+    monkeypatch.setenv(AMQP_PASSWORD_FILE_ENV, str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match=rf"^{AMQP_PASSWORD_FILE_ENV} {tmp_path / 'missing'}: "
+                                          rf"cannot read it \(.*No such file"):
+        TransportConfig(kind="rabbitmq").amqp_url()
