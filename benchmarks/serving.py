@@ -34,6 +34,9 @@ connections doing the same. Where a new row's time goes comes from each service'
 (its request time, the parties' answers to membership and scoring rounds) and, with --trace,
 from a link in this process timed phase by phase (``benchmarks.serving_trace``).
 
+Its lines on purpose: one benchmark command read top to bottom (set-up, the services in turns,
+httpx and wrk, the report); its load generators already live in ``benchmarks.serving_load``.
+
 ``--work DIR`` keeps keys and trained models, so a second run only serves. ``--json FILE`` writes
 {"secureboost": {"rows_per_s", "p50_ms", "p99_ms", "wrk": {...}, ...}, "forest": {...},
 "load": {"start": [1, 5, 15 min], "end": [...]}}: the HTTPS-with-keys numbers (rows/s: the best

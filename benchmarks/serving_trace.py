@@ -161,19 +161,14 @@ def main() -> None:
                                      formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("run", type=Path, help="a run folder of 'fedboost train' over RabbitMQ")
     parser.add_argument("--rows", type=int, default=300)
-    parser.add_argument("--ids", type=Path, help="a CSV whose 'id' column the parties hold "
-                        "(default: the lender's file of configs/default_credit_three_party.yaml)")
+    parser.add_argument("--ids", type=Path, required=True,
+                        help="a CSV whose 'id' column the parties hold (the lender's data file)")
     parser.add_argument("--url", default=os.environ.get("FEDBOOST_AMQP_URL"))
     args = parser.parse_args()
     if args.url:
         os.environ["FEDBOOST_AMQP_URL"] = args.url
-    if args.ids is None:
-        from benchmarks.serving import _ids
-
-        ids = _ids()
-    else:
-        with args.ids.open(newline="") as handle:
-            ids = [row["id"] for row in csv.DictReader(handle)]
+    with args.ids.open(newline="") as handle:
+        ids = [row["id"] for row in csv.DictReader(handle)]
     show(trace(args.run, ids, args.rows))
     print(f"signing, before / now: {signing_ab()}")
 

@@ -36,6 +36,10 @@ the leaves (disjoint rows: parallel) and half to the splits, ``/ max_depth`` per
 level's nodes hold disjoint rows: parallel). A root-to-leaf path thus spends ``max_depth``
 split shares and one leaf share: the ensemble's epsilon.
 
+Its lines on purpose: the plan's budget split and the mechanisms that spend it are one
+accounting, read together (every share named in :class:`PrivacyPlan` is spent by a function
+below).
+
 **Count floors** (``count_floor > 0``, the horizontal protocol's; issue 36): whoever would open
 the sums of a node of few rows (the horizontal aggregator reads every bin of every node it
 builds) first asks a **noisy threshold** whether it holds enough rows:

@@ -9,6 +9,10 @@ Delivery: messages are persistent and published with confirms, to a queue that m
 (``mandatory``), so a send either reached the broker's disk or raises. A received message is
 acknowledged only when the caller says its outcome is done (``acknowledge``); a connection lost
 before that redelivers it, and the ids of recently completed messages drop the duplicate.
+Its lines on purpose: one class owns one pika connection, which only its own thread may touch:
+connecting (and stopping while it retries), receiving, acknowledging and publishing share that
+connection's channels and state, so splitting them would hand the connection across modules.
+
 Payloads above ``chunk_bytes`` travel as numbered chunks with a SHA-256 of the whole, and are
 reassembled and checked before they are handed over; with a ``FrameSigner`` every chunk carries
 the sender's signed manifest, and partial messages are capped per sender and expire (see
