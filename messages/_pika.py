@@ -94,9 +94,29 @@ def close_channel_quietly(channel: Any) -> None:
             log.debug("closing a channel: %r", exc)
 
 
+class _QuietProbes(logging.Filter):
+    """Drops pika's warning about the channel a missing probed exchange closed: the answer
+    "no" is expected (a single-broker federation has no link exchanges), not a fault a user
+    should read in a worker's terminal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("NOT_FOUND" in message
+                    and any(f"no exchange '{name}'" in message for name in self.names))
+
+
+_QUIET_PROBES = _QuietProbes()
+logging.getLogger("pika.channel").addFilter(_QUIET_PROBES)
+
+
 def exchange_exists(connection: Any, exchange: str) -> bool:
     """Whether the broker has ``exchange`` (a passive declare needs no permission; a missing
     exchange closes the channel it was asked on, so a channel of its own)."""
+    _QUIET_PROBES.names.add(exchange)
     channel = connection.channel()
     try:
         channel.exchange_declare(exchange, passive=True)

@@ -201,11 +201,7 @@ def _replayed_roots(seeds: set[int], roots: dict[int, int], plan: PrivacyPlan,
     return best
 
 
-# Known open (issue 36): on the merged main the 2-member job opened one node of 4 rows (tree 93,
-# node 1) although its noisy counts should not pass the floor at this epsilon; cause not found
-# yet. strict: the day it passes, the mark must go.
-@pytest.mark.parametrize("members", [pytest.param(2, marks=pytest.mark.xfail(
-    strict=True, reason="issue 36: a node of 4 rows opened in the 2-member 100-tree job")), 3])
+@pytest.mark.parametrize("members", [2, 3])
 def test_a_long_private_subsampled_job_shows_no_node_below_the_floor_and_no_replay(
         tmp_path: Path, members: int) -> None:
     config = _config(tmp_path, members)

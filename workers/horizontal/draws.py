@@ -94,4 +94,10 @@ def private_rows(secret: bytes, plan: PrivacyPlan, tree: int, in_tree: npt.NDArr
     noise = keyed_generator(derive_key(secret, "floor", str(ensemble)))
     if not plan.takes(in_tree.size, tree, subsample, noise):
         return np.zeros_like(rows)
+    # and never fewer than the floor itself: the noisy decision expects the floor, and a
+    # dealing that falls short (at most COUNT_MISS of the time) would show the aggregator a
+    # root of 1 to floor - 1 of this member's rows (the exact check of the dealt count costs
+    # group privacy over the floor's rows in that tail only; docs/privacy.md, "The floor")
+    if int(rows.sum()) < DEALT_ROWS_FLOOR:
+        return np.zeros_like(rows)
     return rows
