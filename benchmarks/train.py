@@ -36,6 +36,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from fedboost import _prefect_env
 
@@ -58,25 +59,29 @@ TREE_STEPS = ["encrypt-gradients", "build-histograms", "find-splits", "apply-spl
               "broadcast-nodes", "finish-tree"]
 
 
-def step_seconds(flow_run_id: object, by_depth: bool = False,
-                 by_tree: bool = False) -> dict[str, float]:
-    """Total run time per task name of one flow run, read back from the Prefect API (per step,
-    or with ``by_depth`` per step and tree depth: ``build-histograms-d0``; with ``by_tree``
-    every task run on its own: ``encrypt-gradients-t1``)."""
+def task_runs(flow_run_id: object) -> list[Any]:
+    """Every task run of one flow run, read back from the Prefect API (which pages at 200)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    totals: dict[str, float] = {}
-    runs: list = []  # type: ignore[type-arg]
+    runs: list[Any] = []
     with get_client(sync_client=True) as client:
-        while True:  # the API pages at 200
+        while True:
             page = client.read_task_runs(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
                 limit=200, offset=len(runs))
             runs += page
             if len(page) < 200:
-                break
-    for run in runs:
+                return runs
+
+
+def step_seconds(flow_run_id: object, by_depth: bool = False,
+                 by_tree: bool = False) -> dict[str, float]:
+    """Total run time per task name of one flow run, read back from the Prefect API (per step,
+    or with ``by_depth`` per step and tree depth: ``build-histograms-d0``; with ``by_tree``
+    every task run on its own: ``encrypt-gradients-t1``)."""
+    totals: dict[str, float] = {}
+    for run in task_runs(flow_run_id):
         name = run.name if by_tree else re.sub(
             r"-t\d+(?=(-d\d+)?$)" if by_depth else r"-t\d+(-d\d+)?$", "", run.name)
         totals[name] = totals.get(name, 0.0) + run.total_run_time.total_seconds()

@@ -48,6 +48,7 @@ from typing import Any
 import yaml
 
 from benchmarks.rabbitmq import _job
+from benchmarks.train import task_runs
 from benchmarks.wan_relay import PROFILES, Profile, start_relay, turns
 from fedboost import _prefect_env
 from flows.broker_settings import AMQP_URL_ENV
@@ -116,20 +117,8 @@ def tree_windows(flow_run_id: object) -> dict[int, dict[str, float]]:
     its tasks (their union: tasks that overlap count once)."""
     import re
 
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    runs: list[Any] = []
-    with get_client(sync_client=True) as client:
-        while True:
-            page = client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
-                limit=200, offset=len(runs))
-            runs += page
-            if len(page) < 200:
-                break
     spans: dict[int, list[tuple[float, float]]] = {}
-    for run in runs:
+    for run in task_runs(flow_run_id):
         found = re.search(r"-t(\d+)(-d\d+)?$", run.name or "")
         if found and run.start_time and run.end_time:
             spans.setdefault(int(found.group(1)), []).append(

@@ -28,6 +28,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -243,6 +244,31 @@ class NetnsFederation:
         if done.returncode != 0:
             raise RuntimeError(f"netns-federation.sh: {done.stderr.strip()}")
         return done.stdout
+
+
+# One TCP stream between two namespaces: the sink receives until EOF on argv[1]:argv[2] (its
+# socket deadline argv[3] s) and prints bytes and seconds from the first byte to EOF; the source
+# connects to argv[1]:argv[2] (deadline argv[4] s) and sends argv[3] bytes.
+STREAM_SINK = textwrap.dedent("""
+    import json, socket, sys, time
+    server = socket.create_server((sys.argv[1], int(sys.argv[2])))
+    print("ready", flush=True)
+    server.settimeout(float(sys.argv[3]))
+    connection, _ = server.accept()
+    connection.settimeout(float(sys.argv[3]))
+    total, first = 0, None
+    while chunk := connection.recv(1 << 16):
+        first = first or time.monotonic()
+        total += len(chunk)
+    print(json.dumps({"bytes": total, "seconds": time.monotonic() - first}), flush=True)
+""")
+
+STREAM_SOURCE = textwrap.dedent("""
+    import socket, sys
+    with socket.create_connection((sys.argv[1], int(sys.argv[2])),
+                                  timeout=float(sys.argv[4])) as connection:
+        connection.sendall(b"x" * int(sys.argv[3]))
+""")
 
 
 def up_or_skip(federation: NetnsFederation) -> NetnsFederation:

@@ -20,8 +20,8 @@ from fedboost.embedded import train_embedded
 from flows.config import load_config
 from flows.secureboost import vertical_secureboost
 from tests.cli_federation import CliFederation
-from tests.netns import (AMQP_PORT, NetnsFederation, NetnsHost, netns_federation,  # noqa: F401
-                         up_or_skip)
+from tests.netns import (AMQP_PORT, STREAM_SINK, STREAM_SOURCE, NetnsFederation,  # noqa: F401
+                         NetnsHost, netns_federation, up_or_skip)
 
 # Declares a queue, publishes one message and reads it back, over the broker at argv[1].
 ROUND_TRIP = textwrap.dedent("""
@@ -79,36 +79,16 @@ def test_each_broker_answers_its_own_organisation_on_its_own_address(
     assert round_trip(machine, host.broker_url)["connected"] is True
 
 
-# Receives until EOF on argv[1]:argv[2]; prints bytes and seconds from the first byte to EOF.
-SINK = textwrap.dedent("""
-    import json, socket, sys, time
-    server = socket.create_server((sys.argv[1], int(sys.argv[2])))
-    print("ready", flush=True)
-    server.settimeout(30)
-    connection, _ = server.accept()
-    connection.settimeout(30)
-    total, first = 0, None
-    while chunk := connection.recv(1 << 16):
-        first = first or time.monotonic()
-        total += len(chunk)
-    print(json.dumps({"bytes": total, "seconds": time.monotonic() - first}), flush=True)
-""")
-
-SOURCE = textwrap.dedent("""
-    import socket, sys
-    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30) as connection:
-        connection.sendall(b"x" * int(sys.argv[3]))
-""")
 
 
 def throughput(sender: NetnsHost, receiver: NetnsHost, size: int, port: int) -> float:
     """Bytes per second of one TCP stream of ``size`` bytes from ``sender`` to ``receiver``."""
-    sink = receiver.popen([sys.executable, "-c", SINK, receiver.address, str(port)],
+    sink = receiver.popen([sys.executable, "-c", STREAM_SINK, receiver.address, str(port), "30"],
                           stdout=subprocess.PIPE, text=True)
     try:
         assert sink.stdout is not None and sink.stdout.readline().strip() == "ready"
-        subprocess.run(sender.command([sys.executable, "-c", SOURCE, receiver.address, str(port),
-                                       str(size)]), check=True, timeout=60)
+        subprocess.run(sender.command([sys.executable, "-c", STREAM_SOURCE, receiver.address, str(port),
+                                       str(size), "30"]), check=True, timeout=60)
         result = json.loads(sink.stdout.readline())
         assert sink.wait(timeout=30) == 0
     finally:

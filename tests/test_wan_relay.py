@@ -10,13 +10,12 @@ import json
 import statistics
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 
 from benchmarks.wan_relay import PROFILES, serve, turns
-from tests.netns import NetnsFederation, up_or_skip
+from tests.netns import STREAM_SINK, STREAM_SOURCE, NetnsFederation, up_or_skip
 
 
 async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -89,26 +88,6 @@ def test_turns_count_answers_that_followed_what_came_down() -> None:
     assert turns(chunks, since=0.25) == 1
 
 
-# Receives until EOF on argv[1]:argv[2]; prints bytes and seconds from the first byte to EOF.
-SINK = textwrap.dedent("""
-    import json, socket, sys, time
-    server = socket.create_server((sys.argv[1], int(sys.argv[2])))
-    print("ready", flush=True)
-    server.settimeout(60)
-    connection, _ = server.accept()
-    connection.settimeout(60)
-    total, first = 0, None
-    while chunk := connection.recv(1 << 16):
-        first = first or time.monotonic()
-        total += len(chunk)
-    print(json.dumps({"bytes": total, "seconds": time.monotonic() - first}), flush=True)
-""")
-
-SOURCE = textwrap.dedent("""
-    import socket, sys
-    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60) as connection:
-        connection.sendall(b"x" * int(sys.argv[3]))
-""")
 
 
 @pytest.mark.parametrize("name", ["10mbit-50ms"])
@@ -121,14 +100,14 @@ def test_a_bulk_transfer_through_the_relay_reaches_the_link_rate(name: str) -> N
     federation = up_or_skip(NetnsFederation(orgs=("a", "b"), machines=(), brokers=False))
     try:
         a, b = federation["a"], federation["b"]
-        sink = b.popen([sys.executable, "-c", SINK, b.address, "7202"], stdout=subprocess.PIPE,
-                       text=True)
+        sink = b.popen([sys.executable, "-c", STREAM_SINK, b.address, "7202", "60"],
+                       stdout=subprocess.PIPE, text=True)
         try:
             assert sink.stdout is not None and sink.stdout.readline().strip() == "ready"
             with federation.wan("a", profile, (b.address, 7202), listen_port=7201) as (host, port):
                 started = time.monotonic()
-                subprocess.run(a.command([sys.executable, "-c", SOURCE, host, str(port),
-                                          str(size)]), check=True, timeout=120)
+                subprocess.run(a.command([sys.executable, "-c", STREAM_SOURCE, host, str(port),
+                                          str(size), "60"]), check=True, timeout=120)
                 got = json.loads(sink.stdout.readline())
                 elapsed = time.monotonic() - started
             assert sink.wait(timeout=30) == 0
