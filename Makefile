@@ -23,12 +23,12 @@ $(VENV)/.installed: pyproject.toml setup.py crypto/_bin_products.c Makefile
 train: $(VENV)/.installed
 	$(VENV)/bin/fedboost train configs/default_credit.yaml --out runs/default-credit
 
-# two test files at a time (each file's tests in one process, so a file's federation fixture is
+# three test files at a time (each file's tests in one process, so a file's federation fixture is
 # built once): most of a test's wall time waits on other processes (workers, Prefect, the broker);
 # then, alone, the few tests marked 'serial' (one stops the broker every other test uses)
 test: $(VENV)/.installed
 	status=0; \
-	$(PY) -m pytest -m "not heavy and not serial" -n 2 --dist loadfile || status=$$?; \
+	$(PY) -m pytest -m "not heavy and not serial" -n 3 --dist loadfile || status=$$?; \
 	$(PY) -m pytest -m "serial and not heavy" || status=$$?; \
 	exit $$status
 
