@@ -76,6 +76,7 @@ teardown() {
   fi
   if [ -n "$made_keys" ]; then
     rm -rf deploy/keys deploy/tls deploy/passwords deploy/scoring-keys deploy/scoring-tls
+    rm -f deploy/host-scoring.yaml
     cp "$work/definitions.json" deploy/definitions.json
   fi
   if [ -n "$podman_pid" ]; then kill "$podman_pid" 2> /dev/null; wait "$podman_pid" 2>/dev/null; fi
@@ -354,6 +355,15 @@ scoring() {  # the vertical model served; a key revoked on the host is refused i
   local key code
   key=$(fedboost serve-model-keys --keys deploy/scoring-keys/api-keys.json add smoke | grep -o 'fbk_[A-Za-z0-9_-]*' | head -1)
   [ -n "$key" ]
+  # the host's operator consents to scoring in its own worker file, as docs/operations.md says
+  # (the shipped deploy/host.yaml answers path-mode prediction only, and the service would stop)
+  "$python" -c 'import sys, yaml
+config = yaml.safe_load(open(sys.argv[1]))
+config["policy"]["predict_modes"] = ["path", "batched"]
+yaml.safe_dump(config, open(sys.argv[2], "w"), sort_keys=False)' deploy/host.yaml deploy/host-scoring.yaml
+  chmod 644 deploy/host-scoring.yaml
+  HOST_CONFIG=./deploy/host-scoring.yaml $compose --profile horizontal up -d worker-host
+  wait_healthy 300
   $compose --profile scoring up -d scoring
   wait_healthy 300
   score() {
