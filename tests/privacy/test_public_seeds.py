@@ -33,6 +33,7 @@ already secret).
 
 from __future__ import annotations
 
+import collections
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +184,11 @@ def test_no_public_seed_predicts_the_forest_features_a_passive_party_is_asked(
     total = guest_features + host_features
     k = features_per_node(config.params.max_features, total)
     seeds = public_seeds(forest, passive)
-    asked_ever, predicted_ever = 0, 0
+    # a rule (a public seed, alone or mixed with the tree and node) that predicts the draws
+    # predicts every tree's; one tree matched by chance is no rule: hundreds of integers cross
+    # the wire and a root asks a few of the host's 20 features (a clean-clone run on 88e5657
+    # had one public integer match one tree's root; no integer can match most trees by chance)
+    asked_ever, trees_per_rule = 0, collections.Counter[tuple[int, int]]()
     for tree, request in roots.items():
         weights = np.frombuffer(request.weights, "<u2")
         first = int(np.flatnonzero(weights > 0)[0])
@@ -194,7 +199,7 @@ def test_no_public_seed_predicts_the_forest_features_a_passive_party_is_asked(
             return [int(f) - guest_features for f in draw_features(rng, total, k)
                     if f >= guest_features]
         hits = replay(seeds, [[tree], [0], [first]], features, lambda f: f == asked and bool(f))
-        predicted_ever += bool(hits)
+        trees_per_rule.update({(key[0], len(key)) for key in hits})
         # the bootstrap: the job's public draw, by design (the passive party checks it);
         # what its replay gives is what the request carries
         assert replay([config.params.seed], [[tree]],
@@ -202,7 +207,8 @@ def test_no_public_seed_predicts_the_forest_features_a_passive_party_is_asked(
                                               minlength=weights.size),
                       lambda w: bool(np.array_equal(w, weights)))
     assert asked_ever >= 2, "the host was asked too rarely for the check to mean anything"
-    assert predicted_ever == 0
+    rule, predicted = max(trees_per_rule.items(), key=lambda item: item[1], default=(None, 0))
+    assert predicted <= TREES // 2, f"seed {rule} predicts {predicted}/{TREES} trees' features"
 
 
 # -- horizontal -----------------------------------------------------------------------------
