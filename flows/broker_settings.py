@@ -127,11 +127,16 @@ class TransportConfig(Strict):
 
 def read_password_file(path: str | Path, what: str) -> str:
     """The password in the first line of ``path``; a ``ConfigError`` naming ``what`` and the
-    file if it cannot be read or that line is empty."""
+    file if it cannot be read, other users may read or write it (as ssh refuses such a key
+    file: the password would already be theirs), or that line is empty."""
     try:
+        mode = Path(path).stat().st_mode
         password = next(iter(Path(path).read_text().splitlines()), "")
     except (OSError, UnicodeError) as exc:
         raise ConfigError(f"{what} {path}: cannot read it ({exc})") from None
+    if mode & 0o077:
+        raise ConfigError(f"{what} {path}: other users may read it (mode {mode & 0o777:04o}); "
+                          f"make it yours alone: chmod 600 {path}")
     if not password:
         raise ConfigError(f"{what} {path}: the first line is empty")
     return password

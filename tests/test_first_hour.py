@@ -128,6 +128,7 @@ def test_an_unreachable_broker_is_one_line_per_attempt_and_ctrl_c_one_line(
                       "password_file": "broker.pw"},
         "signing": {"key_dir": str(tmp_path / "keys")}}))
     (tmp_path / "broker.pw").write_text("unused\n")
+    (tmp_path / "broker.pw").chmod(0o600)
     env = _env()
     # as started at a terminal: a test run launched in the background ('make test &') hands
     # its children SIGINT ignored, and Python then keeps it ignored (as nohup wants)

@@ -162,6 +162,7 @@ def _assert_stopped(proc: subprocess.Popen[str], seen: list[str], took: float, p
 def test_sigterm_ends_the_wait_for_a_broker_that_never_answered(tmp_path: Path) -> None:
     party, port = f"stop{time.time_ns() % 10**8}", _free_port()  # nothing listens there
     (tmp_path / "broker.pw").write_text("unused\n")
+    (tmp_path / "broker.pw").chmod(0o600)
     proc = _worker(tmp_path, party, port, "fedboost")
     try:
         lines, seen = _lines(proc), []
@@ -179,6 +180,7 @@ def test_sigterm_ends_the_reconnect_wait_of_a_serving_worker(tmp_path: Path,
     relay = _Relay((broker.hostname or "127.0.0.1", broker.port or 5672))
     party = f"stop{time.time_ns() % 10**8}"  # its own queues on the shared broker
     (tmp_path / "broker.pw").write_text(f"{broker.password}\n")
+    (tmp_path / "broker.pw").chmod(0o600)
     proc = _worker(tmp_path, party, relay.port, broker.username or "guest")
     try:
         lines, seen = _lines(proc), []

@@ -28,6 +28,7 @@ def _job(tmp_path: Path, transport: dict[str, str]) -> dict[str, object]:
 
 def test_password_file_fills_the_url_and_resolves_against_the_job_file(tmp_path: Path) -> None:
     (tmp_path / "pw").write_text("p@ss/w:rd\nignored\n")
+    (tmp_path / "pw").chmod(0o600)
     config = parse_config(_job(tmp_path, {"url": "amqp://alice@broker:5672/fed",
                                           "password_file": "pw"}), base=tmp_path, source="job")
     assert config.transport.password_file == tmp_path / "pw"
@@ -38,6 +39,49 @@ def test_password_file_fills_the_url_and_resolves_against_the_job_file(tmp_path:
     assert without_broker_password(config) is None  # nothing to strip: the file stays a path
 
 
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_a_password_file_other_users_may_read_is_refused_naming_the_fix(
+        tmp_path: Path, mode: int) -> None:
+    """As ssh refuses a key file others can read: the password would already be theirs. The
+    error names the file, its mode and the chmod; the password never shows."""
+    (tmp_path / "pw").write_text("Zx9-k2!pq\n")
+    (tmp_path / "pw").chmod(mode)
+    config = parse_config(_job(tmp_path, {"url": "amqp://alice@broker:5672/fed",
+                                          "password_file": "pw"}), base=tmp_path, source="job")
+    with pytest.raises(ConfigError) as refused:
+        config.transport.amqp_url()
+    message = str(refused.value)
+    assert f"{tmp_path / 'pw'}: other users may read it (mode {mode:04o})" in message
+    assert f"chmod 600 {tmp_path / 'pw'}" in message and "Zx9-k2!pq" not in message
+    (tmp_path / "pw").chmod(0o400)  # the entry point's copy in a container: the owner's alone
+    assert pika.URLParameters(config.transport.amqp_url()).credentials.password == "Zx9-k2!pq"
+
+
+def test_a_worker_given_a_world_readable_password_file_stops_at_start_with_one_line(
+        tmp_path: Path) -> None:
+    """The real command, as an operator starts it: one clear line, a failing exit, no traceback,
+    before it reaches for a broker (the URL's port is closed)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    (tmp_path / "broker.pw").write_text("Zx9-k2!pq\n")
+    (tmp_path / "broker.pw").chmod(0o644)
+    config = tmp_path / "worker.yaml"
+    config.write_text(yaml.safe_dump({
+        "party": "host", "data": str(tmp_path / "unused.csv"),
+        "transport": {"kind": "rabbitmq", "url": "amqp://fedboost-host@127.0.0.1:1/%2F",
+                      "password_file": "broker.pw"},
+        "signing": {"key_dir": str(tmp_path)}}))
+    done = subprocess.run([sys.executable, "-m", "fedboost.cli", "worker", "--party", "host",
+                           "--config", str(config)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0
+    assert "other users may read it (mode 0644)" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "Zx9-k2!pq" not in done.stderr + done.stdout
+
+
 def test_environment_wins_and_a_user_without_password_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert TransportConfig(kind="rabbitmq").amqp_url().startswith("amqp://guest:guest@127.0.0.1")
@@ -45,6 +89,7 @@ def test_environment_wins_and_a_user_without_password_is_refused(
     with pytest.raises(ConfigError, match=f"'alice' has no password: set {AMQP_URL_ENV}"):
         transport.amqp_url()
     (tmp_path / "empty").write_text("\n")
+    (tmp_path / "empty").chmod(0o600)
     monkeypatch.setenv(AMQP_PASSWORD_FILE_ENV, str(tmp_path / "empty"))
     with pytest.raises(ConfigError, match="the first line is empty"):
         transport.amqp_url()
@@ -83,6 +128,7 @@ def test_the_environment_names_a_password_file_read_whole_line_never_shown(
 
     secret = "Zx9-k2!pq"
     (tmp_path / "amqp").write_text(f"{secret}\r\n")
+    (tmp_path / "amqp").chmod(0o600)
     monkeypatch.setenv(AMQP_URL_ENV, "amqp://fedboost-host@127.0.0.1:1/%2F")
     monkeypatch.setenv(AMQP_PASSWORD_FILE_ENV, str(tmp_path / "amqp"))
     url = TransportConfig(kind="rabbitmq").amqp_url()
