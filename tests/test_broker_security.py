@@ -86,6 +86,8 @@ def secured_broker(rabbit_url: str, tmp_path_factory: pytest.TempPathFactory) ->
     root = tmp_path_factory.mktemp("definitions")
     (root / "guest.pw").write_text(broker.parties[guest] + "\n")
     (root / "flow.pw").write_text(broker.parties["flow"] + "\n")
+    for name in ("guest.pw", "flow.pw"):
+        (root / name).chmod(0o600)  # 'fedboost definitions' refuses a file others may read
     env = {**os.environ, "PYTHONPATH": str(REPO), password_env(host): broker.parties[host]}
     out = root / "definitions.json"
     done = subprocess.run([*FEDBOOST, "definitions", "--party", f"{guest}=@{root / 'guest.pw'}",

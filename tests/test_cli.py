@@ -242,6 +242,7 @@ def test_definitions_take_passwords_from_environment_and_files(tmp_path: Path) -
     from fedboost.broker import check_password, password_env
 
     (tmp_path / "host.pw").write_text("host-secret-from-file\n")
+    (tmp_path / "host.pw").chmod(0o600)
     env = {password_env("guest"): "guest-secret-from-env",
            password_env("flow"): "flow-secret-from-env"}
     out = tmp_path / "definitions.json"
