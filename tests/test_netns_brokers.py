@@ -283,12 +283,22 @@ def test_an_organisations_broker_restarted_mid_tree(per_org: NetnsFederation,
                                                     tmp_path: Path) -> None:
     """The host's broker node stopped and started again mid-tree: its worker reconnects, the
     queued messages (durable queues, persistent messages) are all still there, the shovels
-    come back, and the model is the uninterrupted run's."""
+    come back, and the model is the uninterrupted run's.
+
+    The host's link is down while its broker restarts: a graceful stop takes seconds (the
+    CLI's own Erlang VM starts first), in which a fast machine finished the whole 3-tree job
+    (a CI run restarted a broker that had nothing left to do). Cut, the job surely waits on
+    the host, and the host's replies wait in its broker's durable queues for the shovel."""
     run = _Run(per_org, tmp_path / "federation", "restart")
     run.start()
     try:
         run.wait_mid_tree()
-        per_org.restart("host")
+        per_org.cut("host")
+        try:
+            per_org.restart("host")
+            assert run.thread.is_alive(), f"the job ended before the restart: {run.result!r}"
+        finally:
+            per_org.mend("host")
         run.finish()
     finally:
         run.fed.stop()
