@@ -5,7 +5,8 @@ protocol.
 
     python -m benchmarks.dp_core [--data homo|hetero] [--valid FRACTION] [--trees 50]
         [--per-ensemble N] [--depth 3] [--lr 0.3] [--reg-lambda 100] [--max-bin 16]
-        [--clip 0.3] [--count-share 0.1] [--count-miss 0.01] [--epsilons 1 2 4 8] [--seeds 0 1 2]
+        [--clip 0.3] [--count-share 0.1] [--count-miss 0.01] [--roomy-side 2]
+        [--epsilons 1 2 4 8] [--seeds 0 1 2]
 
 Prints the AUC per epsilon (mean over seeds, then each seed's). ``homo``: the three members'
 files of default_credit_homo, test on default_credit_homo_test.csv. It draws what the real
@@ -38,8 +39,9 @@ from boosting.hist import build_histograms
 from boosting.losses import base_score, gradients, transform
 from boosting.metrics import auc
 from boosting.params import BoostParams
-from boosting.privacy import (PrivacyPlan, clip_gradients, deal_rows, private_leaves,
-                              private_split, split_candidates, tree_rng)
+from boosting.privacy import (ROOMY_SIDE, PrivacyPlan, clip_gradients, deal_rows, private_leaves,
+                              private_split, roomy_candidates, split_candidates,
+                              tree_rng)
 from boosting.split import NodeTotals
 from workers.horizontal.draws import COUNT_MISS, COUNT_SHARE, floor_rows
 
@@ -64,7 +66,8 @@ def trees_per_ensemble(epsilon: float, n_trees: int) -> int:
 
 def train_private(bins: BinMatrix, y: FloatArray, test_bins: BinMatrix, n_cuts: list[int],
                   params: BoostParams, plan: PrivacyPlan, seed: int,
-                  members: list[int] | None = None, hidden_from: int | None = None) -> FloatArray:
+                  members: list[int] | None = None, hidden_from: int | None = None,
+                  roomy_side: float = ROOMY_SIDE) -> FloatArray:
     """Test margins of a DPBoost model trained on ``bins``/``y`` (binary), ``seed`` being the
     job's ``params.seed`` and ``privacy.seed``.
 
@@ -72,10 +75,14 @@ def train_private(bins: BinMatrix, y: FloatArray, test_bins: BinMatrix, n_cuts: 
     ``bins``): each member deals its own rows, as ``workers.horizontal.member`` does; None: the
     vertical active party deals all rows. Features from ``hidden_from`` on are a passive
     party's: every bin of theirs is a candidate, as the active party, which does not know their
-    cuts, draws."""
+    cuts, draws. ``roomy_side``: the roomy candidates' factor (``boosting.privacy.ROOMY_SIDE``;
+    0: every candidate at every level)."""
     candidates = split_candidates(n_cuts, params.max_bin)
     if hidden_from is not None:
         candidates[hidden_from:] = True
+    bin_counts = np.stack([np.bincount(bins[:, f], minlength=params.max_bin + 1)
+                           for f in range(bins.shape[1])])  # the set-up's union counts
+    every = candidates
     base = float(base_score("binary", y, 2)[0])
     margin, test_margin = np.full(y.size, base), np.full(test_bins.shape[0], base)
     dealt = np.zeros(y.size, dtype=np.int64)
@@ -84,6 +91,11 @@ def train_private(bins: BinMatrix, y: FloatArray, test_bins: BinMatrix, n_cuts: 
         if position == 0:
             dealt = deal(plan, ensemble, y.size, seed, members)
         rng = tree_rng(seed, tree)  # the aggregator's (active party's) noise of this tree
+        roomy = None  # the aggregator's roomy candidates (workers.horizontal.aggregator)
+        if members is not None and plan.count_floor and roomy_side:
+            share = float(plan.row_shares(ensemble)[position])
+            roomy = roomy_candidates(every, bin_counts, share,
+                                     roomy_side * plan.count_threshold())
         g = gradients("binary", margin[:, None], y)[0][:, 0]
         in_tree = floored(plan, dealt == position, seed, tree, members)
         g = np.where(in_tree, clip_gradients(g, plan.bound), 0.0)
@@ -99,6 +111,7 @@ def train_private(bins: BinMatrix, y: FloatArray, test_bins: BinMatrix, n_cuts: 
                 slot[(node == n) & in_tree] = k
             hists = build_histograms(bins, slot, gq.ints, hq.ints, len(frontier), params.max_bin)
             children = []
+            candidates = every if roomy is None or depth + 1 == params.max_depth else roomy
             for n, hist in zip(frontier, hists):
                 g_sum, h_sum, count = (int(v) for v in hist[0].sum(axis=0))
                 split = private_split({0: hist}, NodeTotals(g_sum, h_sum, count), gq.scale,
@@ -215,7 +228,8 @@ def one_run(args: argparse.Namespace, epsilon: float, seed: int) -> float:
     plan = PrivacyPlan(epsilon, args.trees, args.depth, per, args.clip, args.reg_lambda, args.lr,
                        floor_rows(params) if share > 0 else 0, share, args.count_miss)
     margin = train_private(bins, y, test_bins, [len(c) for c in cuts], params, plan, seed,
-                           [p.shape[0] for p in parts] if args.data == "homo" else None, hidden)
+                           [p.shape[0] for p in parts] if args.data == "homo" else None, hidden,
+                           args.roomy_side)
     return auc(ty, transform("binary", margin[:, None])[:, 0])
 
 
@@ -237,6 +251,9 @@ def main() -> None:
                         help="homo: share of each ensemble's epsilon for the count floors")
     parser.add_argument("--count-miss", type=float, default=COUNT_MISS,
                         help="homo: the floors' probability of passing floor - 1 rows")
+    parser.add_argument("--roomy-side", type=float, default=ROOMY_SIDE,
+                        help="homo: under floors, a candidate's smaller side must expect this "
+                             "many count thresholds of rows above the last level (0: off)")
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()

@@ -123,7 +123,7 @@ class TreeGrower:
             if self.private is not None:
                 result[node] = self.private.choose({b: self._hist[(b, node)] for b in blocks},
                                                    totals, self.grad.scale, self.hess.scale,
-                                                   self.params)
+                                                   self.params, self.nodes[node].depth)
                 continue
             result[node] = best_split([
                 best_split_in_block(self._hist[(b, node)], totals, self.grad.scale,

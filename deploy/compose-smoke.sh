@@ -362,7 +362,11 @@ config = yaml.safe_load(open(sys.argv[1]))
 config["policy"]["predict_modes"] = ["path", "batched"]
 yaml.safe_dump(config, open(sys.argv[2], "w"), sort_keys=False)' deploy/host.yaml deploy/host-scoring.yaml
   chmod 644 deploy/host-scoring.yaml
-  HOST_CONFIG=./deploy/host-scoring.yaml $compose --profile horizontal up -d worker-host
+  # for every later compose command too: one without it would recreate worker-host on the
+  # shipped file (as 'up scoring' did, its dependency), and the service would stop again
+  export HOST_CONFIG=./deploy/host-scoring.yaml
+  keep HOST_CONFIG "$HOST_CONFIG"
+  $compose --profile horizontal up -d worker-host
   wait_healthy 300
   $compose --profile scoring up -d scoring
   wait_healthy 300

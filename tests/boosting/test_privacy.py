@@ -15,10 +15,10 @@ from boosting.hist import build_histograms
 from boosting.params import BoostParams
 from boosting.split import NodeTotals, split_gains
 from boosting import BoostingError
-from boosting.privacy import (PrivacyPlan, clip_gradients, deal_rows, exponential_choice,
-                              exponential_probabilities, gain_sensitivity,
+from boosting.privacy import (PrivacyPlan, PrivateTree, clip_gradients, deal_rows,
+                              exponential_choice, exponential_probabilities, gain_sensitivity,
                               laplace_noise, leaf_sensitivity, private_leaves, private_split,
-                              split_candidates)
+                              roomy_candidates, split_candidates)
 from flows.config import PrivacyConfig
 
 
@@ -312,3 +312,46 @@ def test_private_split_draws_once_over_every_block_with_the_mechanisms_frequenci
     assert chisquare(counts, draws * weights / weights.sum()).pvalue > 0.001
     wrong = np.exp(eps * gains / 1.5)  # a mechanism that forgets the factor 2
     assert chisquare(counts, draws * wrong / wrong.sum()).pvalue < 1e-6
+
+
+def test_roomy_candidates_drop_splits_whose_smaller_side_cannot_expect_the_rows() -> None:
+    """One feature, 4 bins and missing values: 10 / 300 / 300 / 10 rows and 20 missing. With
+    a tree expecting a tenth of them and 2.5 rows wanted, a side of 10 or 20 rows is too small,
+    one of 30 (bin 2's right with the missing values, or bin 0's left with them) is roomy;
+    bin 3 separates nothing (its cut is the last) and stays masked; a want that no candidate
+    meets leaves None."""
+    counts = np.array([[10, 300, 300, 10, 20]])
+    every = split_candidates([4], 4)
+    roomy = roomy_candidates(every, counts, 0.1, 2.5)
+    assert roomy is not None
+    # direction 0: missing right; 1: missing left. Bins 0..2 separate; bin 3 does not.
+    assert roomy[0, 0].tolist() == [False, True, True, False]  # bin 0: left 10
+    assert roomy[0, 1].tolist() == [True, True, False, False]  # bin 2: right 10
+    assert roomy_candidates(every, counts, 0.1, 1000.0) is None
+    assert not (roomy & ~every).any()
+
+
+def test_a_private_tree_draws_among_the_roomy_candidates_above_the_last_level() -> None:
+    """At depths below ``max_depth - 1`` the draw never leaves the roomy set; at the last
+    level (whose children are leaves, the floor checks nothing) every candidate is drawn."""
+    max_bin, n = 4, 400
+    rng = np.random.default_rng(5)
+    params = BoostParams(max_bin=max_bin, reg_lambda=1.0, max_depth=2)
+    bins = rng.integers(0, 4, size=(n, 1)).astype(np.uint8)
+    g_ints = np.rint(rng.normal(size=n) * SCALE).astype(np.int64)
+    h_ints = np.ones(n, dtype=np.int64)
+    hist = build_histograms(bins, np.zeros(n, dtype=np.int64), g_ints, h_ints, 1, max_bin)[0]
+    totals = NodeTotals(int(g_ints.sum()), n, n)
+    every = split_candidates([4], max_bin)
+    roomy = np.zeros_like(every)
+    roomy[0, 0, 1] = True
+    plan = PrivacyPlan(1.0, 1, 2, 1, 0.3, 1.0, 0.3, 10, 0.1)
+    tree = PrivateTree(plan, 0, {0: every}, rng, {0: roomy})
+    at_root = {(c.bin, c.missing_left) for c in
+               (tree.choose({0: hist}, totals, SCALE, 1.0, params, 0) for _ in range(200))
+               if c is not None}
+    at_last = {(c.bin, c.missing_left) for c in
+               (tree.choose({0: hist}, totals, SCALE, 1.0, params, 1) for _ in range(400))
+               if c is not None}
+    assert at_root == {(1, False)}
+    assert len(at_last) == 6  # bins 0..2, both directions

@@ -22,7 +22,7 @@ from boosting.fixedpoint import quantize
 from boosting.grow import TreeGrower
 from boosting.losses import base_score, gradients
 from boosting.params import BoostParams
-from boosting.privacy import (PrivacyPlan, PrivateTree, clip_gradients,
+from boosting.privacy import (PrivacyPlan, PrivateTree, clip_gradients, roomy_candidates,
                               split_candidates, tree_rng)
 from boosting.train import allowed_blocks, bin_block, grow_tree
 from boosting.tree import load_model, node_values
@@ -76,7 +76,12 @@ def test_horizontal_private_model_is_the_cores_private_model(tmp_path: Path) -> 
     draws = [member_draws(tmp_path, config, m) for m in config.members]
     margin = np.full((pooled.y.size, 1), base_score("binary", pooled.y, 2)[0])
     candidates = split_candidates([len(c) for c in pooled.cuts], params.max_bin)
+    union_counts = np.stack([np.bincount(rows.bins[:, j], minlength=params.max_bin + 1)
+                             for j in range(rows.bins.shape[1])])  # the set-up's, per bin
+    roomy_trees = 0
     for t in range(6):
+        roomy = _roomy(plan, t, candidates, union_counts)
+        roomy_trees += roomy is not None and roomy[0].sum() < candidates.sum()
         # each member's rows of tree t, dealt and floored from its own secret (as it does)
         own = [private_rows(d, plan, t, np.ones(n, dtype=bool)) for d, n in zip(draws, sizes)]
         in_tree = np.concatenate(own)
@@ -84,13 +89,24 @@ def test_horizontal_private_model_is_the_cores_private_model(tmp_path: Path) -> 
         grower = TreeGrower(params, quantize(np.where(in_tree, clip_gradients(g, 0.3), 0.0),
                                              g.size),
                             quantize(np.ones(g.size), g.size), in_tree, 1,
-                            PrivateTree(plan, t, {0: candidates}, tree_rng(11, t, 0)))
+                            PrivateTree(plan, t, {0: candidates}, tree_rng(11, t, 0), roomy))
         expected = grow_tree(params, grower, [rows], [0], 0)
         assert_same_tree(model.trees[t], expected, f"tree {t}")
         margin[:, 0] += node_values(expected)[grower.node_of_row]
-    # the floors acted both ways: the comparison covers closed and open splits
+    # the floors acted both ways: the comparison covers closed and open splits, and trees
+    # whose upper levels drew among the roomy candidates only
     sizes_of_trees = sorted(len(tree.nodes) for tree in model.trees)
     assert sizes_of_trees[0] < 15 and sizes_of_trees[-1] > 3, sizes_of_trees
+    assert roomy_trees > 0
+
+
+def _roomy(plan: PrivacyPlan, tree: int, candidates: np.ndarray,
+           union_counts: np.ndarray) -> dict[int, np.ndarray] | None:
+    """The aggregator's roomy candidates of ``tree`` (from the set-up's union counts)."""
+    ensemble, position = plan.ensemble_of(tree)
+    roomy = roomy_candidates(candidates, union_counts, float(plan.row_shares(ensemble)[position]),
+                             plan.roomy_rows())
+    return None if roomy is None else {0: roomy}
 
 
 @pytest.mark.heavy  # Paillier training with full-depth private trees: 'make test-all'

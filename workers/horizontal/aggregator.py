@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from boosting._typing import FloatArray
+from boosting._typing import FloatArray, IntArray
 from boosting.fixedpoint import quantize_at
 from boosting.params import BoostParams
-from boosting.privacy import PrivacyPlan, PrivateTree, split_candidates, tree_rng
+from boosting.privacy import (PrivacyPlan, PrivateTree, roomy_candidates, split_candidates,
+                              tree_rng)
 from boosting.tree import Tree
 from messages.bodies import Ack, Opened, Resumed, ResumeJob, Step
 from messages.envelope import MsgType
@@ -55,6 +56,10 @@ class AggregatorJob:
     """The members' rows and label sum (multiclass: rows per class), summed."""
     columns: list[str] = field(default_factory=list)
     cuts: list[FloatArray] = field(default_factory=list)
+    bin_counts: IntArray | None = None
+    """The union's rows per bin of the cuts (``GridRounds.bin_counts``): under count floors,
+    which candidates stay roomy (``boosting.privacy.roomy_candidates``). None in a checkpoint
+    from before them: every candidate at every level."""
     base: float = 0.0
     classes: int = 1
     """Trees per round: the union's classes in multiclass, else 1."""
@@ -143,9 +148,17 @@ def _chooser(job: AggregatorJob, tree: int, attempt: int) -> SplitChooser:
     grown again after a dropout draws anew: its first attempt's splits were sent)."""
     if job.plan is None:
         return SplitChooser()
+    plan = job.tree_plan()
+    assert plan is not None
     candidates = split_candidates([len(c) for c in job.cuts], job.params.max_bin)
-    return SplitChooser(PrivateTree(job.tree_plan(), tree, {0: candidates},
-                                    tree_rng(job.noise_seed, tree, attempt)))
+    roomy = None
+    if plan.count_floor and job.bin_counts is not None:
+        ensemble, position = plan.ensemble_of(tree)
+        share = job.params.subsample * float(plan.row_shares(ensemble)[position])
+        roomy = roomy_candidates(candidates, job.bin_counts, share, plan.roomy_rows())
+    return SplitChooser(PrivateTree(plan, tree, {0: candidates},
+                                    tree_rng(job.noise_seed, tree, attempt),
+                                    None if roomy is None else {0: roomy}))
 
 
 def _check_live(ctx: StepContext, job: AggregatorJob, body: Round) -> None:
@@ -237,7 +250,7 @@ def checkpoint_state(ctx: StepContext, job: AggregatorJob) -> None:
     checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.run,
                     {"format": STATE_FORMAT, "columns": job.columns, "cuts": job.cuts,
                      "base": job.base, "classes": job.classes, "trees": job.trees,
-                     "noise_seed": job.noise_seed},
+                     "noise_seed": job.noise_seed, "bin_counts": job.bin_counts},
                     checkpoint.key_of(ctx.party))
 
 
@@ -249,6 +262,7 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     job.base, job.trees, job.run = float(saved["base"]), list(saved["trees"]), body.checkpoint.run
     job.noise_seed = int(saved.get("noise_seed", job.noise_seed))
     job.classes = int(saved.get("classes", 1))  # checkpoints from before multiclass: 1
+    job.bin_counts = saved.get("bin_counts")
     return MsgType.RESUMED, Resumed(trees_done=len(job.trees), n_aligned=0, n_train=0,
                                     n_valid=0, outputs=job.classes, history=[])
 

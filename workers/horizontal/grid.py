@@ -231,6 +231,17 @@ class GridRounds:
         return [grid_cuts(layout, c, self.max_bin)
                 for layout, c in zip(self.layouts, counts, strict=True)]
 
+    def bin_counts(self, counts: list[IntArray], cuts: list[FloatArray], rows: int) -> IntArray:
+        """The union's rows per bin of ``cuts`` (features x ``max_bin + 1``, the last column
+        the missing values, ``rows`` less the counted ones), from the last round's counts:
+        every cut is a cell's upper edge, so each cell lies in one bin."""
+        out = np.zeros((len(cuts), self.max_bin + 1), dtype=np.int64)
+        for j, (layout, c, edges) in enumerate(zip(self.layouts, counts, cuts, strict=True)):
+            bins = np.searchsorted(edges, layout.edges, side="left")  # as apply_cuts bins
+            out[j, :self.max_bin] = np.bincount(bins, weights=c, minlength=self.max_bin)
+            out[j, self.max_bin] = rows - int(c.sum())
+        return out
+
 
 def count_columns(x: FloatArray, layouts: list[Layout]) -> IntArray:
     """A member's counts of every feature's cells, concatenated (rows x features ``x``).

@@ -123,7 +123,9 @@ def merge_bins(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
         for m in members:
             ctx.send(m, MsgType.H_REFINE, refine)
         return MsgType.ACK, Ack(count=sum(c.size for c in chosen))
-    _send_cuts(ctx, job, grid.cuts(counts), members)
+    cuts = grid.cuts(counts)
+    job.bin_counts = grid.bin_counts(counts, cuts, rows)
+    _send_cuts(ctx, job, cuts, members)
     job.grid = None
     return MsgType.ACK, Ack(count=0)
 

@@ -39,10 +39,10 @@ class SplitChooser:
     private: PrivateTree | None = None
 
     def choose(self, hist: Histogram, totals: NodeTotals, g_scale: float, h_scale: float,
-               params: BoostParams) -> SplitCandidate | None:
+               params: BoostParams, depth: int) -> SplitCandidate | None:
         if self.private is None:
             return best_split_in_block(hist, totals, g_scale, h_scale, params, 0)
-        return self.private.choose({0: hist}, totals, g_scale, h_scale, params)
+        return self.private.choose({0: hist}, totals, g_scale, h_scale, params, depth)
 
 
 @dataclass(slots=True)
@@ -95,7 +95,8 @@ class SummedTree:
         pairs = []
         for node_id in self.frontier:
             node, hist = self.nodes[node_id], self.hists[node_id]
-            split = chooser.choose(hist, node.totals, self.g_scale, self.h_scale, self.params)
+            split = chooser.choose(hist, node.totals, self.g_scale, self.h_scale, self.params,
+                                   node.depth)
             if split is None:
                 continue
             left_totals = _left_totals(hist, split, self.params.max_bin)

@@ -60,6 +60,27 @@ def test_summed_member_counts_give_the_cuts_of_the_union(members: list[np.ndarra
 
 
 @settings(max_examples=80, deadline=None)
+@given(members=st.one_of(_members(many_distinct), _members(few_distinct)),
+       size=st.sampled_from([4, 64]), max_bin=st.integers(2, 40))
+def test_the_union_counts_per_bin_are_the_rows_the_cuts_bin_there(members: list[np.ndarray],
+                                                                  size: int, max_bin: int) -> None:
+    """What the aggregator keeps of the set-up for the roomy candidates: per feature, the rows
+    in each bin of the cuts and the missing ones, from the last round's summed cell counts
+    alone, equal to binning the union's rows."""
+    union = np.vstack(members)
+    rounds = GridRounds.start(union.shape[1], size, max_bin)
+    while True:
+        counts = rounds.unflatten(count_columns(union, rounds.layouts))
+        if rounds.advance(counts) is None:
+            break
+    cuts = rounds.cuts(counts)
+    binned = apply_cuts(union, cuts, max_bin)
+    expected = np.stack([np.bincount(binned[:, j], minlength=max_bin + 1)
+                         for j in range(union.shape[1])])
+    assert np.array_equal(rounds.bin_counts(counts, cuts, union.shape[0]), expected)
+
+
+@settings(max_examples=80, deadline=None)
 @given(column=arrays(np.float64, st.integers(1, 300), elements=st.one_of(many_distinct, nan)),
        max_bin=st.integers(2, 40), seed=st.integers(0, 2**16))
 def test_cuts_are_grid_edges_and_blind_to_where_a_value_sits_in_its_cell(
