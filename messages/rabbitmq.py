@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 from typing import Any
 
 import pika
@@ -55,6 +56,19 @@ _STOP_CHECK_SECONDS = 0.1
 """How often a wait for the broker looks whether a stop was asked."""
 _STOPPING_FLUSH_SECONDS = 10.0
 """After a stop, how long ``close`` waits for submitted work to reach the broker."""
+
+
+HELD_FRAMES = ORDINARY_ROOM // 2
+"""Frames of waiting steps' messages a process keeps unacknowledged at once
+(``RabbitTransport.hold``)."""
+
+
+@dataclass(slots=True)
+class _Held:
+    """A held delivery: its (connection generation, tag) pairs."""
+
+    tags: list[tuple[int, int]]
+    released: bool = False
 
 
 class StopFlag:
@@ -125,6 +139,7 @@ class RabbitTransport(PartyWork):
         self._ready: deque[Delivery] = deque()
         self._completed: OrderedDict[str, None] = OrderedDict()
         self._unacked: list[tuple[int, int]] = []
+        self._held_frames = 0
         self._last_id: str | None = None
         self._last_data_queue: str | None = None
         self._connection: Any = None
@@ -213,6 +228,7 @@ class RabbitTransport(PartyWork):
         self._ready.clear()
         self._chunks.clear()
         self._unacked = []
+        self._held_frames = 0  # held deliveries died with the old connection: redelivered
         arguments = INBOX_ARGUMENTS if self.party else FLOW_QUEUE_ARGUMENTS
         channel.queue_declare(self.inbox, durable=True, arguments=arguments)
         channel.basic_qos(prefetch_count=self.inbox_prefetch)
@@ -327,6 +343,29 @@ class RabbitTransport(PartyWork):
                 self._channel.queue_delete(data_queue)
             except _CONNECTION_ERRORS as exc:
                 log.warning("%s: could not delete %s (%r)", self.name, data_queue, exc)
+
+    def hold(self) -> object | None:
+        """Keep the last received message unacknowledged past ``acknowledge`` (its step waits
+        for peer data): a worker killed meanwhile leaves it to the broker, which gives it to
+        the worker's next process, and that one tells the flow the job's state is gone instead
+        of the flow waiting out its step timeout. At most ``HELD_FRAMES`` frames are held, so
+        the prefetch window keeps room for the peer data the steps wait for; None beyond."""
+        tags = self._unacked
+        if not tags or self._last_data_queue is not None or \
+                self._held_frames + len(tags) > HELD_FRAMES:
+            return None
+        self._unacked, self._last_id = [], None
+        self._held_frames += len(tags)
+        return _Held(tags)
+
+    def release(self, held: object) -> None:
+        """Acknowledge a held message (tags of a lost connection are already gone)."""
+        if not isinstance(held, _Held) or held.released:
+            return
+        held.released = True
+        current = [tag for tag in held.tags if tag[0] == self._generation]
+        self._held_frames -= len(current)
+        self._ack(current)
 
     def _ack(self, tags: list[tuple[int, int]]) -> None:
         try:

@@ -36,6 +36,15 @@ class Transport(Protocol):
     def acknowledge(self) -> None:
         """The last received message is fully handled (a broker may now forget it)."""
 
+    def hold(self) -> object | None:
+        """Keep the last received message from ``acknowledge``: its handler waits (a step
+        waiting for peer data), and if this process dies first the broker gives it to the
+        next one. A token for :meth:`release`, or None when nothing can be held (the message
+        is then acknowledged as usual)."""
+
+    def release(self, held: object) -> None:
+        """Acknowledge a held message (its outcome is done)."""
+
     def submit_work(self, data: bytes, *, before_ack: bool = True) -> None:
         """Queue work for this party's helper processes; unless ``before_ack`` is False (work
         that only saves time), acknowledging the message that led to it waits until it is
@@ -153,6 +162,13 @@ class MemoryTransport:
 
     def acknowledge(self) -> None:
         """Nothing to do: a process-local queue has no redelivery."""
+
+    def hold(self) -> object | None:
+        """Nothing to hold: a process-local queue dies with its process."""
+        return None
+
+    def release(self, held: object) -> None:
+        """Nothing to do (``hold`` gives no token)."""
 
     def submit_work(self, data: bytes, *, before_ack: bool = True) -> None:
         """Put work on the party's work queue (at once: ``before_ack`` changes nothing here)."""

@@ -11,10 +11,13 @@ failure becomes an ``ErrorReply``; the worker keeps serving.
 Work messages (``WORK``) are shards of a step that the party's coordinating process hands to
 its own helper processes, and data those shards share; they need no job state. A shard's reply
 goes back to the party's inbox; a work handler that only keeps data returns None, no reply.
-A message is acknowledged to the transport only once its outcome (reply sent, or filed) is done.
+A message is acknowledged to the transport only once its outcome (reply sent, or filed) is done;
+a command whose step waits for peer data stays unacknowledged (``Transport.hold``) until it is
+answered, so a worker killed while it waits leaves it to its next process, which tells the flow
+that the job's state is gone (the flow resumes instead of waiting out its step timeout).
 
 What a step sees and a protocol declares is ``workers.handlers``; the party's own settings are
-``workers.party``. This module stays near 480 lines on purpose: ``Worker.handle_bytes`` and the
+``workers.party``. This module stays near 530 lines on purpose: ``Worker.handle_bytes`` and the
 methods it calls are the order in which a message is checked (signature, addressee, work,
 replay, opener, session, job), and that order is the worker's security argument, read best in
 one place.
@@ -67,6 +70,10 @@ class _Pending:
     env: Envelope
     since: float
     waiting_for: str
+    held: object | None = None
+    """The transport's hold on the command's delivery (``Transport.hold``): released once
+    it is answered, so a worker killed while the step waits leaves the command to its next
+    process, which tells the flow the job's state is gone."""
 
 
 @dataclass(slots=True)
@@ -229,7 +236,7 @@ class Worker:
                      if now - job.last_seen > self.idle_job_seconds]:
             log.warning("%s: dropped job %r after %.0f s without messages (its checkpoints "
                         "stay)", self.party.name, name, now - self.jobs[name].last_seen)
-            self.jobs.pop(name).discard()
+            self._discard(self.jobs.pop(name))
 
     def _retry_waiting(self) -> None:
         """Retry waiting steps now and then even without new mail: a step may decide to go on
@@ -252,6 +259,7 @@ class Worker:
                 self._reply(p.env, MsgType.ERROR, ErrorReply(
                     self.party.name, p.env.kind.name,
                     f"waited {self.peer_timeout:.0f} s for {p.waiting_for}", False))
+                self._release(p)
 
     def handle_bytes(self, data: bytes) -> None:
         """Process one raw message; never raises."""
@@ -302,7 +310,7 @@ class Worker:
             if opened is None:
                 return
             if env.job in self.jobs:
-                self.jobs.pop(env.job).discard()
+                self._discard(self.jobs.pop(env.job))
             self.jobs[env.job] = opened
             self.early.opened(env.job, session)
         job = self.jobs.get(env.job)
@@ -425,13 +433,26 @@ class Worker:
         for p in [p for p in job.pending if p.env.task == failure.task]:
             job.pending.remove(p)
             self._reply(p.env, MsgType.ERROR, failure.body)
+            self._release(p)
 
     def _retry_pending(self, job: _Job) -> None:
         waiting, job.pending = job.pending, []
         for p in waiting:
-            self._run(job, p.env, since=p.since)
+            self._run(job, p.env, since=p.since, held=p.held)
 
-    def _run(self, job: _Job, env: Envelope, since: float | None = None) -> None:
+    def _release(self, pending: _Pending) -> None:
+        if pending.held is not None:
+            self.transport.release(pending.held)
+
+    def _discard(self, job: _Job) -> None:
+        """A job dropped (closed, idle, reopened by a newer session): its waiting steps'
+        deliveries are done with too."""
+        for p in job.pending:
+            self._release(p)
+        job.discard()
+
+    def _run(self, job: _Job, env: Envelope, since: float | None = None,
+             held: object | None = None) -> None:
         handler = job.steps.handlers.get(env.kind)
         if handler is None:
             self._reply(env, MsgType.ERROR, ErrorReply(self.party.name, env.kind.name,
@@ -446,7 +467,9 @@ class Worker:
                 raise TypeError(f"step {env.kind.name} returned no reply")
         except NotReady as waiting:
             self._in_steps += time.perf_counter() - start
-            job.pending.append(_Pending(env, first_try, str(waiting)))
+            if since is None and env.kind in COMMANDS:  # its own delivery is the one in hand
+                held = self.transport.hold()
+            job.pending.append(_Pending(env, first_try, str(waiting), held))
             return
         except USER_ERRORS as exc:
             reply = MsgType.ERROR, ErrorReply(self.party.name, env.kind.name, str(exc), True)
@@ -476,8 +499,12 @@ class Worker:
                      env.kind.name, env.task, time.perf_counter() - start, waited)
         if reply is not None:
             self._reply(env, *reply)
+        if held is not None:
+            self.transport.release(held)
         if env.kind == MsgType.CLOSE_JOB:
-            self.jobs.pop(env.job, None)
+            closed = self.jobs.pop(env.job, None)
+            for p in closed.pending if closed is not None else ():
+                self._release(p)  # steps still waiting at the close are answered by it
             if self.exit_on_close:
                 self._stopping = True
 
