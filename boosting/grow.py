@@ -156,7 +156,7 @@ class TreeGrower:
         """Close the current depth: drop leaf histograms, make the children the frontier
         (under a private plan's count floors only the splits whose two children pass it:
         :func:`open_children`)."""
-        children = [c for p, l, r in self._pairs for c in (l, r)]
+        children = [c for _, left, right in self._pairs for c in (left, right)]
         split_parents = {p for p, _, _ in self._pairs}
         self._hist = {k: v for k, v in self._hist.items() if k[1] in split_parents}
         self.depth += 1

@@ -73,6 +73,12 @@ def test_docker_compose_accepts_the_file() -> None:
     server = yaml.safe_load(other.stdout)["services"]["prefect-server"]
     assert _published(server) == "127.0.0.1:14200:4200"
     assert server["environment"]["PREFECT_UI_URL"] == "http://localhost:14200"
+    # every party's data files resolve to shipped files (a check a later edit had left as
+    # dead lines after _published's return; ruff's F821 found it)
+    for party, service in PARTIES.items():
+        data = [v.split(":")[0] for v in resolved["services"][service]["volumes"]
+                if ":/data/" in v]
+        assert all(Path(d).is_file() for d in data), (party, data)
 
 
 def _published(service: dict[str, Any]) -> str:
@@ -82,10 +88,6 @@ def _published(service: dict[str, Any]) -> str:
     if isinstance(port, str):
         return port.removesuffix("/tcp")
     return f"{port['host_ip']}:{port['published']}:{port['target']}"
-    for party, service in PARTIES.items():
-        data = [v.split(":")[0] for v in resolved["services"][service]["volumes"]
-                if ":/data/" in v]
-        assert all(Path(d).is_file() for d in data), (party, data)
 
 
 def test_the_federation_has_every_service_with_health_and_restart() -> None:

@@ -50,7 +50,6 @@ from tests.privacy.harness import Transcript, public_seeds, record_training, rep
 from tests.privacy.test_horizontal_seeds import MAX_BIN, _best_replay, _config, _root_counts, _sizes
 from tests.scenarios import DATA, config_with
 from workers.data import load_party_data
-from workers.policy import PolicyError
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
