@@ -367,7 +367,7 @@ def private_split(hists: dict[int, Histogram], totals: NodeTotals, g_scale: floa
     unit hessians. None only if there is no candidate at all."""
     gains = {b: split_gains(hist, totals, g_scale, h_scale, params, constrained=False)
              for b, hist in hists.items()}
-    masked = [g if candidates.get(b) is None else np.where(candidates[b], g, -np.inf)
+    masked = [g if (mask := candidates.get(b)) is None else np.where(mask, g, -np.inf)
               for b, g in gains.items()]
     picked = exponential_choice(np.concatenate([m.ravel() for m in masked]), epsilon,
                                 sensitivity, rng)
@@ -390,7 +390,7 @@ class PrivateTree:
     candidates: dict[int, npt.NDArray[np.bool_] | None]
     """Per feature block, :func:`split_candidates` (absent or None: every bin)."""
     rng: np.random.Generator
-    roomy: dict[int, npt.NDArray[np.bool_]] | None = None
+    roomy: dict[int, npt.NDArray[np.bool_] | None] | None = None
     """Under count floors, the candidates :func:`roomy_candidates` leaves, drawn from at the
     levels whose children the floor checks (None: ``candidates`` at every level)."""
 
