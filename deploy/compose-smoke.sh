@@ -58,6 +58,11 @@ step() {
   else
     printf 'FAIL %6s s  %s\n' "$(since "$begin")" "$title"
     tail -n 30 "$log" | sed 's/^/     | /'
+    if [ -n "$compose" ]; then  # what the services said, before the tear-down removes them
+      echo "     the services' last log lines (compose logs --tail 25):"
+      $compose --profile horizontal --profile scoring logs --no-color --tail 25 2>&1 \
+        | sed 's/^/     | /'
+    fi
     exit 1
   fi
 }

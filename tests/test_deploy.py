@@ -73,6 +73,7 @@ def test_docker_compose_accepts_the_file() -> None:
     server = yaml.safe_load(other.stdout)["services"]["prefect-server"]
     assert _published(server) == "127.0.0.1:14200:4200"
     assert server["environment"]["PREFECT_UI_URL"] == "http://localhost:14200"
+    assert server["environment"]["PREFECT_UI_API_URL"] == "http://localhost:14200/api"
     # every party's data files resolve to shipped files (a check a later edit had left as
     # dead lines after _published's return; ruff's F821 found it)
     for party, service in PARTIES.items():
