@@ -395,15 +395,18 @@ stop_without_broker() {  # SIGTERM while the worker waits for its broker: it exi
   local container begin took
   container=$(service_ids worker-host)
   for _ in $(seq 60); do
-    $engine logs --tail 5 "$container" 2>&1 | grep -q "cannot reach the broker" && break
+    $engine logs --tail 10 "$container" 2>&1 | grep -q "cannot reach the broker" && break
     sleep 1
   done
   $engine logs --tail 5 "$container" 2>&1 | grep "cannot reach the broker"
   begin=$EPOCHREALTIME
   $compose stop -t 60 worker-host
   took=$(since "$begin")
-  $engine logs --tail 5 "$container" 2>&1 | grep "stopped while waiting for the broker"
-  echo "worker-host stopped in $took s"
+  echo "worker-host stopped in $took s; its last lines:"
+  # each of its two processes says why it stopped, among their other last lines
+  $engine logs --tail 30 "$container" > "$work/host-stop.log" 2>&1
+  tail -n 8 "$work/host-stop.log"
+  grep -q "stopped while waiting for the broker" "$work/host-stop.log"
   awk -v t="$took" 'BEGIN { exit !(t < 20) }'
   $compose --profile horizontal up -d rabbitmq worker-host
   note "stopped while its broker was down: exited $took s after SIGTERM (stop_grace_period 60 s)"
