@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import signal
+import socket
 import sys
 import uuid
 from pathlib import Path
@@ -143,6 +144,7 @@ def serve_model(args: argparse.Namespace) -> int:
         lambda: tls_context(args), [p for p in (args.tls_cert, args.tls_key, args.tls_client_ca,
                                                 args.tls_crl) if p is not None])
     config = _job_of(args.model_dir)
+    listening = listening_socket(args.host, args.port)  # a port in use fails here, at once
     plan = SessionPlan(job=f"{config.job[:40]}-serve-{uuid.uuid4().hex[:8]}",
                        model_job=config.job, protocol=config.protocol, active=config.active,
                        passives=list(config.passives),
@@ -168,8 +170,9 @@ def serve_model(args: argparse.Namespace) -> int:
             raise
         if not stop.requested:
             link.start()
-            _serve(args, config, link, metrics, policy, hosts, limits, tls, stop)
+            _serve(args, config, link, metrics, policy, hosts, limits, tls, stop, listening)
     finally:
+        listening.close()
         if link.alive():
             link.stop()  # fails what is queued, closes the session at every party
         elif stop.requested or stop.link_died:
@@ -191,8 +194,27 @@ def serve_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The service's listening socket, bound before the scoring session opens: a port in use
+    fails the start in one line, before any party opens a session (uvicorn binding it after
+    the session, a CI run's port taken meanwhile left the service announced but not
+    listening, until a SIGTERM)."""
+    from flows.config import ConfigError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
 def _serve(args: argparse.Namespace, config: Any, link: Any, metrics: Any, policy: Any,
-           hosts: list[str], limits: Any, tls: Any, stop: _Stop) -> None:
+           hosts: list[str], limits: Any, tls: Any, stop: _Stop,
+           listening: socket.socket) -> None:
     """uvicorn until SIGTERM or Ctrl-C; it finishes the requests in flight before returning."""
     import uvicorn
 
@@ -222,7 +244,7 @@ def _serve(args: argparse.Namespace, config: Any, link: Any, metrics: Any, polic
           f"{link.plan.job}; parties {', '.join(link.plan.parties)})", flush=True)
     # uvicorn handles SIGTERM and SIGINT itself while it runs (stop accepting, finish the
     # requests in flight), then raises the signal again, which ``stop`` notes
-    server.run()
+    server.run(sockets=[listening])
 
 
 def tls_context(args: argparse.Namespace) -> Any:

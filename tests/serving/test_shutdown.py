@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import threading
 import time
 
@@ -24,6 +25,24 @@ def test_serve_model_without_authentication_needs_insecure_no_auth(
     assert code == 1
     assert capsys.readouterr().err.strip().startswith(
         "fedboost: error: serve-model needs authentication: --api-keys FILE")
+
+
+def test_a_port_in_use_fails_the_start_at_once_naming_it(
+        federation: Federation, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bound before the session opens: a port another process holds is one line and exit 1
+    before any party hears of a session (a CI run's service, whose port was taken while it
+    opened its session, logged 'serving ... at' and then listened nowhere until SIGTERM)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        code = main(["serve-model", str(federation.runs), "--port", str(port),
+                     "--insecure-no-auth"])
+    assert code == 1 and time.monotonic() - started < 10
+    err = capsys.readouterr().err
+    assert f"fedboost: error: cannot listen on 127.0.0.1:{port}: Address already in use" in err
+    assert "serving" not in capsys.readouterr().out
 
 
 def test_sigterm_drains_requests_closes_the_session_and_deletes_its_queue(
