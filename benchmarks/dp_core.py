@@ -40,8 +40,7 @@ from boosting.losses import base_score, gradients, transform
 from boosting.metrics import auc
 from boosting.params import BoostParams
 from boosting.privacy import (ROOMY_SIDE, PrivacyPlan, clip_gradients, deal_rows, private_leaves,
-                              private_split, roomy_candidates, split_candidates,
-                              tree_rng)
+                              private_split, split_candidates, tree_rng)
 from boosting.split import NodeTotals
 from workers.horizontal.draws import COUNT_MISS, COUNT_SHARE, floor_rows
 
@@ -91,11 +90,9 @@ def train_private(bins: BinMatrix, y: FloatArray, test_bins: BinMatrix, n_cuts: 
         if position == 0:
             dealt = deal(plan, ensemble, y.size, seed, members)
         rng = tree_rng(seed, tree)  # the aggregator's (active party's) noise of this tree
-        roomy = None  # the aggregator's roomy candidates (workers.horizontal.aggregator)
-        if members is not None and plan.count_floor and roomy_side:
-            share = float(plan.row_shares(ensemble)[position])
-            roomy = roomy_candidates(every, bin_counts, share,
-                                     roomy_side * plan.count_threshold())
+        # the aggregator's roomy candidates (workers.horizontal.aggregator); none vertically
+        roomy = None if members is None else plan.roomy(tree, every, bin_counts,
+                                                        side=roomy_side)
         g = gradients("binary", margin[:, None], y)[0][:, 0]
         in_tree = floored(plan, dealt == position, seed, tree, members)
         g = np.where(in_tree, clip_gradients(g, plan.bound), 0.0)

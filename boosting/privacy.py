@@ -77,7 +77,7 @@ from boosting.split import NodeTotals, SplitCandidate, candidate_at, split_gains
 ROOMY_SIDE = 2.0
 """Under count floors, how many count thresholds a candidate's smaller side must expect in a
 tree to stay a candidate at the levels whose children the floor checks
-(:meth:`PrivacyPlan.roomy_rows`, :func:`roomy_candidates`); picked on a holdout of the training
+(:meth:`PrivacyPlan.roomy`, :func:`roomy_candidates`); picked on a holdout of the training
 rows among 0.5, 1, 2, 3 and 4 (docs/privacy.md, "With the count floors")."""
 
 COUNT_MISS = 0.01
@@ -168,11 +168,17 @@ class PrivacyPlan:
             return 0.0
         return _poisson_floor(self.count_floor, self.count_miss)
 
-    def roomy_rows(self) -> float:
-        """The rows a candidate's smaller side must expect in a tree to stay a candidate
-        where the floor checks the children (``ROOMY_SIDE`` count thresholds; 0 without
-        floors: every candidate stays)."""
-        return ROOMY_SIDE * self.count_threshold()
+    def roomy(self, tree: int, candidates: npt.NDArray[np.bool_],
+              bin_counts: npt.NDArray[np.int64], subsample: float = 1.0,
+              side: float = ROOMY_SIDE) -> npt.NDArray[np.bool_] | None:
+        """Tree ``tree``'s roomy candidates (:func:`roomy_candidates`): a smaller side must
+        expect ``side`` count thresholds of the tree's ``subsample x`` dealt share of the rows.
+        None without floors or with ``side`` 0 (every candidate at every level)."""
+        if self.count_floor == 0 or side == 0:
+            return None
+        ensemble, position = self.ensemble_of(tree)
+        share = subsample * float(self.row_shares(ensemble)[position])
+        return roomy_candidates(candidates, bin_counts, share, side * self.count_threshold())
 
     def takes(self, rows: int, tree: int, subsample: float, rng: np.random.Generator) -> bool:
         """A member's root decision: whether its ``rows`` rows (all of them, before the

@@ -22,8 +22,8 @@ from boosting.fixedpoint import quantize
 from boosting.grow import TreeGrower
 from boosting.losses import base_score, gradients
 from boosting.params import BoostParams
-from boosting.privacy import (PrivacyPlan, PrivateTree, clip_gradients, roomy_candidates,
-                              split_candidates, tree_rng)
+from boosting.privacy import (PrivacyPlan, PrivateTree, clip_gradients, split_candidates,
+                              tree_rng)
 from boosting.train import allowed_blocks, bin_block, grow_tree
 from boosting.tree import load_model, node_values
 from fedboost import embedded
@@ -80,8 +80,9 @@ def test_horizontal_private_model_is_the_cores_private_model(tmp_path: Path) -> 
                              for j in range(rows.bins.shape[1])])  # the set-up's, per bin
     roomy_trees = 0
     for t in range(6):
-        roomy = _roomy(plan, t, candidates, union_counts)
-        roomy_trees += roomy is not None and roomy[0].sum() < candidates.sum()
+        roomy_mask = plan.roomy(t, candidates, union_counts)  # as the aggregator draws it
+        roomy = None if roomy_mask is None else {0: roomy_mask}
+        roomy_trees += roomy_mask is not None and roomy_mask.sum() < candidates.sum()
         # each member's rows of tree t, dealt and floored from its own secret (as it does)
         own = [private_rows(d, plan, t, np.ones(n, dtype=bool)) for d, n in zip(draws, sizes)]
         in_tree = np.concatenate(own)
@@ -98,15 +99,6 @@ def test_horizontal_private_model_is_the_cores_private_model(tmp_path: Path) -> 
     sizes_of_trees = sorted(len(tree.nodes) for tree in model.trees)
     assert sizes_of_trees[0] < 15 and sizes_of_trees[-1] > 3, sizes_of_trees
     assert roomy_trees > 0
-
-
-def _roomy(plan: PrivacyPlan, tree: int, candidates: np.ndarray,
-           union_counts: np.ndarray) -> dict[int, np.ndarray] | None:
-    """The aggregator's roomy candidates of ``tree`` (from the set-up's union counts)."""
-    ensemble, position = plan.ensemble_of(tree)
-    roomy = roomy_candidates(candidates, union_counts, float(plan.row_shares(ensemble)[position]),
-                             plan.roomy_rows())
-    return None if roomy is None else {0: roomy}
 
 
 @pytest.mark.heavy  # Paillier training with full-depth private trees: 'make test-all'

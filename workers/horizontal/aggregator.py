@@ -20,8 +20,7 @@ import numpy as np
 from boosting._typing import FloatArray, IntArray
 from boosting.fixedpoint import quantize_at
 from boosting.params import BoostParams
-from boosting.privacy import (PrivacyPlan, PrivateTree, roomy_candidates, split_candidates,
-                              tree_rng)
+from boosting.privacy import PrivacyPlan, PrivateTree, split_candidates, tree_rng
 from boosting.tree import Tree
 from messages.bodies import Ack, Opened, Resumed, ResumeJob, Step
 from messages.envelope import MsgType
@@ -151,11 +150,8 @@ def _chooser(job: AggregatorJob, tree: int, attempt: int) -> SplitChooser:
     plan = job.tree_plan()
     assert plan is not None
     candidates = split_candidates([len(c) for c in job.cuts], job.params.max_bin)
-    roomy = None
-    if plan.count_floor and job.bin_counts is not None:
-        ensemble, position = plan.ensemble_of(tree)
-        share = job.params.subsample * float(plan.row_shares(ensemble)[position])
-        roomy = roomy_candidates(candidates, job.bin_counts, share, plan.roomy_rows())
+    roomy = None if job.bin_counts is None else plan.roomy(tree, candidates, job.bin_counts,
+                                                           job.params.subsample)
     return SplitChooser(PrivateTree(plan, tree, {0: candidates},
                                     tree_rng(job.noise_seed, tree, attempt),
                                     None if roomy is None else {0: roomy}))
