@@ -444,11 +444,14 @@ class Worker:
         if pending.held is not None:
             self.transport.release(pending.held)
 
-    def _discard(self, job: _Job) -> None:
-        """A job dropped (closed, idle, reopened by a newer session): its waiting steps'
-        deliveries are done with too."""
+    def _release_waiting(self, job: _Job) -> None:
+        """A job closed or dropped: its waiting steps' deliveries are done with too."""
         for p in job.pending:
             self._release(p)
+
+    def _discard(self, job: _Job) -> None:
+        """A job dropped (idle, reopened by a newer session)."""
+        self._release_waiting(job)
         job.discard()
 
     def _run(self, job: _Job, env: Envelope, since: float | None = None,
@@ -503,8 +506,8 @@ class Worker:
             self.transport.release(held)
         if env.kind == MsgType.CLOSE_JOB:
             closed = self.jobs.pop(env.job, None)
-            for p in closed.pending if closed is not None else ():
-                self._release(p)  # steps still waiting at the close are answered by it
+            if closed is not None:  # steps still waiting at the close are answered by it
+                self._release_waiting(closed)
             if self.exit_on_close:
                 self._stopping = True
 
