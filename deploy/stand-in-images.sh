@@ -7,11 +7,13 @@
 #                     since Debian's own pip refuses installs, PEP 668)
 #   rabbitmq:3.13     Debian's rabbitmq-server (3.10), started by docker-entrypoint.sh as root
 #                     that then runs the broker as the user 'rabbitmq' (uid 999), logs to the
-#                     console, reads /etc/rabbitmq/rabbitmq.conf and conf.d/ like the official one
+#                     console, reads /etc/rabbitmq/rabbitmq.conf and conf.d/ like the official one,
+#                     stops cleanly on SIGTERM
 #
 # usage: deploy/stand-in-images.sh [ENGINE]     ENGINE: podman (default) or docker
 # Needs mmdebstrap (apt-get install mmdebstrap). Each image takes a minute or two; an image
-# already present is kept (remove it to build it again).
+# already present is kept (remove it to build it again), unless an older recipe of this script
+# made it.
 set -eu
 
 engine=${1:-podman}
@@ -19,6 +21,23 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 have() { "$engine" image inspect "$1" >/dev/null 2>&1; }
+
+# current IMAGE RECIPE [FILE]: present, and not made by an older recipe of this script (its
+# label fedboost.stand-in below RECIPE; unlabelled, the image holds FILE, a file of Debian's
+# package that an official image lacks); an official image is kept
+current() {
+  have "$1" || return 1
+  made=$("$engine" image inspect -f '{{index .Config.Labels "fedboost.stand-in"}}' "$1" 2>/dev/null)
+  case $made in
+    ''|'<no value>')
+      [ -n "${3:-}" ] && "$engine" run --rm --entrypoint test "$1" -e "$3" || return 0
+      made=1 ;;
+  esac
+  [ "$made" -ge "$2" ] 2>/dev/null && return 0
+  echo "stand-in $1: made by an older recipe ($made < $2), built again"
+  "$engine" rmi "$1" >/dev/null
+  return 1
+}
 
 # rootfs NAME PACKAGES [HOOK]: a minimal bookworm imported as the image NAME
 rootfs() {
@@ -52,7 +71,7 @@ EOF
 fi
 
 rabbitmq=docker.io/library/rabbitmq:3.13
-if have "$rabbitmq"; then
+if current "$rabbitmq" 2 /usr/lib/rabbitmq/bin/rabbitmq-script-wrapper; then
   echo "stand-in $rabbitmq: present"
 else
   # the official image's user: uid and gid 999, made before the package would pick others
@@ -69,6 +88,13 @@ if [ "$(id -u)" = 0 ]; then
   mkdir -p /var/lib/rabbitmq && chown -R rabbitmq:rabbitmq /var/lib/rabbitmq
   exec setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups "$0" "$@"
 fi
+# Debian's /usr/sbin/rabbitmq-server is a wrapper that neither passes SIGTERM on (as PID 1 it
+# ignored 'docker stop' until the SIGKILL) nor logs to the console; the script behind it does
+# both: it stops the broker cleanly on SIGTERM, as the official image's does
+if [ "$1" = rabbitmq-server ]; then
+  shift
+  set -- /usr/lib/rabbitmq/bin/rabbitmq-server "$@"
+fi
 exec "$@"
 EOF
   # the official image's conf.d/10-defaults.conf
@@ -80,6 +106,7 @@ COPY 10-defaults.conf /etc/rabbitmq/conf.d/10-defaults.conf
 RUN chmod 755 /usr/local/bin/docker-entrypoint.sh && rm -f /etc/rabbitmq/rabbitmq-env.conf \
     && chown -R rabbitmq:rabbitmq /var/lib/rabbitmq /etc/rabbitmq
 ENV HOME=/var/lib/rabbitmq LANG=C.UTF-8 RABBITMQ_LOGS=-
+LABEL fedboost.stand-in=2
 ENTRYPOINT ["docker-entrypoint.sh"]
 CMD ["rabbitmq-server"]
 EOF

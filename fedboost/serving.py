@@ -178,8 +178,8 @@ def serve_model(args: argparse.Namespace) -> int:
         elif stop.requested or stop.link_died:
             link.close_session()
         try:
-            coordinator.transport.delete_inbox()  # type: ignore[attr-defined]
-            coordinator.transport.close()
+            link.transport.delete_inbox()
+            link.transport.close()
         except Exception as exc:  # noqa: BLE001 - the broker connection the link lost
             if not stop.link_died:
                 raise
@@ -202,7 +202,10 @@ def listening_socket(host: str, port: int) -> socket.socket:
     from flows.config import ConfigError
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and an
+    # accepted socket inherits 0 from socket.socket()'s default; without it Nagle held each
+    # response's last segment for the client's delayed ACK (40 ms a request on Linux)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -231,11 +234,11 @@ def _serve(args: argparse.Namespace, config: Any, link: Any, metrics: Any, polic
     # connection to the protocol only after its handshake
     protocol = guarded_protocol(limits, lambda reason: metrics.dropped.labels(reason).inc(),
                                 tls=tls)
-    metrics.connections.set_function(lambda: len(server.server_state.connections))
     server = uvicorn.Server(uvicorn.Config(
         app, host=args.host, port=args.port, http=protocol, log_level="warning",
         access_log=False, lifespan="off", timeout_keep_alive=5, backlog=ACCEPT_BACKLOG,
         timeout_graceful_shutdown=int(args.timeout) + 5))
+    metrics.connections.set_function(lambda: len(server.server_state.connections))
     stop.server = server
     if stop.requested or stop.link_died:
         return

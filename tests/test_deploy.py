@@ -455,9 +455,13 @@ def test_every_container_drops_its_capabilities_and_has_a_read_only_root() -> No
         if name != "rabbitmq":  # the broker's start scripts write outside its data folder
             assert service["read_only"] is True and "/tmp" in tmpfs, name
         # only an entry point that starts as root gets back what its copy of the secrets and
-        # its change of user need
+        # its change of user need; and its init (PID 1, root) KILL, to pass a SIGTERM on to
+        # the process of another user it started (without it, docker stop ended in SIGKILL)
         starts_as_root = service.get("user") == "root" or name == "rabbitmq"
-        assert set(service.get("cap_add", [])) == (SECRETS_CAPS if starts_as_root else set()), name
+        wanted = SECRETS_CAPS if starts_as_root else set()
+        if starts_as_root and service.get("init"):
+            wanted = wanted | {"KILL"}
+        assert set(service.get("cap_add", [])) == wanted, name
         # where the entry point copies /secrets/X to X: a tmpfs, the root being read-only
         for copy in {c[len("/secrets"):] for c in _mounts(name) if c.startswith("/secrets/")}:
             if name != "rabbitmq":
