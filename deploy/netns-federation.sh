@@ -4,7 +4,7 @@
 #
 #   deploy/netns-federation.sh up [--orgs guest,host] [--machines host-2] [--no-brokers]
 #                                 [--rate RATE] [--bridge-address]
-#                                 [--per-org [--lender ORG] [--parties ORG=P1+P2,...]]
+#                                 [--per-org [--lender ORG] [--parties ORG=P1+P2,...] [--kits DIR]]
 #   deploy/netns-federation.sh down          # removes everything it made, also after a partial up
 #   deploy/netns-federation.sh status        # what is up (no passwords)
 #   deploy/netns-federation.sh shape NS RATE [BURST] # token-bucket limit on NS's link, both ways
@@ -29,7 +29,9 @@
 # organisation) runs the flows; messages.broker_links writes each broker's link users, queues,
 # exchanges and shovels, deploy/make-certs.sh its TLS files (one test CA), and each broker also
 # listens with TLS on <address>:5671 for the other brokers' shovels. $FEDBOOST_PYTHON (default
-# python3) runs the generator.
+# python3) runs the generator. --kits DIR: the brokers' files come from start kits that
+# 'fedboost provision' made instead (DIR/<org>/broker/: definitions.json, tls.conf, tls/), from a
+# description whose tls_dir is $FEDBOOST_NETNS_DIR/tls and whose addresses are the namespaces'.
 set -euo pipefail
 
 PREFIX=${FEDBOOST_NETNS_PREFIX:-fbn}
@@ -163,6 +165,21 @@ make_links() {  # --per-org: TLS files (one test CA) and every broker's definiti
         || die "messages.broker_links could not write the brokers' definitions (is $lender one of --orgs?)"
 }
 
+use_kits() {  # --per-org --kits: each broker's files from its organisation's provisioned kit
+    local kits=$1 ns addr n k org
+    mkdir -p "$STATE/links" "$STATE/tls"
+    chmod 700 "$STATE/links"; chmod 711 "$STATE/tls"
+    while read -r ns addr n k org <&3; do
+        [ "$k" = org ] || continue
+        local kit="$kits/$org/broker"
+        [ -e "$kit/definitions.json" ] || die "no $kit/definitions.json (run fedboost provision finish for $org)"
+        mkdir -p "$STATE/links/$org"
+        install -m 600 "$kit/definitions.json" "$kit/tls.conf" "$STATE/links/$org/"
+        cp -r "$kit/tls" "$STATE/tls/$org"
+        chown -R rabbitmq:rabbitmq "$STATE/tls/$org"; chmod 700 "$STATE/tls/$org"
+    done 3< "$STATE/hosts"
+}
+
 host_veth() {  # the bridge-side end of namespace (or organisation) $1's link
     local ns=$1 i
     [[ $ns == "${PREFIX}-"* ]] || ns="${PREFIX}-$ns"
@@ -188,7 +205,7 @@ shape() {  # token bucket on both ends of namespace $1's link: what leaves and w
 
 cmd_up() {
     need_root
-    local orgs="guest,host" machines="" brokers=1 rate="" bridge_addr=0 per_org=0 lender="" parties=""
+    local orgs="guest,host" machines="" brokers=1 rate="" bridge_addr=0 per_org=0 lender="" parties="" kits=""
     while [ $# -gt 0 ]; do
         case $1 in
             --orgs) orgs=$2; shift 2 ;;
@@ -199,6 +216,7 @@ cmd_up() {
             --per-org) per_org=1; shift ;;
             --lender) lender=$2; shift 2 ;;
             --parties) parties=$2; shift 2 ;;
+            --kits) kits=$(cd "$2" && pwd) || die "no kits folder $2"; shift 2 ;;
             *) die "unknown option $1 (see the head of $0)" ;;
         esac
     done
@@ -245,7 +263,7 @@ cmd_up() {
     [ $i -gt 0 ] || die "no organisations named"
     if [ "$per_org" = 1 ]; then
         [ "$brokers" = 1 ] || die "--per-org needs brokers"
-        make_links "${lender:-${orgs%%,*}}" "$parties"
+        if [ -n "$kits" ]; then use_kits "$kits"; else make_links "${lender:-${orgs%%,*}}" "$parties"; fi
     fi
     if [ "$brokers" = 1 ]; then
         local ns addr n k org

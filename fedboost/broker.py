@@ -67,27 +67,46 @@ def check_password(stored_hash: str, password: str) -> bool:
     return password_hash(password, raw[:4]) == stored_hash
 
 
-def definitions(passwords: dict[str, str], flow_password: str, vhost: str = "/") -> dict[str, Any]:
-    """Users, permissions and durable queues for the parties named in ``passwords``.
+def definitions(passwords: dict[str, str], flow_password: str | None, vhost: str = "/", *,
+                replies_via: str | None = None,
+                replies_from: str | None = None) -> dict[str, Any]:
+    """Users, permissions and durable queues for the parties named in ``passwords`` (and the
+    flows' user unless ``flow_password`` is None: a broker where no flow runs).
 
-    Flow runs declare their own reply queues (``fedboost.flow.*``, expiring when unused).
+    Flow runs declare their own reply queues (``fedboost.flow.*``, expiring when unused). On a
+    broker of one organisation among several (``messages.broker_links``) the parties also
+    publish to ``replies_via`` (``fedboost.flows.out``: replies to flows at another broker) and
+    the flows bind their reply queues to ``replies_from`` (``fedboost.flows.in``: replies
+    shovelled in), which needs write on the queue and read on the exchange.
     """
     users, permissions, queues = [], [], []
+    party_write = _exchanges("amq.default", replies_via)
     for party, password in sorted(passwords.items()):
         # its inbox, its work queue, and the private queues of its big work shards
         own = f"^({re.escape(queue_of(party))}|{re.escape(work_queue_of(party))}(\\..+)?)$"
         users.append(_user(user_of(party), password))
         permissions.append({"user": user_of(party), "vhost": vhost, "configure": own,
-                            "write": PUBLISH_ONLY, "read": own})
+                            "write": party_write, "read": own})
         queues.append(_queue(queue_of(party), vhost, INBOX_ARGUMENTS))
         queues.append(_queue(work_queue_of(party), vhost, {}))
-    flow_queues = f"^{re.escape(queue_of('flow.'))}.+$"
-    users.append(_user(FLOW_USER, flow_password))
-    permissions.append({"user": FLOW_USER, "vhost": vhost, "configure": flow_queues,
-                        "write": PUBLISH_ONLY, "read": flow_queues})
+    if flow_password is not None:
+        flow_queues = f"{re.escape(queue_of('flow.'))}.+"
+        write, read = PUBLISH_ONLY, f"^{flow_queues}$"
+        if replies_from is not None:
+            write = f"^(amq\\.default|{flow_queues})$"
+            read = f"^({flow_queues}|{re.escape(replies_from)})$"
+        users.append(_user(FLOW_USER, flow_password))
+        permissions.append({"user": FLOW_USER, "vhost": vhost, "configure": f"^{flow_queues}$",
+                            "write": write, "read": read})
     return {"rabbit_version": "3.10.8", "users": users, "vhosts": [{"name": vhost}],
             "permissions": permissions, "queues": queues, "exchanges": [], "bindings": [],
             "parameters": [], "policies": []}
+
+
+def _exchanges(*names: str | None) -> str:
+    """A permission pattern matching exactly the exchanges ``names`` (None: left out)."""
+    given = [re.escape(name) for name in names if name is not None]
+    return f"^{given[0]}$" if len(given) == 1 else f"^({'|'.join(given)})$"
 
 
 def _user(name: str, password: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from fedboost import _prefect_env, api  # api imports flows late: Prefect's settings come first
 from fedboost import deployment_commands as deployment
 from fedboost.exit_codes import EXIT_INTERRUPTED, EXIT_USER_ERROR
+from fedboost.provision_command import add_command as add_provision
 from fedboost.serving import add_command as add_serve_model
 from fedboost.serving import serve_model
 from fedboost.run_lines import metrics_summary, quietly, report_training, resume_line
@@ -179,6 +180,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="allow several --name: every identity's private key on this one "
                            "machine, for trials where one operator runs the whole federation")
     keys.set_defaults(run=deployment.keys)
+    add_provision(sub)
     return parser
 
 

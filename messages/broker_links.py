@@ -42,13 +42,18 @@ description::
 ``tls_dir``/``<org>/`` holds the organisation's TLS files (``deploy/make-certs.sh -o DIR -s
 broker.<org> link``): ``ca.pem`` (the CA its broker and its shovels trust), ``server.pem/.key``
 (its broker's certificate, name ``broker.<org>``) and ``link.pem/.key`` (the client certificate
-its shovels present).
+its shovels present). ``fedboost provision`` (``fedboost.provision``) reads the same description
+from YAML, with a ``federation`` name, and makes each organisation's kit on its own machine:
+there each organisation has a CA of its own, so a shovel trusts only the CA of the broker it goes
+to (``pin_peer_ca``: ``peers/<org>.pem``) and ``ca.pem`` is every organisation's CA (the TLS
+listener's, for the other brokers' link certificates).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -66,6 +71,9 @@ FLOWS_LINK = QUEUE_PREFIX + "link.flows"
 FLOW_KEYS = queue_of("flow") + ".#"
 NAME = re.compile(r"^[a-z][a-z0-9_-]{0,19}$")
 PARTY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+ADDRESS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}$")  # a host name or IPv4: nothing a URI parses
+KEYS = {"federation", "lender", "organisations", "tls_port", "tls_dir", "heartbeat", "amqp_port"}
+ORGANISATION_KEYS = {"address", "parties"}
 
 
 class DescriptionError(ValueError):
@@ -90,9 +98,20 @@ class Federation:
     about three of them."""
     link_passwords: dict[tuple[str, str], str] = field(default_factory=dict)
     """(receiver, sender) -> the receiver's link user's password for the sender."""
+    name: str = ""
+    """The federation's name (``federation:``), in its kits' certificates and file headers."""
+    amqp_port: int = 5672
+    """Where an organisation's own processes reach its broker (plain AMQP, inside it)."""
+    pin_peer_ca: bool = False
+    """Each shovel trusts only its destination's CA (``peers/<org>.pem``), not ``ca.pem``: for
+    organisations with CAs of their own (``fedboost provision``), so one cannot pass for
+    another's broker."""
 
     @classmethod
     def from_description(cls, description: dict[str, Any]) -> Federation:
+        if not isinstance(description, dict):
+            raise DescriptionError("expected a mapping (lender, organisations, ...)")
+        _known_keys(description, KEYS, "")
         orgs = description.get("organisations")
         if not isinstance(orgs, dict) or len(orgs) < 2:
             raise DescriptionError("'organisations' must name at least two organisations")
@@ -101,7 +120,13 @@ class Federation:
         for name, spec in orgs.items():
             if not NAME.match(str(name)):
                 raise DescriptionError(f"bad organisation name {name!r} (a-z, 0-9, _ or -)")
-            parties = tuple(spec.get("parties") or ())
+            if not isinstance(spec, dict):
+                raise DescriptionError(f"organisation {name!r}: expected address and parties")
+            _known_keys(spec, ORGANISATION_KEYS, f"organisation {name!r}: ")
+            parties = spec.get("parties") or ()
+            if not isinstance(parties, list | tuple):
+                raise DescriptionError(f"organisation {name!r}: parties must be a list")
+            parties = tuple(parties)
             if not parties:
                 raise DescriptionError(f"organisation {name!r} names no parties")
             for party in parties:
@@ -113,14 +138,26 @@ class Federation:
             address = str(spec.get("address") or "")
             if not address:
                 raise DescriptionError(f"organisation {name!r} has no broker address")
+            if not ADDRESS.match(address):
+                raise DescriptionError(f"organisation {name!r}: bad broker address {address!r} "
+                                       f"(a host name or an IPv4 address)")
             parsed[name] = Organisation(name, address, parties)
         lender = description.get("lender")
         if lender not in parsed:
             raise DescriptionError(f"the lender {lender!r} is not one of the organisations")
+        name = description.get("federation", "")
+        if not isinstance(name, str) or (name and not NAME.match(name)):
+            raise DescriptionError(f"bad federation name {name!r} (a-z, 0-9, _ or -)")
         return cls(lender=str(lender), organisations=parsed,
-                   tls_port=int(description.get("tls_port", 5671)),
+                   tls_port=_port(description, "tls_port", 5671),
                    tls_dir=str(description.get("tls_dir", "/etc/fedboost/tls")),
-                   heartbeat=int(description.get("heartbeat", 5)))
+                   heartbeat=int(description.get("heartbeat", 5)), name=name,
+                   amqp_port=_port(description, "amqp_port", 5672))
+
+    def identities(self, org: str) -> tuple[str, ...]:
+        """Who signs messages at ``org``: its parties and, at the lender, ``flow``."""
+        parties = self.organisations[org].parties
+        return (*parties, "flow") if org == self.lender else parties
 
     def link_password(self, receiver: str, sender: str) -> str:
         key = (receiver, sender)
@@ -171,7 +208,8 @@ class Federation:
 
     def _shovel(self, org: str, to: Organisation, what: str, queue: str) -> dict[str, Any]:
         mine = f"{self.tls_dir}/{org}"
-        query = urlencode({"cacertfile": f"{mine}/ca.pem", "certfile": f"{mine}/link.pem",
+        trusted = f"{mine}/peers/{to.name}.pem" if self.pin_peer_ca else f"{mine}/ca.pem"
+        query = urlencode({"cacertfile": trusted, "certfile": f"{mine}/link.pem",
                            "keyfile": f"{mine}/link.key", "verify": "verify_peer",
                            "server_name_indication": broker_name(to.name),
                            "heartbeat": self.heartbeat, "connection_timeout": 5000})
@@ -187,13 +225,31 @@ class Federation:
     def tls_conf(self, org: str) -> str:
         """The broker's listener for incoming links: TLS only, a client certificate required."""
         me, mine = self.organisations[org], f"{self.tls_dir}/{org}"
+        try:  # RabbitMQ listens on an IP address; a host name's broker on all of its own
+            listener = f"{ipaddress.ip_address(me.address)}:{self.tls_port}"
+        except ValueError:
+            listener = str(self.tls_port)
         return "\n".join([
-            f"listeners.ssl.1 = {me.address}:{self.tls_port}",
+            f"listeners.ssl.1 = {listener}",
             f"ssl_options.cacertfile = {mine}/ca.pem",
             f"ssl_options.certfile = {mine}/server.pem",
             f"ssl_options.keyfile = {mine}/server.key",
             "ssl_options.verify = verify_peer",
             "ssl_options.fail_if_no_peer_cert = true", ""])
+
+
+def _known_keys(spec: dict[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(map(str, spec)) - known)
+    if unknown:
+        raise DescriptionError(f"{where}unknown key {unknown[0]!r} (known: "
+                               f"{', '.join(sorted(known))})")
+
+
+def _port(description: dict[str, Any], key: str, default: int) -> int:
+    value = description.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise DescriptionError(f"{key}: expected a port number, not {value!r}")
+    return value
 
 
 def broker_name(org: str) -> str:

@@ -17,7 +17,8 @@ link (``tc tbf``) and starts the delay relay inside ``name``'s namespace in fron
 ``NetnsFederation(per_org=True, parties={"guest": [...], "host": [...]})`` is the
 per-organisation topology (``up --per-org``: brokers joined by shovels over TLS,
 ``messages.broker_links``); ``links``/``await_links`` show its shovels, ``restart`` restarts an
-organisation's broker, ``definitions`` and ``tls_dir`` give what it generated.
+organisation's broker, ``definitions`` and ``tls_dir`` give what it generated; with
+``kits=DIR`` the brokers' files come from kits ``fedboost provision`` made instead.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ class NetnsFederation:
                  machines: Sequence[str] = ("host-2",), brokers: bool = True,
                  bridge_address: bool = False, prefix: str | None = None,
                  per_org: bool = False, lender: str | None = None,
-                 parties: dict[str, Sequence[str]] | None = None) -> None:
+                 parties: dict[str, Sequence[str]] | None = None,
+                 kits: Path | None = None) -> None:
         self.prefix = prefix or f"fb{uuid.uuid4().hex[:4]}"
         self.state = Path(f"/run/fedboost-netns-{self.prefix}")
         # a /24 of this federation's own (10.231.1-254.0), so two sessions' bridges never meet
@@ -119,11 +121,18 @@ class NetnsFederation:
             if parties:
                 self._up_args += ["--parties", ",".join(f"{org}={'+'.join(names)}"
                                                         for org, names in parties.items())]
+            if kits:
+                self._up_args += ["--kits", str(kits)]
         self._is_up = False
 
     def script(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["bash", str(SCRIPT), *args], env=self.env, capture_output=True,
                               text=True, timeout=timeout)
+
+    def address(self, index: int) -> str:
+        """The address ``up`` gives the ``index``-th namespace (1: the first of ``orgs``; the
+        machines after them), known before it is up (a description for provisioning)."""
+        return f"{self.net}.{10 + index}"
 
     def up(self) -> NetnsFederation:
         """Bring it up; ``NetnsUnavailable`` where namespaces cannot be made, ``RuntimeError``
