@@ -14,6 +14,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.futures import PrefectFuture
 
 from flows import run_charts
 from flows.coordinator import (PartyError, align_entities, close_job, link, record_tree, step_id,
@@ -123,12 +124,29 @@ def broadcast_nodes(job: str, active: str, tree: int, depth: int, owners: list[s
 
 
 @task(name="finish_tree", task_run_name="finish-tree-t{tree}", cache_policy=NO_CACHE)
-def finish_tree(job: str, active: str, passives: list[str], tree: int) -> dict[str, float]:
-    """Leaf weights at the active party; passive parties drop the tree's ciphertexts."""
-    replies = link(job).call([active, *passives], MsgType.FINISH_TREE, Step(tree),
+def finish_tree(job: str, active: str, tree: int) -> dict[str, float]:
+    """Leaf weights and training metrics at the active party, which checkpoints the tree."""
+    replies = link(job).call([active], MsgType.FINISH_TREE, Step(tree),
                              step_id(MsgType.FINISH_TREE, tree))
     done: TreeFinished = replies[active]
     return {m.name: m.value for m in done.metrics}
+
+
+@task(name="drop_tree", task_run_name="drop-tree-t{tree}", cache_policy=NO_CACHE)
+def drop_tree(job: str, passives: list[str], tree: int, progress: Any, n_trees: int,
+              seconds: float, metrics: dict[str, float]) -> None:
+    """Passive parties drop the tree's ciphertexts and checkpoint it; then the run's progress
+    counts the tree (every party holds it). Submitted, not waited for: across a WAN its round
+    trip runs beside the next tree's gradients (``_awaited`` before that tree's first
+    histograms are asked for)."""
+    link(job).call(passives, MsgType.FINISH_TREE, Step(tree), step_id(MsgType.FINISH_TREE, tree))
+    record_tree(job, progress, tree + 1, n_trees, seconds, metrics)
+
+
+def _awaited(dropping: list[PrefectFuture[None]]) -> None:
+    """The passive parties' drop of the previous tree done (its errors are raised here)."""
+    while dropping:
+        dropping.pop().result()
 
 
 @task(name="evaluate_validation", task_run_name="evaluate-validation", cache_policy=NO_CACHE)
@@ -194,11 +212,13 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
     stopper = (EarlyStopping(params.early_stopping_rounds, per_round)
                if params.early_stopping_rounds else None)
     tree_seconds: list[float | None] = [None] * done  # trained by an earlier run
+    dropping: list[PrefectFuture[None]] = []  # the previous tree at the passive parties
     for tree in range(done, n_trees):
         tree_start = time.perf_counter()
         # Completely SecureBoost: the first round (one tree per class) stays with the active party
         members = [] if params.complete_secure and tree < per_round else passives
         encrypt_gradients(job, active, tree)
+        _awaited(dropping)
         for depth in range(params.max_depth):
             if members:
                 build_encrypted_histograms(job, members, tree, depth)
@@ -207,18 +227,23 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
                 apply_splits(job, found.owners, tree, depth)
             if broadcast_nodes(job, active, tree, depth, found.owners) == 0:
                 break
-        metrics = finish_tree(job, active, passives, tree)  # every party checkpoints the tree
-        tree_seconds.append(time.perf_counter() - tree_start)
+        metrics = finish_tree(job, active, tree)  # the passive parties' checkpoint follows
+        seconds = time.perf_counter() - tree_start
+        tree_seconds.append(seconds)
         history.append(metrics)
-        record_tree(job, progress, tree + 1, n_trees, tree_seconds[-1], metrics)
+        # progress moves once every party holds the tree: "trees k/n" is a point to resume from
+        dropping.append(drop_tree.submit(job, passives, tree, progress, n_trees, seconds,
+                                         metrics))
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
         logger.info("tree %d done (%d/%d) in %.2f s: %s", tree, tree + 1, n_trees,
                     tree_seconds[-1], shown)
         if stopper is not None and (tree + 1) % per_round == 0:
+            _awaited(dropping)  # before the passive parties score
             if stopper.after_round(*evaluate_validation(job, active, passives,
                                                         aligned.n_valid, tree + 1), tree + 1):
                 logger.info("early stopping after %d trees: %s", tree + 1, stopper.says())
                 break
+    _awaited(dropping)
     trained = len(history)
     if config.privacy is not None:  # the budget spent by each tree, for the learning curve
         for k, entry in enumerate(history):

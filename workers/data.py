@@ -37,6 +37,12 @@ class PartyData:
     categories: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Per categorical feature, the categories its codes (0, 1, ...) stand for."""
 
+    def labels(self) -> FloatArray:
+        """``y``, for a party that must hold labels (a DataError if it holds none)."""
+        if self.y is None:
+            raise DataError(f"{len(self.ids)} rows without a label column")
+        return self.y
+
 
 def load_party_data(party: str, path: Path | str, id_column: str, label: str | None,
                     *, require_label: bool, columns: list[str] | None = None,

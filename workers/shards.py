@@ -59,6 +59,11 @@ class LevelData:
         for lo, hi in zip(offsets, offsets[1:]):
             sums += bin_products(self.codes[lo:hi][:, features], np.arange(lo, hi),
                                  self.ciphertexts, self.n_bins, self.public.cipher_modulus)
+        return self.pack_sums(sums)
+
+    def pack_sums(self, sums: list[mpz]) -> tuple[np.ndarray, bytes]:
+        """Bin sums (node, feature, bin), however they were summed: the filled mask and the
+        filled bins' sums packed together."""
         filled = np.array([c != 1 for c in sums], dtype=bool)  # 1 is the trivial E(0): empty
         # folded here, the bits above the sums are random; one per ciphertext, the key holder
         # folds them and needs them whole

@@ -17,14 +17,16 @@ from crypto.compress import BinSumPacking
 from messages.bodies import Ack, Step
 from messages.secureboost import (EncryptedGradients, EncryptedHistograms, HistogramShard,
                                   TreeCiphertexts, TreeStart)
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.instance_space import encode_mask
 from workers import NotReady, StageError
 from workers.handlers import StepContext
 from workers.shards import (LevelData, LevelWork, hold_tree_chunk, shard_data, shard_result,
                             sum_claimed)
 from workers.state import JobState
-from workers.vertical.passive import PassiveTraining, apply_positions, require_key, start_tree
+from workers.vertical.passive import (PassiveTraining, apply_positions, arriving_tree, require_key,
+                                     start_tree)
+from workers.vertical.root_histogram import ArrivingTree, add_chunks
 
 log = logging.getLogger("fedboost.worker")
 _HAND_OUT = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hand-out")
@@ -33,33 +35,39 @@ _HAND_OUT = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hand-out")
 
 def gradients_arrived(ctx: StepContext, sender: str,
                       body: TreeStart | EncryptedGradients) -> None:
-    """As a tree's gradients arrive (its start, then chunks): pass each chunk on to the helpers,
-    and once all are here start the tree, before its first histograms are asked for. Whatever
-    fails here fails again, and is answered, in that step."""
+    """As a tree's gradients arrive (its start, then chunks): parse each chunk and sum it into
+    the root's histograms (``workers.vertical.root_histogram``), or pass it on to the one
+    helper; once all are here start the tree, before its first histograms are asked for.
+    Whatever fails here fails again, and is answered, in that step."""
     state: JobState | None = ctx.state
     run = None if state is None else state.role_state
-    if (not isinstance(run, PassiveTraining) or sender != state.active
+    if (state is None or not isinstance(run, PassiveTraining) or sender != state.active
             or run.tree >= body.tree or run.growing):
         return  # not training, this tree started already, or the previous one is not finished
+    arrival = arriving_tree(ctx, state, run, body.tree)
+    if arrival is None:
+        return  # a chunk before its tree's start: taken up with the next one, or the tree
+    key = (MsgType.ENCRYPTED_GRADIENTS, state.active, body.tree, -1)
+    add_chunks(arrival, ctx.mailbox.items.get(key, []), state.require_bins(), require_key(run),
+               run.params.max_bin + 1)
     if isinstance(body, EncryptedGradients):
-        _pass_on_chunk(ctx, state, run, body)
+        _pass_on_chunk(ctx, run, arrival, body)
     try:
         start_tree(ctx, state, run, body.tree)
     except NotReady:
         return  # more chunks to come
 
 
-def _pass_on_chunk(ctx: StepContext, state: JobState, run: PassiveTraining,
+def _pass_on_chunk(ctx: StepContext, run: PassiveTraining, arrival: ArrivingTree,
                    chunk: EncryptedGradients) -> None:
     """With one helper, pass a gradient chunk on to it, sealed and published beside this
     thread; the tree's levels queue after it. With more, copies of a chunk on the shared work
     queue could all go to one helper (each takes whatever comes while it is free), so they get
     the tree with its first level instead (``_hand_out``)."""
-    starts = ctx.mailbox.items.get((MsgType.TREE_START, state.active, chunk.tree, -1))
-    if not starts or run.public is None or ctx.helpers() != 1:
+    if run.public is None or arrival.helpers != 1:
         return
     _HAND_OUT.submit(_hand_out_chunk, ctx, TreeCiphertexts(
-        tree=chunk.tree, chunk=chunk.chunk, n_chunks=starts[0].n_chunks,
+        tree=chunk.tree, chunk=chunk.chunk, n_chunks=arrival.start.n_chunks,
         n=run.public.n_bytes, ciphertexts=chunk.ciphertexts, scheme=run.public.scheme))
 
 
@@ -73,7 +81,7 @@ def _hand_out_chunk(ctx: StepContext, chunk: TreeCiphertexts) -> None:
                     chunk.tree, chunk.chunk, exc)
 
 
-def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """Alg. 1 lines 4-9: per node and feature, sum E(g, h, 1) per bin (smaller children only).
 
     With helper processes, the features are claimed one at a time by this process and the
@@ -138,7 +146,10 @@ def _start_level(ctx: StepContext, state: JobState, run: PassiveTraining,
         raise StageError(f"build_histograms t{body.tree}: the tree's gradients have not arrived")
     node_rows = [np.flatnonzero((run.node_of_row == node) & run.in_tree) for node in built]
     rows, counts = np.concatenate(node_rows), [int(r.size) for r in node_rows]
-    helpers = ctx.helpers()
+    # the root is shared with the helpers the tree started with (or summed as it arrived); a
+    # tree started without helpers is grown without them (a helper starting meanwhile joins
+    # the next tree), so only one with helpers asks again per level, to notice one gone
+    helpers = ctx.helpers() if body.depth and run.tree_helpers else run.tree_helpers
     pool = ctx.open_claims(bins.shape[1]) if helpers else ""
     # gathering, sealing and publishing the level's data runs beside this thread's summing
     handing_out = _HAND_OUT.submit(_hand_out, ctx, run, body, helpers, pool, packing, bins,
@@ -150,6 +161,8 @@ def _start_level(ctx: StepContext, state: JobState, run: PassiveTraining,
     summing = time.monotonic()
     if helpers:
         work.features = sum_claimed(data, lambda: ctx.claim(pool))
+    elif body.depth == 0 and run.root_sums is not None:
+        work.together, run.root_sums = data.pack_sums(run.root_sums), None
     else:
         work.together = data.sum_features(list(range(data.codes.shape[1])))
     summed = time.monotonic()
@@ -177,13 +190,13 @@ def _hand_out(ctx: StepContext, run: PassiveTraining, body: Step, helpers: int, 
             tree_digest=run.tree_digest,
             tree_ciphertexts=b"".join(run.chunks) if body.depth == 0 and helpers > 1 else b"",
             cell_bits=packing.cell_bits,
-            per_ciphertext=packing.per_ciphertext, claims=pool, scheme=run.public.scheme)
+            per_ciphertext=packing.per_ciphertext, claims=pool, scheme=require_key(run).scheme)
         for k in range(1, helpers + 1):
             ctx.submit_work(MsgType.HISTOGRAM_SHARD, replace(shard, shard=k))
     return time.perf_counter()
 
 
-def histogram_shard(ctx: StepContext, body: HistogramShard) -> tuple[MsgType, Any]:
+def histogram_shard(ctx: StepContext, body: HistogramShard) -> tuple[Kind, Any]:
     """Work step (a helper process of this party): sum the features it can claim."""
     started = time.perf_counter()
     data = shard_data(body)

@@ -17,18 +17,16 @@ from typing import Any
 import numpy as np
 
 from boosting.binning import goes_left, split_threshold
-from boosting.fixedpoint import value_bits
 from boosting.grow import smaller_child
 from boosting.params import BoostParams
 from boosting.tree import write_json_atomic
 from crypto._gmp import mpz
 from crypto.compress import BinSumPacking
-from crypto.encoding import GradientPacker
-from crypto.schemes import PublicKey, ciphertexts_from_bytes, public_key_from_n
+from crypto.schemes import PublicKey, public_key_from_n
 from messages.bodies import Ack, Opened, ResumeJob, Step
 from messages.secureboost import (AppliedSplit, AppliedSplits, EncryptedGradients, NodePositions,
-                                  OpenJob, PublicKeyMsg, SplitChoices, TreeStart)
-from messages.envelope import MsgType
+                                  OpenJob, PublicKeyMsg, SplitChoices)
+from messages.envelope import Kind, MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import ProtocolError, StageError, checkpoint
 from workers.data import save_categories
@@ -41,6 +39,7 @@ from workers.vertical.alignment import receive_alignment
 from workers.vertical.early_stopping import kept_records
 from workers.vertical.lookup import LookupRecord, lookup_to_dict
 from workers.vertical.opening import bin_training_rows, open_passive
+from workers.vertical.root_histogram import ArrivingTree, add_chunks, check_tree_start, in_order
 
 log = logging.getLogger("fedboost.worker")
 
@@ -80,12 +79,18 @@ class PassiveTraining:
     records: dict[int, LookupRecord] = field(default_factory=dict)
     level: LevelWork | None = None
     """The level whose histograms are being built (shards handed out, results arriving)."""
+    arriving: ArrivingTree | None = None
+    """The next tree's gradients while they arrive (never checkpointed)."""
+    root_sums: list[mpz] | None = None
+    """The tree's root histograms, summed as its gradients arrived (None: helpers share it)."""
+    tree_helpers: int = 0
+    """The party's helper processes as the tree started (its root is shared with them)."""
 
 
 checkpoint.register_state_types(PassiveTraining, LookupRecord)
 
 
-def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
+def open_job(ctx: StepContext, body: OpenJob) -> tuple[Kind, Any]:
     """Load own features (no labels); refuse a packing of bin sums the policy does not allow."""
     if body.spec.pack_bin_sums == "key_holder":
         check_bin_sum_packer(ctx.party.policy, ctx.party.name, "key_holder",
@@ -103,17 +108,18 @@ def _checkpoint(ctx: StepContext, state: JobState, trees_done: int) -> None:
     run: PassiveTraining = state.role_state
     checkpoint.save_job(ctx.model_dir, trees_done, state, require_key(run).n,
                         key=checkpoint.key_of(ctx.party), growing=False, chunks=(),
-                        tree_ciphertexts=[], tree_digest=b"", level=None, tree=-1, depth=-1)
+                        tree_ciphertexts=[], tree_digest=b"", level=None, tree=-1, depth=-1,
+                        arriving=None, root_sums=None, tree_helpers=0)
 
 
-def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
+def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[Kind, Any]:
     """Go back to the state of a checkpoint every party holds."""
     ctx.state = checkpoint.restore(ctx.model_dir, body.checkpoint, ctx.state,
                                    checkpoint.key_of(ctx.party))
     return MsgType.RESUMED, checkpoint.resumed(ctx.state, body.checkpoint.trees_done)
 
 
-def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def bin_features(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """Learn the aligned rows and the public key; bin own features on the training rows."""
     state: JobState = ctx.state
     run: PassiveTraining = state.role_state
@@ -133,72 +139,54 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
 
 
 def start_tree(ctx: StepContext, state: JobState, run: PassiveTraining, tree: int) -> None:
-    """Take the tree's encrypted gradients (all chunks), parse and range-check them, and reset
-    node positions. Checks everything before taking."""
+    """Take the tree's encrypted gradients (all chunks, parsed and range-checked as they
+    arrived or now: ``workers.vertical.root_histogram``) and reset node positions. Checks
+    everything before taking."""
     ctx.mailbox.require((MsgType.TREE_START, state.active, tree, -1))
-    start: TreeStart = ctx.mailbox.items[(MsgType.TREE_START, state.active, tree, -1)][0]
-    public = require_key(run)
-    n_train = state.require_bins().shape[0]
-    # the shape the active party declares is the one honest gradients of this party's rows
-    # have: it sets how wide each bin sum is, so how much of each a decryption shows
-    if start.max_rows != n_train or start.value_bits != value_bits(n_train) \
-            or not 0 <= start.n_chunks <= n_train:
-        raise ProtocolError(f"tree {tree}: gradients of {start.value_bits} bits for "
-                            f"{start.max_rows} rows in {start.n_chunks} chunks; this party has "
-                            f"{n_train} rows, whose gradients have {value_bits(n_train)} bits")
-    in_tree = decode_mask(start.in_tree, n_train)
-    _check_tree_rows(tree, run, in_tree, start.n_chunks)
+    arrival = arriving_tree(ctx, state, run, tree)
+    assert arrival is not None  # its start is here
     key = (MsgType.ENCRYPTED_GRADIENTS, state.active, tree, -1)
-    ctx.mailbox.require(key, counts=[start.n_chunks])
+    ctx.mailbox.require(key, counts=[arrival.start.n_chunks])
     chunks: list[EncryptedGradients] = ctx.mailbox.items.get(key, [])  # none: a tree of no rows
-    if sorted(c.chunk for c in chunks) != list(range(start.n_chunks)):
-        raise ProtocolError(f"tree {tree}: gradient chunks {sorted(c.chunk for c in chunks)}")
-    most = BinSumPacking.for_key(GradientPacker(start.value_bits, start.max_rows).cell_bits,
-                                 public.plaintext_bits)
-    if start.per_ciphertext not in (1, most.per_ciphertext):
-        raise ProtocolError(f"tree {tree}: asked to pack {start.per_ciphertext} bin sums per "
-                            f"ciphertext; 1 (the key holder folds) or {most.per_ciphertext}")
-    if start.per_ciphertext == 1:
-        check_bin_sum_packer(ctx.party.policy, ctx.party.name, "key_holder",
-                             f"tree {tree} asks for one bin sum per ciphertext")
-    packing = BinSumPacking(most.cell_bits, start.per_ciphertext)
-    ordered = tuple(c.ciphertexts for c in sorted(chunks, key=lambda c: c.chunk))
-    count, rest = divmod(sum(len(c) for c in ordered), public.ciphertext_bytes)
-    if rest or count != int(in_tree.sum()):
-        raise ProtocolError(f"tree {tree}: {count} ciphertexts for {int(in_tree.sum())} rows")
-    # chunk by chunk, never joined: a million rows' ciphertexts are 512 MB at 2048 bits
-    helpers = ctx.helpers()
-    parsed: list[mpz] = []
+    add_chunks(arrival, chunks, state.require_bins(), require_key(run), run.params.max_bin + 1)
+    parsed = in_order(arrival)
     digest = hashlib.sha256()
-    for raw in ordered:
-        parsed += ciphertexts_from_bytes(raw, public)  # range-checked here, once a tree
-        if helpers:
+    ordered = tuple(c.ciphertexts for c in sorted(chunks, key=lambda c: c.chunk))
+    if arrival.helpers:
+        for raw in ordered:  # names the tree's ciphertexts to the helpers
             digest.update(raw)
     ctx.mailbox.take(MsgType.TREE_START, state.active, tree)
     ctx.mailbox.take_all(*key)
-    run.tree, run.growing, run.in_tree, run.packing = tree, True, in_tree, packing
-    run.chunks = ordered if helpers > 1 else ()
-    run.tree_ciphertexts, run.tree_digest = parsed, digest.digest() if helpers else b""
-    run.enc_index = np.cumsum(in_tree) - 1
-    run.node_of_row = np.zeros(n_train, dtype=np.int64)
+    run.tree, run.growing, run.in_tree, run.packing = tree, True, arrival.in_tree, arrival.packing
+    run.arriving, run.root_sums, run.tree_helpers = None, arrival.root_sums, arrival.helpers
+    run.chunks = ordered if arrival.helpers > 1 else ()
+    run.tree_ciphertexts = parsed
+    run.tree_digest = digest.digest() if arrival.helpers else b""
+    run.enc_index = np.cumsum(arrival.in_tree) - 1
+    run.node_of_row = np.zeros(arrival.in_tree.size, dtype=np.int64)
     run.depth = 0
     run.level_nodes, run.split_here, run.node_ids = {0}, set(), {0}
     run.level = None
 
 
-def _check_tree_rows(tree: int, run: PassiveTraining, in_tree: np.ndarray,
-                     n_chunks: int) -> None:
-    """A tree's gradients come in at least one chunk, except those of a tree of no rows, which
-    only a job under DP grows: its rows are dealt to the trees of an ensemble with shares
-    ``eta (1 - eta)^t``, and the last trees may get none. Such a tree sums nothing of this
-    party's (its histograms are empty), so it shows nothing; without DP an honest active party
-    never starts one, and its chunks' absence is refused as before."""
-    if n_chunks == 0 and not run.private:
-        raise ProtocolError(f"tree {tree}: gradients in 0 chunks; only a job under "
-                            f"differential privacy grows a tree of no rows")
-    if (n_chunks == 0) != (not in_tree.any()):
-        raise ProtocolError(f"tree {tree}: gradients in {n_chunks} chunks for "
-                            f"{int(in_tree.sum())} in-tree rows")
+def arriving_tree(ctx: StepContext, state: JobState, run: PassiveTraining,
+                  tree: int) -> ArrivingTree | None:
+    """The tree's gradients as they arrive, from its start on (checked as it is taken up);
+    None before its start is here. The party's helpers are counted here, once a tree: over a
+    WAN each count is a round trip to the broker."""
+    if run.arriving is not None and run.arriving.tree == tree:
+        return run.arriving
+    starts = ctx.mailbox.items.get((MsgType.TREE_START, state.active, tree, -1))
+    if not starts:
+        return None
+    arrival = check_tree_start(starts[0], state.require_bins().shape[0], require_key(run),
+                               run.private, ctx.party.policy, ctx.party.name)
+    arrival.helpers = ctx.helpers()
+    if not arrival.helpers:
+        n_sums = state.require_bins().shape[1] * (run.params.max_bin + 1)
+        arrival.root_sums = [mpz(1)] * n_sums
+    run.arriving = arrival
+    return arrival
 
 
 def require_key(run: PassiveTraining) -> PublicKey:
@@ -275,7 +263,7 @@ def _check_choices(party: str, run: PassiveTraining, msg: SplitChoices, n_featur
                                 f"is out of range")
 
 
-def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def apply_splits(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """Alg. 2 last step: record the owned splits, return each node's left instance space."""
     state: JobState = ctx.state
     run: PassiveTraining = state.role_state
@@ -301,7 +289,7 @@ def apply_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=len(out))
 
 
-def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def close_job(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """Forget the job (the worker drops its state); the saved lookup table stays."""
     state: JobState | None = ctx.state
     if state is not None and isinstance(state.role_state, PassiveTraining):
@@ -309,7 +297,7 @@ def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack()
 
 
-def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def finish_tree(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """Drop the tree's ciphertexts (the lookup records stay) and checkpoint the job.
 
     Every passive party finishes every tree, also one it took no part in (Completely
@@ -326,7 +314,7 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=len(run.records))
 
 
-def save_model_part(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def save_model_part(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """Write the lookup table: the only model part a passive party holds (the records of the
     first ``body.tree`` trees when early stopping keeps those)."""
     state: JobState = ctx.state
