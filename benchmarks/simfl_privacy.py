@@ -43,7 +43,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from messages.envelope import Envelope, MsgType, decode_envelope
+from messages.envelope import Envelope, Kind, MsgType, decode_envelope
 
 TOLERANCE = 1e-6
 """How close to an integer (rows, positives, a label) a value must be to count as exact: exact
@@ -58,7 +58,7 @@ class Recording:
 
     messages: list[tuple[str, str, Envelope]]
 
-    def bodies(self, kind: MsgType, sender: str | None = None,
+    def bodies(self, kind: Kind, sender: str | None = None,
                recipient: str | None = None) -> list[Any]:
         return [env.body for s, r, env in self.messages if env.kind == kind
                 and sender in (None, s) and recipient in (None, r)]

@@ -3,19 +3,26 @@
     python -m benchmarks.wan [--profile lan 100mbit-50ms 10mbit-50ms] [--scheme paillier ou]
                              [--trees 10] [--bits 2048] [--workload default_credit|scale]
                              [--rows 1000000 --features 100 --depth 5] [--json FILE]
+                             [--timeline DIR] [--topology per-org|shared]
 
-The topology is ``deploy/netns-federation.sh``'s (this benchmark's own prefix and /24): the
-lender (guest) runs the broker in its own namespace, its worker beside it and the flow in this
-process (the root namespace, over the bridge: the lender's LAN); the data provider (host) runs
-its worker in a namespace of its own, whose link to the bridge is rate-limited by ``tc tbf`` and
-whose AMQP connections cross ``benchmarks.wan_relay`` (in the host's namespace, in front of the
-lender's broker) for the one-way delay. So every message between the organisations crosses the
-WAN once, as it will between two organisations' brokers; the lender's own traffic stays on its
-LAN. Profiles (``benchmarks.wan_relay.PROFILES``): ``lan`` (the relay, no delay, no limit),
-``1gbit-5ms``, ``100mbit-50ms`` (SecretFlow's SGB setting), ``10mbit-50ms``; the delay is one way.
+The topology (``--topology per-org``, the default) is ``deploy/netns-federation.sh up
+--per-org``'s under this benchmark's own prefix and /24: the lender (guest) and the data provider
+(host) each in its own namespace with its own broker, each worker connected only to its own
+broker, the brokers joined by RabbitMQ's shovels over TLS, the flow in this process (the root
+namespace, over the bridge: the lender's LAN). The data provider's link to the bridge is
+rate-limited by ``tc tbf`` and both directions of the brokers' links cross a delay relay
+(``benchmarks.wan_links``: address translation with ``nft`` puts ``benchmarks.wan_relay`` on
+the shovels' path), so every message between the organisations crosses the WAN once and each
+organisation's own traffic (a worker and its broker, the flow and the lender's broker) stays
+on its LAN. ``--topology shared``: the one broker at the lender, the data provider's worker
+connected to it across the WAN through the relay (each of its broker round trips, such as a
+publisher confirm, crosses the WAN). Profiles (``benchmarks.wan_relay.PROFILES``): ``lan``
+(the relays, no delay, no limit), ``1gbit-5ms``, ``100mbit-50ms`` (SecretFlow's SGB setting),
+``10mbit-50ms``; the delay is one way. Needs ``nft`` (Debian's ``nftables``) for per-org.
 
-``loopback`` is the baseline measured in the same run: the same broker, both workers in this
-namespace (no relay, no limit). Per scheme the runs go loopback first, then the profiles.
+``loopback`` is the baseline measured in the same run: one broker (with ``per-org``,
+``--loopback-url``: this machine's own), both workers in this namespace, no relay, no limit.
+Per scheme the runs go loopback first, then the profiles.
 
 Per profile and scheme (means over the trees): s/tree; bytes per tree each way (counted at the
 relay: ``up`` from the data provider, ``down`` to it); turns per tree (messages going up after
@@ -25,6 +32,10 @@ computing and messaging), of which ``wire`` is what the profile adds over loopba
 ``flow`` (between the tasks: the flow's own orchestration). ``floor`` is the wire's least cost:
 turns x the round trip + the busier direction's bytes / the rate. The goal column is
 s/tree <= 1.25 x max(loopback s/tree, bytes per tree / rate).
+
+Per run, the mean seconds per tree of each task (``build-histograms-d0``, ...) are logged and
+kept in the JSON; ``--timeline DIR`` also writes every task's span and every read the relay
+made (time, direction, bytes), one file per run: a tree's critical path, drawn.
 
 ``--workload scale``: benchmarks.scale's data (``--rows`` x ``--features``, depth ``--depth``,
 1 tree unless ``--trees``; the host with one helper process), loopback against each profile.
@@ -39,7 +50,6 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import tempfile
 import uuid
 from pathlib import Path
@@ -48,68 +58,21 @@ from typing import Any
 import yaml
 
 from benchmarks.rabbitmq import _job
-from benchmarks.train import task_runs
+from benchmarks.train import step_seconds, task_runs
+from benchmarks.wan_hosts import Hosts
 from benchmarks.wan_relay import PROFILES, Profile, start_relay, turns
 from fedboost import _prefect_env
 from flows.broker_settings import AMQP_URL_ENV
 from fedboost.local_workers import FEDBOOST, start_worker, stop_workers, worker_env
+from messages.broker_url import without_password
 from messages.rabbit_queues import delete_party_queues
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "deploy" / "netns-federation.sh"
 RELAY_PORT = 5673
 log = logging.getLogger("benchmarks.wan")
 
 
-class Hosts:
-    """``netns-federation.sh`` under this run's own prefix: the guest's namespace with a broker,
-    the host's without; the bridge's .1 this process's."""
-
-    def __init__(self) -> None:
-        self.prefix = f"fbw{uuid.uuid4().hex[:3]}"
-        net = f"10.231.{int(self.prefix.encode().hex(), 16) % 254 + 1}"
-        self.env = {**os.environ, "FEDBOOST_NETNS_PREFIX": self.prefix, "FEDBOOST_NETNS_NET": net,
-                    "FEDBOOST_NETNS_DIR": f"/run/fedboost-netns-{self.prefix}"}
-        self.hosts: dict[str, list[str]] = {}
-
-    def script(self, *args: str) -> str:
-        done = subprocess.run(["bash", str(SCRIPT), *args], env=self.env, capture_output=True,
-                              text=True, timeout=300)
-        if done.returncode != 0:
-            raise RuntimeError(f"netns-federation.sh {args[0]}: {done.stderr.strip()}")
-        return done.stdout
-
-    def __enter__(self) -> Hosts:
-        try:
-            self.script("up", "--orgs", "guest", "--machines", "host", "--bridge-address")
-            for line in self.script("env").splitlines():
-                name, _, namespace, address, *password = line.split()
-                self.hosts[name] = [namespace, address, *password]
-        except BaseException:
-            self.script("down")
-            raise
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.script("down")
-
-    def namespace(self, name: str) -> list[str]:
-        return ["ip", "netns", "exec", self.hosts[name][0]]
-
-    @property
-    def broker(self) -> str:
-        _, address, password = self.hosts["guest"]
-        return f"amqp://guest:{password}@{address}:5672/%2F"
-
-    @property
-    def broker_in_job(self) -> str:
-        """The broker's URL for the job file, without the password (which reaches the flow and
-        the workers as ``FEDBOOST_AMQP_URL``, so Prefect never stores it)."""
-        _, address, _ = self.hosts["guest"]
-        return f"amqp://guest@{address}:5672/%2F"
-
-    def shape(self, profile: Profile) -> None:
-        self.script("shape", "host", profile.rate or "off", profile.burst)
+BESIDE_THE_NEXT = ("drop-tree-",)
+"""Tasks of a tree the flow does not wait for (the passive parties' drop of it)."""
 
 
 def tree_windows(flow_run_id: object) -> dict[int, dict[str, float]]:
@@ -119,6 +82,8 @@ def tree_windows(flow_run_id: object) -> dict[int, dict[str, float]]:
 
     spans: dict[int, list[tuple[float, float]]] = {}
     for run in task_runs(flow_run_id):
+        if (run.name or "").startswith(BESIDE_THE_NEXT):
+            continue  # runs beside the next tree: its bytes and time are that tree's
         found = re.search(r"-t(\d+)(-d\d+)?$", run.name or "")
         if found and run.start_time and run.end_time:
             spans.setdefault(int(found.group(1)), []).append(
@@ -137,37 +102,51 @@ def tree_windows(flow_run_id: object) -> dict[int, dict[str, float]]:
 
 
 def job_file(args: argparse.Namespace, work: Path, url: str, scheme: str,
-             data: dict[str, Path] | None) -> tuple[Path, list[str]]:
-    """This run's job (its own parties and queues) over the broker at ``url``."""
-    tag = uuid.uuid4().hex[:6]
+             data: dict[str, Path] | None, tag: str) -> tuple[Path, list[str]]:
+    """This run's job (its own name; the parties ``guest<tag>`` and ``host<tag>``) over the
+    broker at ``url``."""
+    run = uuid.uuid4().hex[:6]
     if args.workload == "scale":
         from benchmarks.scale import job_file as scale_job
 
         assert data is not None
-        return scale_job(work, data, tag, url, args, scheme)
-    raw = _job(tag, url, args.bits, args.trees, work / "keys")
-    for party in raw["parties"].values():
-        party["policy"]["min_ou_key_bits"] = min(args.bits, 2048)
-    raw["crypto"]["scheme"] = scheme
-    path = work / f"job-{tag}.yaml"
+        path, parties = scale_job(work, data, tag, url, args, scheme)
+        raw = yaml.safe_load(path.read_text())
+    else:
+        raw = _job(tag, url, args.bits, args.trees, work / "keys")
+        for party in raw["parties"].values():
+            party["policy"]["min_ou_key_bits"] = min(args.bits, 2048)
+        raw["crypto"]["scheme"] = scheme
+    raw["job"] = f"{raw['job']}-{run}"
+    path = work / f"job-{run}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path, list(raw["parties"])
 
 
 def measure(args: argparse.Namespace, hosts: Hosts, scheme: str, profile: Profile | None,
             work: Path, data: dict[str, Path] | None) -> dict[str, Any]:
-    """One training run: ``profile`` None is the loopback baseline."""
+    """One training run: ``profile`` None is the loopback baseline (one broker: this machine's
+    own with ``--topology per-org``, both workers in this namespace)."""
     from flows.config import load_config
     from flows.secureboost import vertical_secureboost
 
-    url = hosts.broker
-    path, (guest, host) = job_file(args, work, hosts.broker_in_job, scheme, data)
+    per_org = hosts.per_org and profile is not None
+    loopback_url = args.loopback_url if hosts.per_org else hosts.broker
+    url = hosts.broker if profile is not None else loopback_url
+    in_job = hosts.broker_in_job if profile is not None else without_password(loopback_url)
+    tag = hosts.tag if hosts.per_org else uuid.uuid4().hex[:6]
+    path, (guest, host) = job_file(args, work, in_job, scheme, data, tag)
     record = work / f"relay-{uuid.uuid4().hex[:6]}.json"
-    relay, host_url = None, url
+    relay, links, host_url = None, None, url
     procs = []
     load_before = os.getloadavg()
     try:
-        if profile is not None:
+        if per_org:
+            hosts.purge([guest, host])
+            links = hosts.links(profile, work)
+            links.__enter__()
+            host_url = hosts.url("host")  # its own broker, in its own namespace
+        elif profile is not None:
             hosts.shape(profile)
             _, address, _ = hosts.hosts["guest"]
             relay = start_relay(hosts.namespace("host"), ("127.0.0.1", RELAY_PORT),
@@ -188,17 +167,30 @@ def measure(args: argparse.Namespace, hosts: Hosts, scheme: str, profile: Profil
     finally:
         os.environ.pop(AMQP_URL_ENV, None)
         codes = stop_workers(procs)
+        if links is not None:
+            links.__exit__(None, None, None)
         if relay is not None:
             relay.terminate()
             relay.wait(timeout=60)
-        if profile is not None:
             hosts.shape(PROFILES["lan"])
-        delete_party_queues(url, [guest, host])
+        if not per_org:
+            delete_party_queues(url, [guest, host])
     if any(codes):
         raise RuntimeError(f"workers exited {codes}: {(work / f'{host}.log').read_text()[-2000:]}")
     load_after = os.getloadavg()
     windows = tree_windows(state.state_details.flow_run_id)
-    chunks = json.loads(record.read_text())["chunks"] if relay is not None else []
+    if links is not None:
+        chunks = links.relayed()
+    else:
+        chunks = json.loads(record.read_text())["chunks"] if relay is not None else []
+    if args.timeline is not None:  # every task's span and every relayed read, to plot
+        args.timeline.mkdir(parents=True, exist_ok=True)
+        name = f"{scheme}-{'loopback' if profile is None else profile.name}.json"
+        (args.timeline / name).write_text(json.dumps({
+            "trees": windows, "relayed": chunks,
+            "tasks": [(r.name, r.start_time.timestamp(), r.end_time.timestamp())
+                      for r in task_runs(state.state_details.flow_run_id)
+                      if r.start_time and r.end_time]}))
     per_tree = []
     for tree, seconds in enumerate(result["tree_seconds"]):
         w = windows[tree]
@@ -218,6 +210,7 @@ def measure(args: argparse.Namespace, hosts: Hosts, scheme: str, profile: Profil
                "all_bytes_up": sum(c[2] for c in chunks if c[1] == "up"),
                "all_bytes_down": sum(c[2] for c in chunks if c[1] == "down"),
                "train_auc": result["train_auc"], "trees": per_tree,
+               "task_seconds_per_tree": _per_tree_tasks(state.state_details.flow_run_id, n),
                "load_average": [round(x, 2) for x in (*load_before, *load_after)]}
     if profile is not None:
         rate = profile.rate_bits
@@ -228,7 +221,21 @@ def measure(args: argparse.Namespace, hosts: Hosts, scheme: str, profile: Profil
     log.warning("%s %s: %.2f s/tree, %.0f turns/tree, %.2f MB up, %.2f MB down per tree, load %s",
                 numbers["profile"], scheme, mean["seconds"], mean["turns"],
                 mean["bytes_up"] / 1e6, mean["bytes_down"] / 1e6, numbers["load_average"])
+    log.warning("%s %s: seconds per tree by task: %s", numbers["profile"], scheme,
+                ", ".join(f"{k} {v:.2f}" for k, v in numbers["task_seconds_per_tree"].items()))
     return numbers
+
+
+def _per_tree_tasks(flow_run_id: object, trees: int) -> dict[str, float]:
+    """Each tree task's mean seconds per tree, per depth (``build-histograms-d0``): where
+    inside the steps a tree's time goes."""
+    totals = step_seconds(flow_run_id, by_depth=True)
+    return {name: round(seconds / trees, 3) for name, seconds in sorted(totals.items())
+            if name.endswith(tuple(f"-d{d}" for d in range(64))) or name in TREE_TASKS}
+
+
+TREE_TASKS = ("encrypt-gradients", "finish-tree", "drop-tree")
+"""The per-tree tasks without a depth (the others are named per level)."""
 
 
 def judge(runs: list[dict[str, Any]], workload: str) -> None:
@@ -283,7 +290,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="scale: rows per party")
     parser.add_argument("--features", type=int, default=100, help="scale: features in all")
     parser.add_argument("--depth", type=int, default=5, help="scale: tree depth")
+    parser.add_argument("--topology", choices=["per-org", "shared"], default="per-org",
+                        help="per-org: a broker per organisation, shovels between them over the "
+                             "WAN; shared: the lender's broker, the data provider's worker "
+                             "connected to it over the WAN")
+    parser.add_argument("--loopback-url", default="amqp://guest:guest@127.0.0.1:5672/%2F",
+                        help="per-org: the one broker of the loopback baseline (this machine's)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--timeline", type=Path, metavar="DIR",
+                        help="write each run's task spans and relayed reads (wall clock) here")
     args = parser.parse_args()
     args.trees = args.trees or (1 if args.workload == "scale" else 10)
     if os.geteuid() != 0:
@@ -295,7 +310,8 @@ def main() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="fedboost-wan-") as tmp, Hosts() as hosts:
+    per_org = args.topology == "per-org"
+    with tempfile.TemporaryDirectory(prefix="fedboost-wan-") as tmp, Hosts(per_org) as hosts:
         work = Path(tmp)
         data = None
         if args.workload == "scale":
