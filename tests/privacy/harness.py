@@ -32,7 +32,7 @@ import numpy as np
 
 from fedboost.embedded import FLOW_ENDPOINT, train_embedded
 from messages.codec import to_wire
-from messages.envelope import Envelope, MsgType, decode_envelope
+from messages.envelope import Envelope, Kind, decode_envelope
 from messages.transport import MemoryHub
 
 __all__ = ["FLOW_ENDPOINT", "Received", "Transcript", "best_correlation", "best_direction_auc",
@@ -49,7 +49,7 @@ class Received:
     envelope: Envelope
 
     @property
-    def kind(self) -> MsgType:
+    def kind(self) -> Kind:
         return self.envelope.kind
 
     @property
@@ -69,10 +69,10 @@ class Transcript:
         """What ``party`` received from the others (its own loopback messages left out)."""
         return [m for m in self.messages if m.recipient == party and m.sender != party]
 
-    def of_kind(self, party: str, *kinds: MsgType) -> list[Received]:
+    def of_kind(self, party: str, *kinds: Kind) -> list[Received]:
         return [m for m in self.received_by(party) if m.kind in kinds]
 
-    def kinds(self, party: str) -> set[MsgType]:
+    def kinds(self, party: str) -> set[Kind]:
         return {m.kind for m in self.received_by(party)}
 
 

@@ -40,7 +40,7 @@ from tests.scenarios import DATA, cli_workers, rabbitmqctl
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-TREES = 4
+TREES = 12  # _best_replay's chance of half the roots is negligible from 12 trees, ~1% at 4
 SUBSAMPLE = 0.8
 TRACE_QUEUE = "firehose"
 

@@ -20,7 +20,7 @@ import pytest
 
 from crypto.paillier import PaillierPrivateKey, PaillierPublicKey
 from fedboost.embedded import embedded_policy
-from messages.envelope import Envelope, MsgType
+from messages.envelope import Envelope, Kind, MsgType
 from messages.forest import OpenForest
 from messages.transport import MemoryHub
 from tests.privacy.test_malicious_active import (_chosen_label_forest, _forest_spec, host_bins,
@@ -49,7 +49,7 @@ class ForestHost(Host):
         self.opened = self.command(MsgType.F_OPEN_JOB, OpenForest(_forest_spec(569)))
         assert self.opened.kind == MsgType.F_OPENED, self.opened.body
 
-    def command(self, kind: MsgType, body: object) -> Envelope:
+    def command(self, kind: Kind, body: object) -> Envelope:
         self.tasks += 1
         self.worker.handle_bytes(SEALERS["flow"].seal(Envelope(
             self.job, f"{self.run_id}/task{self.tasks}", "flow", "host", kind, body)))
