@@ -26,10 +26,11 @@ train: $(VENV)/.installed
 # three test files at a time (each file's tests in one process, so a file's federation fixture is
 # built once): most of a test's wall time waits on other processes (workers, Prefect, the broker);
 # then, alone, the few tests marked 'serial' (one stops the broker every other test uses); ruff's
-# lint (pyproject.toml's rules) first, its failure failing the target too
+# lint and mypy's type check (pyproject.toml's rules) first, a failure failing the target too
 test: $(VENV)/.installed
 	status=0; \
 	$(PY) -m ruff check . || status=$$?; \
+	$(PY) -m mypy || status=$$?; \
 	$(PY) -m pytest -m "not heavy and not serial" -n 3 --dist loadfile || status=$$?; \
 	$(PY) -m pytest -m "serial and not heavy" || status=$$?; \
 	exit $$status

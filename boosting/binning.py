@@ -87,8 +87,10 @@ def goes_left(bin_column: BinMatrix, bin_threshold: int, missing_left: bool, max
     return np.where(missing, missing_left, bin_column <= bin_threshold)
 
 
-def goes_left_raw(values: FloatArray, threshold: float, missing_left: bool) -> np.ndarray:
-    """The same decision on raw values, as a party's lookup table applies it to new rows."""
+def goes_left_raw(values: FloatArray, threshold: float | FloatArray,
+                  missing_left: bool | np.ndarray) -> np.ndarray:
+    """The same decision on raw values, as a party's lookup table applies it to new rows (a
+    threshold and missing side per value, or one for all)."""
     missing = np.isnan(values)
     with np.errstate(invalid="ignore"):
         return np.where(missing, missing_left, values <= threshold)

@@ -14,7 +14,8 @@ from boosting._typing import BinMatrix, Histogram, IntArray
 
 
 @numba.njit(cache=True, nogil=True)
-def _accumulate(bins, slot_of_row, g, h, n_slots, n_bins):  # type: ignore[no-untyped-def]
+def _accumulate(bins, slot_of_row, g, h, n_slots, n_bins):  # type: ignore[no-untyped-def]  # numba
+    # types the arguments itself, when it compiles the kernel
     n_rows, n_features = bins.shape
     out = np.zeros((n_slots, n_features, n_bins, 3), dtype=np.int64)
     for i in range(n_rows):
@@ -38,7 +39,7 @@ def build_histograms(
 
     Returns an array (slots, features, max_bin + 1, 3) of sums of g, h and row counts.
     """
-    return _accumulate(
+    sums: Histogram = _accumulate(  # numba's dispatcher: untyped to mypy
         np.ascontiguousarray(bins),
         np.ascontiguousarray(slot_of_row, dtype=np.int64),
         np.ascontiguousarray(g, dtype=np.int64),
@@ -46,3 +47,4 @@ def build_histograms(
         n_slots,
         max_bin + 1,
     )
+    return sums

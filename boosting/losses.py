@@ -77,4 +77,5 @@ def transform(objective: str, margin: FloatArray) -> FloatArray:
         return margin
     shifted = margin - margin.max(axis=1, keepdims=True)
     e = np.exp(shifted)
-    return e / e.sum(axis=1, keepdims=True)
+    probabilities: FloatArray = e / e.sum(axis=1, keepdims=True)
+    return probabilities

@@ -280,7 +280,9 @@ def open_private(path: Path, mode: Literal["w", "wb"] = "w", *, permissions: int
                               "that exists already (a planted link?)", str(tmp)) from None
     try:
         os.fchmod(fd, permissions)  # the umask narrows the mode given to open, not this
-        with os.fdopen(fd, mode, **({"newline": ""} if mode == "w" else {})) as handle:
+        handle: IO[Any] = (os.fdopen(fd, "w", newline="") if mode == "w"
+                           else os.fdopen(fd, "wb"))
+        with handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())

@@ -23,7 +23,7 @@ from crypto._gmp import mpz
 try:
     from crypto import _bin_products
 except ImportError as exc:  # built without a C compiler or GMP's headers
-    _bin_products = None
+    _bin_products = None  # type: ignore[assignment]  # optional: the Python path stands in
     _MISSING = repr(exc)
 else:
     _MISSING = ""

@@ -118,7 +118,7 @@ def random_above(ciphertext: mpz, bits: int, n: int | PublicKey) -> mpz:
     ``2**bits`` within the key's plaintexts (below n for Paillier, below p for OU): the low
     ``bits`` bits decrypt as before, the ones above are random. Adding a known plaintext needs
     no obfuscator (``add_plain``): the ciphertext's own randomness covers it."""
-    public = n if hasattr(n, "add_plain") else PaillierPublicKey(mpz(n))
+    public = n if isinstance(n, PublicKey) else PaillierPublicKey(mpz(n))
     room = ((public.max_plaintext + 1) >> bits) - 1
     if room < 1:  # the sums fill the plaintext: nothing above them to hide
         return mpz(ciphertext)

@@ -19,6 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from crypto import CryptoError, OverflowRiskError
 
@@ -59,7 +63,8 @@ class GradientPacker:
                 f"{SLOTS} slots of {self.cell_bits} bits in all do not fit a {n_bits}-bit key"
             )
 
-    def pack(self, g: Sequence[int], h: Sequence[int]) -> list[int]:
+    def pack(self, g: Sequence[int] | npt.NDArray[np.integer[Any]],
+             h: Sequence[int] | npt.NDArray[np.integer[Any]]) -> list[int]:
         """One plaintext per row."""
         c, w = self.count_bits, self.h_bits
         bound = 1 << self.value_bits

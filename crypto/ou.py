@@ -114,7 +114,7 @@ class OUPublicKey:
     @property
     def ciphertext_bytes(self) -> int:
         """Fixed width of a ciphertext on the wire."""
-        return (self.n.bit_length() + 7) // 8
+        return (int(self.n.bit_length()) + 7) // 8
 
     def _check_plaintext(self, m: int) -> None:
         if not 0 <= m <= self.max_plaintext:

@@ -30,8 +30,9 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from crypto import CryptoError, KeyMismatchError, OverflowRiskError
+from crypto import CiphertextSpace, CryptoError, KeyMismatchError, OverflowRiskError
 from crypto._gmp import crt_pair, invert, mpz, powmod, random_below, random_prime
 from crypto.bin_products import window_powers
 
@@ -150,7 +151,7 @@ class PaillierPublicKey:
     @property
     def ciphertext_bytes(self) -> int:
         """Fixed width of a ciphertext on the wire."""
-        return (self.nsquare.bit_length() + 7) // 8
+        return (int(self.nsquare.bit_length()) + 7) // 8
 
     def _obfuscator(self) -> mpz:
         if self._table is None:
@@ -196,22 +197,27 @@ class KeyHolder:
     p: mpz
     obfuscator: str
 
+    if TYPE_CHECKING:  # each scheme's own
+        def raw_decrypt(self, ciphertext: int) -> mpz: ...
+        def _short_tables(self) -> tuple[_FixedBaseTable, _FixedBaseTable]: ...
+        def _full_obfuscator(self) -> tuple[mpz, mpz]: ...
+
     def obfuscators(self, count: int) -> list[tuple[mpz, mpz]]:
         """``count`` fresh obfuscators (residues modulo the key's two obfuscator moduli), made
         ahead of the plaintexts they will hide: they do not depend on them. Each must be used
         once (``encrypt_batch``'s ``spare``) and, like the key, never leaves the key holder."""
         if self.obfuscator == "full":
-            return [self._full_obfuscator() for _ in range(count)]  # type: ignore[attr-defined]
-        return short_obfuscators(self._short_tables(), count)  # type: ignore[attr-defined]
+            return [self._full_obfuscator() for _ in range(count)]
+        return short_obfuscators(self._short_tables(), count)
 
     def decrypt_batch(self, ciphertexts: Sequence[int]) -> list[mpz]:
         """Decrypt many ciphertexts."""
-        return [self.raw_decrypt(c) for c in ciphertexts]  # type: ignore[attr-defined]
+        return [self.raw_decrypt(c) for c in ciphertexts]
 
     def fold_run(self, shift_bits: int) -> int:
         """The longest run ``decrypt_folded`` takes for sums of ``shift_bits`` bits (runs stay
         below p)."""
-        return (self.p.bit_length() - 1) // shift_bits
+        return (int(self.p.bit_length()) - 1) // shift_bits
 
 
 @dataclass(eq=False)
@@ -355,14 +361,14 @@ def generate_keypair(n_bits: int = DEFAULT_KEY_BITS, obfuscator: str = "short"
     return public, PaillierPrivateKey(public, p, q, obfuscator)
 
 
-def ciphertexts_to_bytes(ciphertexts: Sequence[int], public_key: PaillierPublicKey) -> bytes:
+def ciphertexts_to_bytes(ciphertexts: Sequence[int], public_key: CiphertextSpace) -> bytes:
     """Fixed-width big-endian bytes, ``public_key.ciphertext_bytes`` per ciphertext (any
     scheme's key: ``crypto.schemes.PublicKey``)."""
     width = public_key.ciphertext_bytes
     return b"".join(int(c).to_bytes(width, "big") for c in ciphertexts)
 
 
-def ciphertexts_from_bytes(blob: bytes, public_key: PaillierPublicKey) -> list[mpz]:
+def ciphertexts_from_bytes(blob: bytes, public_key: CiphertextSpace) -> list[mpz]:
     """Inverse of :func:`ciphertexts_to_bytes`, rejecting bad lengths and out-of-range values."""
     width = public_key.ciphertext_bytes
     if len(blob) % width:

@@ -28,6 +28,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
+import typing
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -177,7 +178,7 @@ class _Preparers:
                 if self._stopping or not self._pipes:
                     break
                 pipes = list(self._pipes)
-            for pipe in wait(pipes, READ_SECONDS):
+            for pipe in typing.cast(list[Connection], wait(pipes, READ_SECONDS)):
                 try:
                     blob = pipe.recv_bytes()
                 except (EOFError, OSError):

@@ -33,7 +33,7 @@ def _isolated_server_class() -> type:
     from prefect.server.api import server as prefect_server
     from prefect.settings import get_current_settings
 
-    class IsolatedServer(prefect_server.SubprocessASGIServer):  # type: ignore[misc]
+    class IsolatedServer(prefect_server.SubprocessASGIServer):
         """Prefect 3.8's ``_run_uvicorn_command``, with ``start_new_session``."""
 
         def _run_uvicorn_command(self) -> subprocess.Popen[Any]:

@@ -122,7 +122,7 @@ def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
     from boosting.train import train as train_core
     from boosting.tree import save_model
     from fedboost.joined import join_parties, pool_members
-    from flows.config import ConfigError
+    from flows.config import ConfigError, HorizontalJobConfig, JobConfig, SimflJobConfig
     from flows.declared import declaration
 
     job, _ = _job_config(config)
@@ -134,12 +134,16 @@ def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
                                                                   "early_stopping_rounds"}))
     cuts = None
     if protocol.shared_model:  # the union of the members' rows (ALL-IN)
+        if not isinstance(job, (HorizontalJobConfig, SimflJobConfig)):
+            raise ConfigError(f"job {job.job}: protocol {job.protocol} has no pooled reference")
         pooled = pool_members(job)
         # horizontal: the cuts its members share; SimFL's builders each bin with their own
         cuts = [pooled.cuts] if protocol.reference_shares_cuts else None
         blocks, y, valid = [pooled.block], pooled.y, None
         n_rows, n_valid = len(pooled.ids), 0
     else:
+        if not isinstance(job, JobConfig):
+            raise ConfigError(f"job {job.job}: protocol {job.protocol} has no joined reference")
         joined = join_parties(job)
         blocks, y = joined.part(valid=False)
         valid = joined.part(valid=True) if joined.valid.any() else None
@@ -241,11 +245,14 @@ def _job_config(config: JobSource) -> tuple[AnyJobConfig, str]:
     """A validated job config, and what to call its source in messages."""
     from flows.config import job_schemas, load_config, parse_config
 
-    if isinstance(config, tuple(job_schemas().values())):
-        return config, f"job {config.job}"
     if isinstance(config, Mapping):
         return parse_config(dict(config), base=Path.cwd(), source="(mapping)"), "(mapping)"
-    return load_config(Path(config)), str(config)
+    if isinstance(config, (str, os.PathLike)):
+        return load_config(Path(config)), str(config)
+    if isinstance(config, tuple(job_schemas().values())):
+        return config, f"job {config.job}"
+    raise TypeError(f"a job is a job file's path, a mapping or a validated job config, not "
+                    f"{type(config).__name__}")
 
 
 def keep_password_out(config: AnyJobConfig, source: object) -> AnyJobConfig:
@@ -253,7 +260,7 @@ def keep_password_out(config: AnyJobConfig, source: object) -> AnyJobConfig:
     this process and its children keep it in their environment as ``FEDBOOST_AMQP_URL``."""
     from flows.config import AMQP_URL_ENV, without_broker_password
 
-    stripped = without_broker_password(config)  # type: ignore[arg-type]
+    stripped = without_broker_password(config)
     if stripped is None:
         return config
     warnings.warn(broker_password_warning(source), FedboostWarning, stacklevel=3)

@@ -121,7 +121,8 @@ def stopped(procs: dict[str, BaseProcess], parties: list[str]) -> dict[str, str]
     found = {}
     for party in parties:
         proc = procs.get(party)
-        if proc is not None and process_status(proc.pid)[:1] in (["T"], ["t"]):
+        if (proc is not None and proc.pid is not None
+                and process_status(proc.pid)[:1] in (["T"], ["t"])):
             found[party] = "its worker process is stopped"
     return found
 

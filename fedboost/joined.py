@@ -8,6 +8,7 @@ Horizontal jobs: the members' rows stacked, binned with the cuts the federation 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -32,11 +33,18 @@ class JoinedData:
         return [FeatureBlock(b.owner, b.names, b.x[mask]) for b in self.blocks], self.y[mask]
 
 
+def _data_file(party: str, data: Path | None) -> Path:
+    """A party's data file, which loading every party's rows on one machine needs."""
+    if data is None:
+        raise DataError(f"party {party} names no data file (data:): its rows cannot be loaded here")
+    return data
+
+
 def join_parties(config: JobConfig) -> JoinedData:
     """Load every party's file and inner-join on ids."""
     loaded: dict[str, PartyData] = {}
     for name, party in config.parties.items():
-        loaded[name] = load_party_data(name, party.data, party.id, party.label,
+        loaded[name] = load_party_data(name, _data_file(name, party.data), party.id, party.label,
                                        require_label=party.role == "active",
                                        columns=party.columns, categorical=party.categorical)
     order = [config.active, *config.passives]
@@ -81,7 +89,8 @@ def pool_members(config: HorizontalJobConfig | SimflJobConfig,
     from workers.horizontal.grid import union_cuts
     from workers.horizontal.tree import OWNER
 
-    loaded = [load_party_data(name, config.parties[name].data, config.parties[name].id,
+    loaded = [load_party_data(name, _data_file(name, config.parties[name].data),
+                              config.parties[name].id,
                               config.parties[name].label, require_label=True,
                               columns=config.parties[name].columns)
               for name in config.members]

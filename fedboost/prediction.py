@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import typing
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -67,7 +68,9 @@ def predict(model_dir: str | os.PathLike[str], data: DataSource = None, *,
 
     isolate_ephemeral_server()
     with prefect_console(log_level):
-        return _predict_federated(folder, config, data, out, mode, batch_size)
+        # not a shared model: a vertical schema (validate_job's union names the others too)
+        return _predict_federated(folder, config, data, out, mode,  # type: ignore[arg-type]
+                                  batch_size)
 
 
 def _data_files(data: DataSource) -> tuple[dict[str, Path], Path | None]:
@@ -84,8 +87,11 @@ def _predict_federated(model_dir: Path, config: JobConfig, data: DataSource,
                        batch_size: int) -> PredictResult:
     from fedboost.embedded import party_specs, run_embedded
     from flows.config import ConfigError
-    from flows.predict import federated_predict
+    from flows.predict import PredictMode, federated_predict
 
+    if mode not in typing.get_args(PredictMode):
+        raise ConfigError(f"mode {mode!r}: expected one of {', '.join(typing.get_args(PredictMode))}")
+    walk = typing.cast(PredictMode, mode)
     by_party, single = _data_files(data)
     if single is not None:
         raise ConfigError(f"--data {str(single)!r}: expected PARTY=CSV with PARTY one of "
@@ -99,7 +105,7 @@ def _predict_federated(model_dir: Path, config: JobConfig, data: DataSource,
 
     def run() -> dict[str, Any]:
         return federated_predict(job, config.active, config.passives, scores_file, config.job,
-                                 batch_size, mode,
+                                 batch_size, walk,
                                  {name: p.dataset or "" for name, p in config.parties.items()})
 
     if config.transport.kind == "rabbitmq":

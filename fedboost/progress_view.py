@@ -43,8 +43,9 @@ class RunProgress:
         self.metrics: dict[str, float] = {}
         self.stage_started = time.monotonic()
 
-    def update(self, event: ProgressEvent) -> bool:
-        """Take an event in; True when the stage changed."""
+    def update(self, event: StepProgress | TreeProgress) -> bool:
+        """Take an event in (a silent party's is the views' own); True when the stage
+        changed."""
         changed = False
         if isinstance(event, TreeProgress):
             self.done, self.total = event.done, event.total

@@ -17,6 +17,7 @@ without a network.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -186,9 +187,9 @@ def feature_importance(view: PartyView) -> list[tuple[str, int, float | None]]:
                     continue
                 entry = found.setdefault(view.split_label(node, t), [0, None])
                 entry[0] += 1
-                record = view.gains.get((t, node.id))
-                if record is not None:
-                    entry[1] = (entry[1] or 0.0) + float(record["gain"])
+                gain = view.gains.get((t, node.id))
+                if gain is not None:
+                    entry[1] = (entry[1] or 0.0) + float(gain["gain"])
     else:  # a passive party on its own: its lookup table has one record per split it owns
         for record in view.lookup.values():
             found.setdefault(view.own_names[record.feature], [0, None])[0] += 1
@@ -222,7 +223,8 @@ def _summary(job: dict[str, Any], metrics: dict[str, Any], view: PartyView) -> s
     final = [[k, v] for k, v in metrics.items()
              if k.startswith(("train_", "valid_")) and k != "train_seconds"
              and isinstance(v, (int, float))] if view.role != "passive" else []
-    rows = [["protocol", job.get("protocol")],
+    rows: list[list[Any]] = [
+            ["protocol", job.get("protocol")],
             ["parties", ", ".join(f"{n} ({p.get('role')})"
                                   for n, p in (job.get("parties") or {}).items())],
             ["rows (aligned / train / validation)",
@@ -355,7 +357,7 @@ def _trees(view: PartyView) -> str:
     parts = [f"<p>{len(view.model.trees)} trees; blue edges go left (value &le; threshold, "
              f"or the owner's decision), orange right.</p>"]
     for t, tree in enumerate(view.model.trees[:TREES_DRAWN]):
-        svg = tree_svg(tree, lambda node, t=t: _node_text(view, node, t), f"tree-{t}")
+        svg = tree_svg(tree, functools.partial(_node_text, view, tree=t), f"tree-{t}")
         opened = " open" if t < TREES_OPEN else ""
         parts.append(f"<details{opened}><summary>tree {t}{_output(tree, view)}</summary>"
                      f'<div class="tree">{svg}</div></details>')

@@ -27,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.types import Receive, Scope, Send
 
 from fedboost.scoring_guard import Gate, GatePolicy
 from fedboost.scoring_link import ScoringLink
@@ -192,7 +193,7 @@ class Liveness:
         self.app = app
         self.link = link
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != LIVEZ:
             await self.app(scope, receive, send)
             return

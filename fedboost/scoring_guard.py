@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
 
 from fedboost.api_keys import KeyRing
 
@@ -78,7 +79,7 @@ class RateLimiter:
             del self._buckets[client]
 
 
-def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
+def _header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope["headers"]:
         if key == name:
             return bytes(value)
@@ -93,8 +94,7 @@ class Gate:
         self.policy = policy
         self.limiter = RateLimiter()
 
-    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any],
-                       send: Callable[..., Any]) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -110,7 +110,7 @@ class Gate:
             return
         await self.app(scope, self._counted(receive), send)
 
-    def _authenticate(self, scope: dict[str, Any]) -> tuple[int, str, list[Any]] | None:
+    def _authenticate(self, scope: Scope) -> tuple[int, str, list[Any]] | None:
         policy = self.policy
         tls = scope.get("extensions", {}).get("tls", {})
         cert_name = tls.get("client_cert_name")
@@ -139,7 +139,7 @@ class Gate:
                          f"{needed} scope (serve-model-keys add --scope {needed})"), CLOSE
         return None
 
-    def _within_rate(self, scope: dict[str, Any]) -> tuple[int, str, list[Any]] | None:
+    def _within_rate(self, scope: Scope) -> tuple[int, str, list[Any]] | None:
         client = scope.get("fedboost.client")
         if client is None:
             peer = scope.get("client")
@@ -152,7 +152,7 @@ class Gate:
         return 429, f"too many requests: at most {rate:g} a second", [
             (b"retry-after", retry), *CLOSE]
 
-    def _declared_size(self, scope: dict[str, Any]) -> tuple[int, str, list[Any]] | None:
+    def _declared_size(self, scope: Scope) -> tuple[int, str, list[Any]] | None:
         declared = _header(scope, b"content-length")
         limit = self.policy.max_body_bytes
         if declared is not None and (not declared.isdigit() or int(declared) > limit):

@@ -114,7 +114,7 @@ def guarded_protocol(limits: ConnectionLimits, dropped: Callable[[str], None],
     With ``tls`` (the context for a connection accepted now, ``ServerTLS``) the protocol does
     the TLS handshake of every connection it is given (serve it without uvicorn's ``ssl_*``
     options)."""
-    handshaking: dict[HttpToolsProtocol, tuple[asyncio.BaseTransport, float]] = {}
+    handshaking: dict[GuardedProtocol, tuple[asyncio.Transport, float]] = {}
     """Connections accepted whose TLS handshake is under way, with when they were accepted."""
     quieted: list[asyncio.AbstractEventLoop] = []
 
@@ -126,7 +126,8 @@ def guarded_protocol(limits: ConnectionLimits, dropped: Callable[[str], None],
         _tls_name: str | None = None
         _too_large = False
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(  # type: ignore[override]  # uvicorn's stub: BaseTransport
+                self, transport: asyncio.Transport) -> None:
             if self.loop not in quieted:
                 quieted.append(self.loop)
                 self.loop.set_exception_handler(_QuietAccept())
@@ -157,10 +158,17 @@ def guarded_protocol(limits: ConnectionLimits, dropped: Callable[[str], None],
             if handshaking.pop(self, None) is None or early.lost:  # evicted, or gone
                 raw.abort()
                 return
+            if secured is None:  # (asyncio's type: start_tls returns a transport or raises)
+                raw.abort()
+                return
             secured.set_protocol(self)
-            self._made(secured)  # type: ignore[arg-type]
+            self._made(secured)
             if early.data:
                 self.data_received(bytes(early.data))
+
+        def _peers(self) -> list[GuardedProtocol]:
+            """The server's open connections: all of this class (it serves no other)."""
+            return [c for c in self.connections if isinstance(c, GuardedProtocol)]
 
         def _made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
@@ -229,8 +237,8 @@ def guarded_protocol(limits: ConnectionLimits, dropped: Callable[[str], None],
                 self._drop(reason, b"408 Request Timeout")
 
         def _make_room(self) -> None:
-            waiting = [(c._since, c) for c in self.connections
-                       if c is not self and getattr(c, "_phase", "busy") in READING]
+            waiting = [(c._since, c) for c in self._peers()
+                       if c is not self and c._phase in READING]
             if handshaking:
                 oldest = min(handshaking.items(), key=lambda item: item[1][1])
                 if oldest[0] is not self:
@@ -238,8 +246,7 @@ def guarded_protocol(limits: ConnectionLimits, dropped: Callable[[str], None],
             if waiting:
                 victim = min(waiting, key=lambda item: item[0])[1]
             else:
-                closing = [c for c in self.connections
-                           if c is not self and getattr(c, "_phase", "") == "closed"]
+                closing = [c for c in self._peers() if c is not self and c._phase == "closed"]
                 if closing:  # answered already: a TLS close waits up to 30 s for the peer
                     closing[0].transport.abort()
                     return
@@ -249,7 +256,7 @@ def guarded_protocol(limits: ConnectionLimits, dropped: Callable[[str], None],
                 raw.abort()
                 dropped("evicted" if victim is not self else "refused")
             else:
-                victim._drop("evicted" if victim is not self else "refused",  # type: ignore[attr-defined]
+                victim._drop("evicted" if victim is not self else "refused",
                              b"503 Service Unavailable")
 
         def _drop(self, reason: str, status: bytes) -> None:

@@ -53,7 +53,7 @@ from flows.coordinator import Coordinator, PartyError, step_id
 from messages import MessageError, TransportError
 from messages.bodies import ErrorReply, PartyInfo, Step
 from messages.scoring import FindRows, OpenScoring, RowsFound, ScoreRows, Scores
-from messages.envelope import Envelope, MsgType
+from messages.envelope import Envelope, Kind, MsgType
 from messages.rabbitmq import RabbitTransport
 
 log = logging.getLogger("fedboost.serving")
@@ -79,7 +79,7 @@ class _Request:
 @dataclass(slots=True)
 class _Round:
     number: int
-    kind: MsgType
+    kind: Kind
     """``FIND_ROWS`` (membership; no ids: a ping) or ``SCORE_ROWS``."""
     requests: list[_Request]
     ids: list[str]
@@ -95,7 +95,9 @@ class ScoringLink:
                  on_death: Callable[[], None] | None = None) -> None:
         self.plan = plan
         self.coordinator = coordinator
-        self.transport: RabbitTransport = coordinator.transport  # type: ignore[assignment]
+        if not isinstance(coordinator.transport, RabbitTransport):
+            raise TypeError("a scoring session's coordinator talks to the parties over RabbitMQ")
+        self.transport = coordinator.transport
         self.max_in_flight = max_in_flight
         self.observe = observe
         self.on_death = on_death
@@ -251,7 +253,7 @@ class ScoringLink:
     def _take_submitted(self) -> None:
         self._queue.extend(_drained(self._submitted))
 
-    def _out(self, kind: MsgType) -> int:
+    def _out(self, kind: Kind) -> int:
         return sum(1 for r in self._in_flight.values() if r.kind == kind and r.ids)
 
     def _take(self, found: bool) -> tuple[list[_Request], list[str]]:
@@ -279,7 +281,7 @@ class ScoringLink:
             for request in [*_drained(self._queue), *_drained(self._pings)]:
                 self._finish(request, ScoringFailure(503, str(exc)))
 
-    def _send_round(self, requests: list[_Request], ids: list[str], kind: MsgType) -> None:
+    def _send_round(self, requests: list[_Request], ids: list[str], kind: Kind) -> None:
         """Send a round to every party; one that cannot be sealed or sent fails its own
         requests (the API checked the ids: an encoding failure here is a bug, logged)."""
         self._number += 1

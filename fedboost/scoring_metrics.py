@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import Receive, Scope, Send
 
 access_log = logging.getLogger("fedboost.serving.access")
 PATHS = frozenset({"/v1/score", "/healthz", "/readyz", "/metrics", "/livez"})
@@ -76,8 +76,7 @@ class AccessLog:
         self.app = app
         self.metrics = metrics
 
-    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any],
-                       send: Callable[..., Any]) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

@@ -97,9 +97,9 @@ def line_chart(series: dict[str, Sequence[float | None]], *, title: str, x_label
                 out.append(f'<polyline class="series" data-name="{escape(name)}" fill="none" '
                            f'stroke="{colour}" stroke-width="2" points="{" ".join(run)}"/>')
             elif run:
-                x, y = run[0].split(",")
-                out.append(f'<circle class="series" data-name="{escape(name)}" cx="{x}" '
-                           f'cy="{y}" r="3" fill="{colour}"/>')
+                cx, cy = run[0].split(",")
+                out.append(f'<circle class="series" data-name="{escape(name)}" cx="{cx}" '
+                           f'cy="{cy}" r="3" fill="{colour}"/>')
         lx = left + 130 * index  # the legend: one row between the title and the plot
         out.append(f'<rect x="{lx}" y="{top - 18}" width="10" height="10" fill="{colour}"/>')
         out.append(f'<text x="{lx + 14}" y="{top - 9}">{escape(name)}</text>')

@@ -81,7 +81,7 @@ def parse_config(raw: Any, *, base: Path, source: str) -> AnyJobConfig:
                                      "transport": resolve_transport(base, config.transport)})
 
 
-def without_broker_password(config: JobConfig) -> JobConfig | None:
+def without_broker_password(config: AnyJobConfig) -> AnyJobConfig | None:
     """``config`` with the password cut out of ``transport.url``, or None if it holds none:
     what is written to run folders and handed to Prefect as a flow parameter."""
     url = config.transport.url

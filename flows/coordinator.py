@@ -33,7 +33,7 @@ from flows.errors import (JobStopped, PartyError, PartyGone,  # noqa: F401  the 
                           StepTimeout)                       # imported from here by them
 from flows.progress import (PartiesSilent, has_listener, step_progress, step_text, tell_silence,
                             tree_done)
-from messages.envelope import Envelope, MsgType
+from messages.envelope import Envelope, Kind, MsgType
 from messages.chunks import FrameSigner
 from messages.broker_url import holds_password
 from messages.rabbitmq import RabbitTransport
@@ -109,7 +109,7 @@ class Coordinator:
         for input that party will never send. The next session clears it."""
         self.lost = lost
 
-    def call(self, parties: list[str], kind: MsgType, body: Any, step: str) -> dict[str, Any]:
+    def call(self, parties: list[str], kind: Kind, body: Any, step: str) -> dict[str, Any]:
         """Send a command to every party and return each party's reply body.
 
         Thread-safe: tasks running at once (the forest's trees) share the job's connection;
@@ -352,7 +352,7 @@ def link(job: str) -> Coordinator:
     return coordinator
 
 
-def step_id(kind: MsgType, tree: int = -1, depth: int = -1) -> str:
+def step_id(kind: Kind, tree: int = -1, depth: int = -1) -> str:
     """Deterministic task id of a step: (kind, tree, depth)."""
     return f"{kind.name.lower()}/t{tree}/d{depth}"
 

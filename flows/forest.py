@@ -28,7 +28,7 @@ from flows.declared.forest import ForestJobConfig
 from flows.secureboost import evaluate_validation
 from messages.bodies import Ack, PartyInfo
 from messages.secureboost import SplitsFound
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.forest import MAX_TREES, ForestOpened, ForestSpec, OpenForest, TreeCommand
 
 
@@ -46,7 +46,7 @@ def forest_spec(config: ForestJobConfig) -> ForestSpec:
         label=config.parties[config.active].label or "", scheme=config.crypto.scheme)
 
 
-def _step(kind: MsgType, work: int = -1, depth: int = -1) -> str:
+def _step(kind: Kind, work: int = -1, depth: int = -1) -> str:
     return f"{kind.name.lower()}/w{work}/d{depth}"
 
 
@@ -124,7 +124,8 @@ def save_forest(job: str, parties: list[str], trees: list[int]) -> None:
 
 
 @flow(name="vertical_random_forest", flow_run_name="{config.job}",
-      task_runner=ThreadPoolTaskRunner(max_workers=64))
+      task_runner=ThreadPoolTaskRunner(max_workers=64))  # type: ignore[arg-type]  # Prefect's
+# stubs infer ThreadPoolTaskRunner[Never] from a call without futures
 def vertical_random_forest(config: ForestJobConfig) -> dict[str, Any]:
     """Train a random forest between one active and several passive parties (seed 002).
 

@@ -36,7 +36,7 @@ from flows.coordinator import (JobStopped, PartyError, StepTimeout, close_job,
                           train_with_recoveries)
 from flows.declared.horizontal import HorizontalJobConfig
 from messages.bodies import Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.horizontal import HorizontalSpec, OpenHorizontal, Round
 
 SUMMARY_POINTS_PER_BIN = 32
@@ -62,7 +62,7 @@ def summary_size(max_bin: int) -> int:
     return max(256, SUMMARY_POINTS_PER_BIN * max_bin)
 
 
-def _step(kind: MsgType, tree: int = -1, depth: int = -1, attempt: int = 0) -> str:
+def _step(kind: Kind, tree: int = -1, depth: int = -1, attempt: int = 0) -> str:
     """A step's task id: a tree grown again after a dropout is a new attempt."""
     return f"{step_id(kind, tree, depth)}/a{attempt}"
 
@@ -246,8 +246,9 @@ def _train(config: HorizontalJobConfig, progress: Any, members: Membership) -> d
         metrics = combine_member_metrics({m: r for m, r in replies.items()
                                           if m in members.live})
         history.append(metrics)
-        tree_seconds.append(time.perf_counter() - tree_start)
-        record_tree(job, progress, tree + 1, n_trees, tree_seconds[-1], metrics)
+        seconds = time.perf_counter() - tree_start
+        tree_seconds.append(seconds)
+        record_tree(job, progress, tree + 1, n_trees, seconds, metrics)
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
         logger.info("tree %d done (%d/%d) in %.2f s: %s", tree, tree + 1, n_trees,
                     tree_seconds[-1], shown)

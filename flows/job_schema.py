@@ -93,14 +93,20 @@ class PartyConfig(Strict):
     a passive party, whose histogram shards they share; one for the active party)."""
 
 
-class _TreeParamsBase(Strict):
+if typing.TYPE_CHECKING:  # the fields create_model gives TreeParamsConfig below: TreeParams's
+    _TreeParamsFields = TreeParams
+else:
+    _TreeParamsFields = object
+
+
+class _TreeParamsBase(Strict, _TreeParamsFields):
     def tree_params(self) -> TreeParams:
         """The parameters as every opener carries them (``messages.params``)."""
         return TreeParams(**self.model_dump(include=set(TREE_PARAMS)))
 
 
 def _tree_param(f: dataclasses.Field[Any]) -> tuple[Any, Any]:
-    kind = (Literal[f.metadata["choices"]] if "choices" in f.metadata  # type: ignore[valid-type]
+    kind = (Literal[f.metadata["choices"]] if "choices" in f.metadata
             else typing.get_type_hints(TreeParams)[f.name])
     return kind, Field(f.default, **f.metadata.get("bounds", {}))
 
@@ -108,6 +114,7 @@ def _tree_param(f: dataclasses.Field[Any]) -> tuple[Any, Any]:
 TREE_PARAMS = {f.name: f for f in dataclasses.fields(TreeParams)}
 
 
+# (ignore: pydantic's create_model overloads cannot type fields given as a ** mapping)
 TreeParamsConfig: type[_TreeParamsBase] = create_model(  # type: ignore[call-overload]
     "TreeParamsConfig", __base__=_TreeParamsBase,
     __doc__="Boosting parameters every protocol shares (``messages.params.TreeParams``).",

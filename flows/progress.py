@@ -15,9 +15,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from flows.declared import declared
-from messages.envelope import OPENERS, MsgType
+from messages.envelope import OPENERS, Kind, MsgType
 
-SHARED_STAGES: dict[MsgType, str] = {
+SHARED_STAGES: dict[Kind, str] = {
     MsgType.RESUME_JOB: "resuming",
     **dict.fromkeys([MsgType.TRAVERSE_LEVEL, MsgType.EVALUATE_VALIDATION], "validation"),
     **dict.fromkeys([MsgType.SAVE_MODEL, MsgType.CLOSE_JOB], "saving"),
@@ -27,7 +27,7 @@ SHARED_STAGES: dict[MsgType, str] = {
 TREES = "trees"
 
 
-def stage_of(kind: MsgType) -> str:
+def stage_of(kind: Kind) -> str:
     """The stage a step belongs to, as its protocol declares it."""
     if kind in OPENERS:
         return "opening"
@@ -133,7 +133,7 @@ def tell_silence(job: str, event: PartiesSilent) -> None:
     report(job, event)
 
 
-def step_progress(job: str, kind: MsgType, answered: int, parties: int) -> None:
+def step_progress(job: str, kind: Kind, answered: int, parties: int) -> None:
     """Report a step's replies so far (stage from :func:`stage_of`)."""
     if _listener(job) is not None:
         report(job, StepProgress(stage_of(kind), kind.name.lower(), answered,

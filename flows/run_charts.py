@@ -39,8 +39,8 @@ def learning_curves(history: Sequence[dict[str, Any]],
     kinds = sorted({name.split("_", 1)[1] for name in series})
     charts = {}
     for kind in kinds:
-        lines = {name: values for name, values in series.items()
-                 if name.split("_", 1)[1] == kind}
+        lines: dict[str, Sequence[float | None]] = {
+            name: values for name, values in series.items() if name.split("_", 1)[1] == kind}
         charts[kind] = line_chart(lines, title=f"{kind} after each tree{private}",
                                   x_label="tree", y_label=kind, chart_id=f"curve-{kind}",
                                   marker=marker)

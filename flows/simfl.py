@@ -205,8 +205,9 @@ def _train(config: SimflJobConfig, progress: Any) -> dict[str, Any]:
         metrics = combine_member_metrics(replies)
         metrics["builder"] = builder
         history.append(metrics)
-        tree_seconds.append(time.perf_counter() - tree_start)
-        record_tree(job, progress, tree + 1, n_trees, tree_seconds[-1], metrics)
+        seconds = time.perf_counter() - tree_start
+        tree_seconds.append(seconds)
+        record_tree(job, progress, tree + 1, n_trees, seconds, metrics)
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()
                           if k.startswith("train_") and isinstance(v, float))
         logger.info("tree %d (%s) done (%d/%d) in %.2f s: %s", tree, builder, tree + 1,

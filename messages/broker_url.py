@@ -3,6 +3,7 @@ of files and logs."""
 
 from __future__ import annotations
 
+from typing import TypeGuard
 from urllib.parse import quote, urlsplit, urlunsplit
 
 
@@ -13,7 +14,7 @@ def host_of(url: str) -> str:
     return f"{parts.hostname or 'localhost'}:{port}"
 
 
-def holds_password(url: str | None) -> bool:
+def holds_password(url: str | None) -> TypeGuard[str]:
     """True if ``url`` carries a password (which must then be kept out of files and logs)."""
     return url is not None and urlsplit(url).password is not None
 

@@ -224,7 +224,7 @@ _SCALARS: dict[Any, Callable[[WireReader], Any]] = {
 
 def read_typed(cls: type[T], reader: WireReader) -> T:
     """Read a ``cls`` (a dataclass of the supported field types) where ``reader`` stands."""
-    return typing.cast(T, _decoder(cls)(reader))
+    return typing.cast(T, _decoder(typing.cast(Any, cls))(reader))  # a class is hashable
 
 
 class decoding:  # noqa: N801 - used as a context manager, like contextlib's
@@ -263,7 +263,7 @@ def _decoder(tp: Any) -> Callable[[WireReader], Any]:
     raise DecodeError(f"unsupported field type {tp!r}")
 
 
-def _dataclass_decoder(cls: type) -> Callable[[WireReader], Any]:
+def _dataclass_decoder(cls: Any) -> Callable[[WireReader], Any]:
     fields = [(f".{name}", _decoder(ftp)) for name, ftp in _hints(cls)]
     expected = f"{len(fields)} fields of {cls.__name__}"
     size = getattr(cls, "__basicsize__", 64) + 16  # the object and its GC header

@@ -13,8 +13,14 @@ from messages import bodies, forest, horizontal, scoring, secureboost, simfl  # 
 from messages import DecodeError, UnknownMessageType
 from messages.codec import WireReader, decoding, read_typed, to_wire
 from messages.kinds import (BODY_TYPES, COMMANDS, OPENERS, PEER_MAIL,  # noqa: F401 (the tables)
-                            REPLIES, TRANSIENT, UNRECORDED, WORK, MsgType, import_extra)
+                            REPLIES, TRANSIENT, UNRECORDED, WORK, Kind, MsgType, import_extra,
+                            kind_of)
 from messages.names import JOB_NAME_RULE, is_job_name
+
+__all__ = ["BODY_TYPES", "COMMANDS", "MAX_MESSAGE_BYTES", "OPENERS", "PEER_MAIL", "REPLIES",
+           "TRANSIENT", "UNRECORDED", "WIRE_VERSION", "WORK", "Envelope", "Kind", "MsgType",
+           "decode_envelope", "encode_envelope"]
+"""What protocols import from here: the envelope, and the kinds' tables (``messages.kinds``)."""
 
 WIRE_VERSION = 8
 """2: a row's packed (g, h, count) slots are sized by what they hold (``crypto.encoding``); a
@@ -50,7 +56,7 @@ class Envelope:
     task: str
     sender: str
     recipient: str
-    kind: MsgType
+    kind: Kind
     body: Any
     version: int = WIRE_VERSION
 
@@ -99,11 +105,11 @@ def decode_envelope(data: bytes | memoryview) -> Envelope:
     if not is_job_name(job):  # it becomes a folder name at every party
         raise DecodeError(f"envelope job {job!r} is not a job name ({JOB_NAME_RULE})")
     try:
-        kind = MsgType(head["kind"])
+        kind = kind_of(head["kind"])
     except ValueError as exc:
         raise UnknownMessageType(f"unknown message kind {head['kind']!r}") from exc
     with decoding(kind.name):
-        body = read_typed(BODY_TYPES[kind], reader)
+        body: Any = read_typed(BODY_TYPES[kind], reader)
     if not reader.at_end():
         raise DecodeError(f"{kind.name}: {len(data) - reader.pos} bytes after the body")
     return Envelope(job=job, task=task, sender=sender, recipient=recipient, kind=kind,

@@ -52,14 +52,19 @@ class Kind(int):
 _BY_NUMBER: dict[int, Kind] = {}
 
 
+def kind_of(number: Any) -> Kind:
+    """The declared kind with wire number ``number`` (``MsgType(number)``); ValueError if none."""
+    try:
+        return _BY_NUMBER[number]
+    except (KeyError, TypeError):
+        raise ValueError(f"{number!r} is not a declared message kind") from None
+
+
 class _Kinds(type):
     """``MsgType.NAME``, ``MsgType(number)`` and ``for kind in MsgType``, as an enum reads."""
 
-    def __call__(cls, number: Any) -> Kind:  # type: ignore[override]
-        try:
-            return _BY_NUMBER[number]
-        except (KeyError, TypeError):
-            raise ValueError(f"{number!r} is not a declared message kind") from None
+    def __call__(cls, number: Any) -> Kind:
+        return kind_of(number)
 
     def __iter__(cls) -> Iterator[Kind]:
         return iter(sorted(_BY_NUMBER.values()))
@@ -70,13 +75,15 @@ class _Kinds(type):
     def __contains__(cls, kind: object) -> bool:
         return isinstance(kind, Kind) and _BY_NUMBER.get(int(kind)) is kind
 
+    def __getattr__(cls, name: str) -> Kind:
+        """Only for a name no protocol declared (``declare`` sets each declared one on the
+        class): so a type checker reads ``MsgType.NAME`` as a ``Kind``."""
+        raise AttributeError(f"no protocol declared the message kind {name}")
+
 
 class MsgType(metaclass=_Kinds):
     """Every declared message kind, by name (``MsgType.ACK``) or wire number
     (``MsgType(100)``); its body class is ``BODY_TYPES[kind]``."""
-
-    def __getattr__(self, name: str) -> Kind:  # pragma: no cover - instances never exist
-        raise AttributeError(name)
 
 
 class KindSet(Set[Kind]):
@@ -98,7 +105,9 @@ class KindSet(Set[Kind]):
         return f"KindSet({sorted(k.name for k in self._kinds)})"
 
     @classmethod
-    def _from_iterable(cls, it: Iterable[Kind]) -> KindSet:
+    def _from_iterable(cls, it: Iterable[Any]) -> KindSet:  # type: ignore[override]  # below
+        # Set's operators (a | b, a - b) build their results here: a KindSet, where typing's
+        # stub says an AbstractSet of any element type
         return cls(it)
 
 

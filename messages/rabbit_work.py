@@ -16,7 +16,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pika
 import pika.exceptions as px
@@ -78,7 +78,18 @@ class PartyWork:
     _stop: Any
     """The transport's ``StopFlag``: a stop asked ends a wait below at once."""
 
+    if TYPE_CHECKING:  # the transport's own, which the methods below call
+        def _connect(self, first: bool = False) -> None: ...
+        def _parameters(self, purpose: str = "") -> pika.URLParameters: ...
+        def _on_message(self, queue: str) -> Any: ...
+        def _ack(self, tags: list[tuple[int, int]]) -> None: ...
+        def _nack(self, tags: list[tuple[int, int]]) -> None: ...
+        def _publish_one(self, queue: str, recipient: str, body: bytes, props: Any,
+                         wait_for_queue: bool, exchange: str = "") -> bool: ...
+
     def _consume_work(self) -> None:
+        if self.work is None:  # a flow's endpoint: no work queue
+            return
         # one shard at a time per process, so shards spread over the party's processes
         self._channel.basic_qos(prefetch_count=1)
         self._work_tag = self._channel.basic_consume(self.work, self._on_message(self.work),
@@ -91,7 +102,7 @@ class PartyWork:
         data_queue = data_queue.decode() if isinstance(data_queue, bytes) else data_queue
         count, digest = headers.get("fb-count"), headers.get("fb-sha256")
         digest = digest.decode() if isinstance(digest, bytes) else digest
-        if (data_queue.startswith(self.work + ".") and message_id
+        if (data_queue.startswith(f"{self.work}.") and message_id
                 and isinstance(count, int) and not isinstance(count, bool)
                 and 1 <= count <= self.max_message_bytes // 1024 + 1
                 and isinstance(digest, str)):

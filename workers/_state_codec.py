@@ -60,7 +60,7 @@ def pack(value: Any, allowed: Mapping[str, type]) -> bytes:
         raise StateCodecError(f"cannot encode the state: {exc}") from None
 
 
-def unpack(data: bytes, allowed: Mapping[str, type]) -> Any:
+def unpack(data: bytes | memoryview, allowed: Mapping[str, type]) -> Any:
     """Rebuild what :func:`pack` wrote, accepting only ``allowed`` dataclasses."""
 
     def hook(code: int, raw: bytes) -> Any:

@@ -292,13 +292,13 @@ def crypto_shard(ctx: StepContext, task: CryptoShard) -> None:
         if ctx.party.make_ahead:  # the next tree's share, on idle CPU
             pool.prepare(done * task.unit)
     else:
-        while (unit := claim()) is not None:
-            if not 0 <= unit < units:
-                raise ProtocolError(f"claimed decryption unit {unit} of {units}")
-            inputs = values_of(unit)
+        while (claimed := claim()) is not None:
+            if not 0 <= claimed < units:
+                raise ProtocolError(f"claimed decryption unit {claimed} of {units}")
+            inputs = values_of(claimed)
             plain = to_bytes(pool.decrypt_sums(inputs, task.cell_bits) if task.op == "fold"
                              else pool.decrypt(inputs), len(task.n))
-            answer(unit, encrypt_body(_key(ctx), plain,
-                                      _bound("result", ctx.job, task.claims, unit)))
+            answer(claimed, encrypt_body(_key(ctx), plain,
+                                         _bound("result", ctx.job, task.claims, claimed)))
     log.debug("%s t%d d%d: %s: %d units done here", ctx.party.name, task.tree, task.depth,
               task.op, done)

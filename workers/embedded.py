@@ -80,7 +80,8 @@ def start_workers(hub: MemoryHub, parties: list[PartySpec], sealers: dict[str, S
 
 def _start_workers(hub: MemoryHub, parties: list[PartySpec], sealers: dict[str, Sealer],
                    log_level: int) -> tuple[list[BaseProcess], list[BaseProcess]]:
-    procs, helpers = [], []
+    procs: list[BaseProcess] = []
+    helpers: list[BaseProcess] = []
     for party in parties:
         proc = hub.context.Process(target=run_worker, name=f"fedboost-{party.name}",
                                    args=(party, hub.endpoint(party.name), sealers[party.name],

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from messages.envelope import COMMANDS, PEER_MAIL, WORK, Envelope, MsgType
+from messages.envelope import COMMANDS, PEER_MAIL, WORK, Envelope, Kind
 from messages.signing import Sealer
 from messages.transport import Transport
 from workers.mailbox import Mailbox
@@ -25,15 +25,15 @@ class StepContext:
     task: str
     state: Any
     mailbox: Mailbox
-    _send: Callable[[str, MsgType, Any, str], None]
+    _send: Callable[[str, Kind, Any, str], None]
     _transport: Transport
     _sealer: Sealer
 
-    def send(self, recipient: str, kind: MsgType, body: Any) -> None:
+    def send(self, recipient: str, kind: Kind, body: Any) -> None:
         """Send a peer message for this job."""
         self._send(recipient, kind, body, self.task)
 
-    def submit_work(self, kind: MsgType, body: Any, *, before_ack: bool = True) -> None:
+    def submit_work(self, kind: Kind, body: Any, *, before_ack: bool = True) -> None:
         """Hand a shard of this step to the party's helper processes (``before_ack=False``:
         data they can do without, which the message that led to it need not wait for)."""
         env = Envelope(job=self.job, task=self.task, sender=self.party.name,
@@ -65,7 +65,7 @@ class StepContext:
         return self.party.model_folder(self.job)
 
 
-Handler = Callable[[StepContext, Any], tuple[MsgType, Any] | None]
+Handler = Callable[[StepContext, Any], tuple[Kind, Any] | None]
 """A step: its reply (kind, body). Only work steps may return None (nothing to answer)."""
 Arrival = Callable[[StepContext, str, Any], None]
 """Runs with (sender, body) when a peer message of its kind is filed, before waiting steps are
@@ -77,8 +77,8 @@ class RoleSteps:
     """What one role of a protocol does: the steps it answers and what it does as peer
     messages arrive."""
 
-    handlers: dict[MsgType, Handler]
-    arrivals: dict[MsgType, Arrival] = field(default_factory=dict)
+    handlers: dict[Kind, Handler]
+    arrivals: dict[Kind, Arrival] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +89,7 @@ class Protocol:
 
     name: str
     roles: dict[str, RoleSteps]
-    work: dict[MsgType, Handler] = field(default_factory=dict)
+    work: dict[Kind, Handler] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # a step must answer a declared command: anything else would be filed as peer mail

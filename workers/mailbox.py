@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from messages.envelope import Envelope, MsgType
+from messages.envelope import Envelope, Kind, MsgType
 from workers import NotReady
 
-MailKey = tuple[MsgType, str, int, int]
+MailKey = tuple[Kind, str, int, int]
 
 SENDER_MAIL = (8192, 4 << 30)
 """Messages and bytes one sender may have waiting in one job's mailbox. The protocol needs one
@@ -70,7 +70,7 @@ class Mailbox:
         if mine is not None:
             mine[0], mine[1] = mine[0] - len(sizes), mine[1] - sum(sizes)
 
-    def take(self, kind: MsgType, sender: str, tree: int = -1, depth: int = -1) -> Any:
+    def take(self, kind: Kind, sender: str, tree: int = -1, depth: int = -1) -> Any:
         """Remove and return one message, or raise ``NotReady``."""
         key = (kind, sender, tree, depth)
         bodies = self.items.get(key)
@@ -92,7 +92,7 @@ class Mailbox:
             if len(self.items.get(key, [])) < need:
                 raise NotReady(f"{key[0].name} from {key[1]}")
 
-    def take_all(self, kind: MsgType, sender: str, tree: int = -1, depth: int = -1) -> list[Any]:
+    def take_all(self, kind: Kind, sender: str, tree: int = -1, depth: int = -1) -> list[Any]:
         key = (kind, sender, tree, depth)
         self._release(key, self.sizes.pop(key, []))
         return self.items.pop(key, [])

@@ -11,7 +11,7 @@ from typing import Any
 from boosting.params import BoostParams
 from boosting.tree import Model, save_model, write_json_atomic
 from messages.bodies import Ack
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from workers import DataError, ProtocolError
 from workers.data import PartyData, load_party_data
 from workers.handlers import StepContext
@@ -53,7 +53,7 @@ def load_member_data(me: str, own: DataSet) -> PartyData:
 
 
 def save_member_model(ctx: StepContext, model: Model, protocol: str, members: list[str],
-                      id_column: str) -> tuple[MsgType, Any]:
+                      id_column: str) -> tuple[Kind, Any]:
     """Write this member's copy of the model; the reply counts its trees."""
     save_model(model, ctx.model_dir / "model.json")
     write_json_atomic(ctx.model_dir / "party.json", {

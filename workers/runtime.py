@@ -40,7 +40,7 @@ from crypto import CryptoError
 from crypto.bin_products import kernel as bin_products_kernel
 from messages import DecodeError, MessageError, StopRequested, UnknownMessageType
 from messages.bodies import ErrorReply
-from messages.envelope import (COMMANDS, OPENERS, TRANSIENT, UNRECORDED, WORK, Envelope,
+from messages.envelope import (COMMANDS, OPENERS, TRANSIENT, UNRECORDED, WORK, Envelope, Kind,
                                MsgType)
 from messages.rejections import RejectionLog
 from messages.signing import CLOCK_SKEW_SECONDS, ForgedMessage, Sealer, claimed_signer, is_flow
@@ -139,7 +139,7 @@ class Worker:
         self.idle_job_seconds = idle_job_seconds
         self.transport = transport
         self.protocols = protocols
-        self.work: dict[MsgType, Handler] = {
+        self.work: dict[Kind, Handler] = {
             kind: handler for protocol in protocols.values() for kind, handler in protocol.work.items()}
         self.sealer = sealer
         """Signs what this worker sends; verifies and de-duplicates what it receives."""
@@ -399,7 +399,7 @@ class Worker:
             problem = f"protocol {protocol.name} has no role {role!r}"
         else:
             problem = self.party.policy.refuses_role(protocol.name, role)
-        if problem:
+        if problem or protocol is None or role is None:  # (the last two set a problem)
             # "party X refuses ..." reads as one sentence; other problems follow "party X: "
             said = (f"party {self.party.name} {problem}" if problem.startswith("refuses ")
                     else f"party {self.party.name}: {problem}")
@@ -511,8 +511,8 @@ class Worker:
             if self.exit_on_close:
                 self._stopping = True
 
-    def _send_for(self, job: str) -> Callable[[str, MsgType, Any, str], None]:
-        def send(recipient: str, kind: MsgType, body: Any, task: str) -> None:
+    def _send_for(self, job: str) -> Callable[[str, Kind, Any, str], None]:
+        def send(recipient: str, kind: Kind, body: Any, task: str) -> None:
             env = Envelope(job=job, task=task, sender=self.party.name, recipient=recipient,
                            kind=kind, body=body)
             if kind in TRANSIENT:
@@ -521,7 +521,7 @@ class Worker:
                 self.transport.send(recipient, self.sealer.seal(env))
         return send
 
-    def _reply(self, env: Envelope, kind: MsgType, body: Any) -> None:
+    def _reply(self, env: Envelope, kind: Kind, body: Any) -> None:
         try:
             self._send_for(env.job)(env.sender, kind, body, env.task)
         except MessageError as exc:  # an unreachable sender must not stop the worker

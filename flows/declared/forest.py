@@ -56,6 +56,7 @@ class ForestParamsConfig(NoEarlyStopping, Strict):
 class ForestJobConfig(JobConfig):
     """A vertical random forest job: parties as for SecureBoost."""
 
+    # (ignores: a field narrowed in a subclass, which pydantic allows and mypy calls unsound)
     protocol: Literal["vertical_random_forest"]  # type: ignore[assignment]
     params: ForestParamsConfig = ForestParamsConfig()  # type: ignore[assignment]
 

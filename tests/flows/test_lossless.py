@@ -11,7 +11,7 @@ import pytest
 from fedboost.embedded import FLOW_ENDPOINT, party_specs, run_embedded, train_embedded
 from flows.config import JobConfig
 from flows.predict import federated_predict
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.transport import MemoryHub
 from tests.scenarios import (assert_same_trees, centralized_predictions, centralized_view,
                              config_with, federated_view, read_scores, train_centralized)
@@ -104,7 +104,7 @@ def test_multiclass_complete_secure_keeps_the_whole_first_round_with_the_active_
     data_kinds = {MsgType.TREE_START, MsgType.ENCRYPTED_GRADIENTS, MsgType.SPLIT_CHOICES,
                   MsgType.NODE_POSITIONS, MsgType.BUILD_HISTOGRAMS, MsgType.APPLY_SPLITS,
                   MsgType.ENCRYPTED_HISTOGRAMS, MsgType.APPLIED_SPLITS}
-    trees_seen: dict[MsgType, set[int]] = {}
+    trees_seen: dict[Kind, set[int]] = {}
     for sender, recipient, data in hub.recorded():
         env = _envelope(data)
         if "host" in (sender, recipient) and env.kind in data_kinds:

@@ -31,7 +31,7 @@ from flows.coordinator import attached, broker_coordinator
 from flows.config import AnyJobConfig, load_config
 from flows.horizontal import horizontal
 from messages import bodies as b
-from messages.envelope import Envelope, MsgType, decode_envelope, encode_envelope
+from messages.envelope import Envelope, Kind, MsgType, decode_envelope, encode_envelope
 from messages.rabbit_queues import queue_of
 from messages.rejections import LINES_PER_PERIOD
 from messages.signing import Sealer, federation_sealers
@@ -116,7 +116,7 @@ class OpenerLast:
         return getattr(self.inner, name)
 
 
-def _kind(data: bytes) -> MsgType:
+def _kind(data: bytes) -> Kind:
     return decode_envelope(msgpack.unpackb(data)["envelope"]).kind
 
 

@@ -17,7 +17,8 @@ from messages import secureboost as sb
 from messages import forest as f
 from messages import horizontal as h
 from messages import simfl as s
-from messages.envelope import WIRE_VERSION, Envelope, MsgType, decode_envelope, encode_envelope
+from messages.envelope import (WIRE_VERSION, Envelope, Kind, MsgType, decode_envelope,
+                               encode_envelope)
 from messages.signing import ForgedMessage, federation_sealers
 from messages.instance_space import BITMAP, GAPS, InstanceSpace, decode_mask, encode_mask
 from messages.params import TreeParams
@@ -107,7 +108,7 @@ SAMPLES = {
 
 
 @pytest.mark.parametrize("kind", list(MsgType))
-def test_every_kind_round_trips(kind: MsgType) -> None:
+def test_every_kind_round_trips(kind: Kind) -> None:
     default = (h.Round(1, 2, 0, ["a", "b"]) if kind.name.startswith("H_")
                else f.TreeCommand(100_001, 2, [0, 1]) if kind.name.startswith("F_")
                else b.Step(1, 2, ["host"]))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from messages.bodies import Ack, Metric, Opened, Step, TreeFinished
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from tests.toy_protocol.messages import NAME, GradientSum, Leaf, OpenToy, ToySpec
 from workers import ProtocolError
 from workers.handlers import Protocol, RoleSteps, StepContext
@@ -31,7 +31,7 @@ def _members(spec: ToySpec) -> list[str]:
     return [p.name for p in spec.parties if p.role == "member"]
 
 
-def member_open(ctx: StepContext, body: OpenToy) -> tuple[MsgType, Any]:
+def member_open(ctx: StepContext, body: OpenToy) -> tuple[Kind, Any]:
     check_protocol(ctx.party.policy, ctx.party.name, NAME)
     data = ctx.party.dataset_in(body.spec.parties)
     with open(data.path, newline="") as f:
@@ -42,14 +42,14 @@ def member_open(ctx: StepContext, body: OpenToy) -> tuple[MsgType, Any]:
     return MsgType.OPENED, Opened(rows=len(labels), checkpoints=[])
 
 
-def send_sums(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def send_sums(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     job: ToyMember = ctx.state
     g_sum = sum(job.prediction - y for y in job.labels)  # squared loss: g = prediction - y
     ctx.send(_aggregator(job.spec), MsgType.T_SUMS, GradientSum(body.tree, g_sum, len(job.labels)))
     return MsgType.ACK, Ack()
 
 
-def apply_leaf(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def apply_leaf(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     job: ToyMember = ctx.state
     agg = _aggregator(job.spec)
     ctx.mailbox.require((MsgType.T_LEAF, agg, body.tree, -1))
@@ -61,20 +61,20 @@ def apply_leaf(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
                                                 Metric("train_rmse", mse ** 0.5)])
 
 
-def save_model(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def save_model(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     job: ToyMember = ctx.state
     ctx.model_dir.mkdir(parents=True, exist_ok=True)
     (ctx.model_dir / "model.json").write_text(json.dumps({"leaves": job.leaves}))
     return MsgType.ACK, Ack(count=len(job.leaves))
 
 
-def aggregator_open(ctx: StepContext, body: OpenToy) -> tuple[MsgType, Any]:
+def aggregator_open(ctx: StepContext, body: OpenToy) -> tuple[Kind, Any]:
     check_protocol(ctx.party.policy, ctx.party.name, NAME)
     ctx.state = body.spec
     return MsgType.OPENED, Opened(rows=0, checkpoints=[])
 
 
-def combine(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def combine(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     spec: ToySpec = ctx.state
     members = _members(spec)
     ctx.mailbox.require(*[(MsgType.T_SUMS, m, body.tree, -1) for m in members])
@@ -87,7 +87,7 @@ def combine(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=len(members))
 
 
-def close(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def close(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     return MsgType.ACK, Ack()
 
 

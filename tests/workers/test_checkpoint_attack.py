@@ -13,7 +13,7 @@ import pytest
 from flows.config import ConfigError, parse_config
 from messages.bodies import Checkpoint, ErrorReply, PartyInfo, ResumeJob, Step
 from messages.secureboost import JobSpec, OpenJob
-from messages.envelope import Envelope, MsgType
+from messages.envelope import Envelope, Kind, MsgType
 from messages.names import is_job_name
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
@@ -54,7 +54,7 @@ def test_planted_checkpoints_never_run_code_in_the_worker(tmp_path: Path,
     hub = MemoryHub(["host", "guest", "flow"])
     flow = hub.endpoint("flow")
 
-    def call(job: str, task: str, kind: MsgType, body: object,
+    def call(job: str, task: str, kind: Kind, body: object,
              wait: float = 60.0) -> Envelope | None:
         flow.send("host", sealers["flow"].seal(Envelope(job, task, "flow", "host", kind, body)))
         data = flow.receive(timeout=wait)

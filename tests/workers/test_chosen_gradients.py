@@ -30,7 +30,7 @@ from fedboost.embedded import embedded_policy
 from fedboost.worker import policy_of
 from flows.config import PolicyConfig
 from flows.declared.secureboost import CryptoConfig
-from messages.envelope import Envelope, MsgType
+from messages.envelope import Envelope, Kind, MsgType
 from messages.instance_space import decode_mask, encode_mask
 from messages.transport import MemoryHub
 from tests.scenarios import DATA, TEST_POLICY
@@ -70,7 +70,7 @@ class Host:
         state.bins = self.bins
         state.role_state.public = public
 
-    def command(self, kind: MsgType, body: object) -> Envelope:
+    def command(self, kind: Kind, body: object) -> Envelope:
         self.tasks += 1
         self.worker.handle_bytes(SEALERS["flow"].seal(Envelope(
             "job", f"s/task{self.tasks}", "flow", "host", kind, body)))
@@ -78,7 +78,7 @@ class Host:
         assert data is not None
         return SEALERS["flow"].open(data)
 
-    def from_guest(self, kind: MsgType, body: object) -> None:
+    def from_guest(self, kind: Kind, body: object) -> None:
         self.worker.handle_bytes(SEALERS["guest"].seal(Envelope(
             "job", f"s/peer{kind.name}", "guest", "host", kind, body)))
 

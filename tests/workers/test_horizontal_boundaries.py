@@ -23,7 +23,7 @@ from boosting.fixedpoint import peak_exponent, quantize_at
 from boosting.hist import build_histograms
 from boosting.losses import gradients
 from messages.bodies import Checkpoint, ErrorReply, PartyInfo, ResumeJob
-from messages.envelope import Envelope, MsgType
+from messages.envelope import Envelope, Kind, MsgType
 from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, LeafValues,
                                  LevelSplits, MaskedVector, MaskPublicKey, MemberColumns,
                                  NodeSplit, OpenHorizontal, RefineCells, Round, RoundKey,
@@ -62,7 +62,7 @@ class Federation:
         self.worker = Worker(party, self.hub.endpoint("a"), PROTOCOLS, SEALERS["a"])
         self.steps = steps
 
-    def command(self, kind: MsgType, body: Any) -> Any:
+    def command(self, kind: Kind, body: Any) -> Any:
         self.steps += 1
         self.worker.handle_bytes(SEALERS["flow"].seal(
             Envelope("job", f"s/{self.steps}", "flow", "a", kind, body)))
@@ -70,7 +70,7 @@ class Federation:
         assert data is not None, f"no reply to {kind.name}"
         return SEALERS["flow"].open(data).body
 
-    def peer(self, sender: str, kind: MsgType, body: Any) -> None:
+    def peer(self, sender: str, kind: Kind, body: Any) -> None:
         self.worker.handle_bytes(SEALERS[sender].seal(Envelope("job", "s/peer", sender, "a", kind,
                                                                body)))
 
@@ -343,13 +343,13 @@ def test_the_aggregator_waits_for_every_current_message_without_consuming_any(
     keys = {m: MaskKey.generate() for m in MEMBERS}
     steps = iter(range(100))
 
-    def command(kind: MsgType, body: Any) -> Envelope | None:
+    def command(kind: Kind, body: Any) -> Envelope | None:
         agg.handle_bytes(SEALERS["flow"].seal(Envelope("job", f"s/{next(steps)}", "flow", "agg",
                                                        kind, body)))
         data = hub.endpoint("flow").receive(timeout=0.5)
         return None if data is None else SEALERS["flow"].open(data)
 
-    def peer(sender: str, kind: MsgType, body: Any) -> None:
+    def peer(sender: str, kind: Kind, body: Any) -> None:
         agg.handle_bytes(SEALERS[sender].seal(Envelope("job", "s/peer", sender, "agg", kind,
                                                        body)))
 

@@ -13,7 +13,7 @@ from fedboost.worker import policy_of
 from flows.config import PolicyConfig
 from messages.bodies import AlignedRows, ErrorReply, PartyInfo, Step
 from messages.secureboost import JobSpec, OpenJob, PublicKeyMsg
-from messages.envelope import Envelope, MsgType
+from messages.envelope import Envelope, Kind, MsgType
 from messages.instance_space import encode_mask
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
@@ -30,7 +30,7 @@ SPEC = JobSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")],
                TreeParams(n_trees=1, max_depth=2), False, 1024, 0.0, 0, "y")
 
 
-def _command(to: str, kind: MsgType, body: object, task: str) -> bytes:
+def _command(to: str, kind: Kind, body: object, task: str) -> bytes:
     return SEALERS["flow"].seal(Envelope("job", f"s/{task}", "flow", to, kind, body))
 
 

@@ -18,7 +18,7 @@ from boosting.params import BoostParams
 from boosting.tree import Model, Tree, TreeNode, save_model
 from messages.bodies import ErrorReply, PartyInfo, Step
 from messages.secureboost import DecisionRequest, OpenPrediction, PathDecisions
-from messages.envelope import Envelope, MsgType
+from messages.envelope import Envelope, Kind, MsgType
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
 from tests.scenarios import DATA
@@ -65,11 +65,11 @@ class Federation:
                          self.hub.endpoint(name), PROTOCOLS, SEALERS[name])
             for name, role in (("guest", "active"), ("host", "passive"))}
 
-    def send(self, sender: str, recipient: str, kind: MsgType, body: object, task: str) -> None:
+    def send(self, sender: str, recipient: str, kind: Kind, body: object, task: str) -> None:
         env = Envelope("job", f"{self.session}/{task}", sender, recipient, kind, body)
         self.workers[recipient].handle_bytes(SEALERS[sender].seal(env))
 
-    def call(self, parties: list[str], kind: MsgType, body: object, task: str,
+    def call(self, parties: list[str], kind: Kind, body: object, task: str,
              *, pump: tuple[str, ...] = ("guest", "host")) -> dict[str, Envelope]:
         """Send a command and pass peer messages between the workers until all answered."""
         for party in parties:

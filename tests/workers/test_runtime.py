@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from messages import MessageError
 from messages.bodies import Ack, ErrorReply, PartyInfo, PsiPoints, Step
 from messages.secureboost import JobSpec, OpenJob
-from messages.envelope import Envelope, MsgType, encode_envelope
+from messages.envelope import Envelope, Kind, MsgType, encode_envelope
 from messages.params import TreeParams
 from messages.signing import Sealer, _signed_bytes, federation_sealers
 from messages.transport import MemoryHub
@@ -40,7 +40,7 @@ def _worker(tmp_path: Path, data: Path) -> tuple[Worker, MemoryHub]:
     return Worker(party, hub.endpoint("host"), PROTOCOLS, SEALERS["host"]), hub
 
 
-def _command(kind: MsgType, body: object, task: str = "t") -> bytes:
+def _command(kind: Kind, body: object, task: str = "t") -> bytes:
     return SEALERS["flow"].seal(Envelope("job", task, "flow", "host", kind, body))
 
 

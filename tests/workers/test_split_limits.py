@@ -19,7 +19,7 @@ from crypto.paillier import PaillierPrivateKey, PaillierPublicKey, generate_keyp
 from messages.bodies import ErrorReply, Step
 from messages.secureboost import (NodePositions, NodeSplit, SplitChoice, SplitChoices,
                                   TreeStart)
-from messages.envelope import Envelope, MsgType
+from messages.envelope import Envelope, Kind, MsgType
 from messages.instance_space import decode_mask, encode_mask
 from messages.transport import MemoryHub
 from tests.scenarios import TEST_POLICY
@@ -34,7 +34,7 @@ def keypair() -> tuple[PaillierPublicKey, PaillierPrivateKey]:
     return generate_keypair(1024)
 
 
-def _attacker(kind: MsgType, body: object) -> bytes:
+def _attacker(kind: Kind, body: object) -> bytes:
     """Sealed with the active party's key: the attacker holds it."""
     return SEALERS["guest"].seal(Envelope("job", "s/find_splits", "guest", "host", kind, body))
 

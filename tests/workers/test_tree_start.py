@@ -15,7 +15,7 @@ from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_
                              generate_keypair)
 from messages.bodies import ErrorReply, PartyInfo, Step
 from messages.secureboost import EncryptedGradients, JobSpec, OpenJob, TreeStart
-from messages.envelope import Envelope, MsgType
+from messages.envelope import Envelope, Kind, MsgType
 from messages.instance_space import encode_mask
 from messages.signing import Sealer, federation_sealers
 from messages.transport import MemoryHub
@@ -40,14 +40,16 @@ def keypair() -> tuple[PaillierPublicKey, PaillierPrivateKey]:
 
 def _host(tmp_path: Path, public: PaillierPublicKey,
           helpers: int = 1) -> tuple[Worker, Worker, MemoryHub]:
-    """A host coordinator with an open job whose features are binned, and a helper."""
-    hub = MemoryHub(["host", "guest", "flow"], helpers={"host": helpers})
+    """A host coordinator with an open job whose features are binned, and a helper (with
+    ``helpers`` 0 the coordinator alone, and the helper returned is the coordinator)."""
+    hub = MemoryHub(["host", "guest", "flow"], helpers={"host": helpers} if helpers else None)
     party = PartySpec("host", "passive", str(DATA / "breast_hetero_host.csv"), "id", None,
-                      str(tmp_path), processes=2, policy=TEST_POLICY)
+                      str(tmp_path), processes=1 + min(helpers, 1), policy=TEST_POLICY)
     coordinator = Worker(party, hub.endpoint("host"), PROTOCOLS, SEALERS["host"])
     own = SEALERS["host"]  # each process has its own copy of the key (and of what it has seen)
-    helper = Worker(party, hub.endpoint("host", helper=True), PROTOCOLS,
-                    Sealer(own.identity, own.private, dict(own.trusted)))
+    helper = coordinator if not helpers else Worker(
+        party, hub.endpoint("host", helper=True), PROTOCOLS,
+        Sealer(own.identity, own.private, dict(own.trusted)))
     coordinator.handle_bytes(SEALERS["flow"].seal(
         Envelope("job", "s/open", "flow", "host", MsgType.OPEN_JOB, OpenJob(SPEC))))
     assert hub.endpoint("flow").receive(timeout=5) is not None  # OPENED
@@ -57,7 +59,7 @@ def _host(tmp_path: Path, public: PaillierPublicKey,
     return coordinator, helper, hub
 
 
-def _from_guest(kind: MsgType, body: object) -> bytes:
+def _from_guest(kind: Kind, body: object) -> bytes:
     return SEALERS["guest"].seal(Envelope("job", "s/encrypt_gradients/t0", "guest", "host",
                                           kind, body))
 

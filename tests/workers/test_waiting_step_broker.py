@@ -18,7 +18,7 @@ from flows.config import parse_config
 from flows.secureboost import job_spec
 from messages.bodies import ErrorReply, Step
 from messages.chunks import FrameSigner
-from messages.envelope import Envelope, MsgType
+from messages.envelope import Envelope, Kind, MsgType
 from messages.rabbit_queues import delete_party_queues
 from messages.rabbitmq import HELD_FRAMES, RabbitTransport
 from messages.secureboost import OpenJob
@@ -73,7 +73,7 @@ def test_a_worker_killed_while_its_step_waits_leaves_the_command_to_its_next_pro
         return RabbitTransport(name, rabbit_url, party=party,
                                frames=FrameSigner(sealers[name.split(".")[0]]))
 
-    def command(kind: MsgType, body: object, task: str) -> bytes:
+    def command(kind: Kind, body: object, task: str) -> bytes:
         return sealers["flow"].seal(Envelope(config.job, task, flow_name, names["host"], kind,
                                              body))
 

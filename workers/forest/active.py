@@ -33,7 +33,7 @@ from crypto.encoding import GradientPacker
 from crypto.schemes import ciphertexts_to_bytes, generate_keypair
 from messages.bodies import Ack
 from messages.secureboost import SplitChoice, SplitsFound
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestOpened,
                              ForestSplits, LevelHistograms, LevelRequest, NodeRequest,
                              OpenForest, TreeCommand)
@@ -61,7 +61,7 @@ def _fields(node: TreeNode) -> dict[str, Any]:
     return {name: getattr(node, name) for name in TreeNode.__slots__}
 
 
-def open_job(ctx: StepContext, body: OpenForest) -> tuple[MsgType, Any]:
+def open_job(ctx: StepContext, body: OpenForest) -> tuple[Kind, Any]:
     """Load labels and features, make the Paillier key pair; report the trees kept."""
     spec = body.spec
     state = open_active(ctx, spec, PROTOCOL)
@@ -84,7 +84,7 @@ def _secret(ctx: StepContext, state: JobState, purpose: str) -> int:
     return int.from_bytes(mac.digest(), "big")
 
 
-def prepare(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
+def prepare(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     """Bin own features; encrypt the label channels once and send them (with the public key)
     to every passive party; load the kept trees; learn the passive parties' feature counts."""
     state: JobState = ctx.state
@@ -164,7 +164,7 @@ def _growing(run: ActiveForest, work: int) -> GrowingTree:
     return grown
 
 
-def grow_level(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
+def grow_level(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     """Start a level: (level 0) draw the sample, else route the previous level's splits; draw
     each splittable node's features and ask the passive parties for their histograms."""
     state: JobState = ctx.state
@@ -226,7 +226,7 @@ def _splittable(run: ActiveForest, grown: GrowingTree, node: int, depth: int) ->
         and rows_of(grown, node).size >= 2 * run.spec.min_samples_leaf
 
 
-def find_splits(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
+def find_splits(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     """Decrypt the passive parties' histograms and choose every node's split
     (``workers.forest.splits``); apply own splits, send each owner its splits."""
     state: JobState = ctx.state
@@ -283,7 +283,7 @@ def _decryption(run: ActiveForest) -> Decryption:
                       run.params.objective, run.params.max_bin + 1, run.spec.min_samples_leaf)
 
 
-def finish_tree(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
+def finish_tree(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     """Take the last splits, compute the leaves, keep the tree on disk."""
     state: JobState = ctx.state
     run: ActiveForest = state.role_state
@@ -299,7 +299,7 @@ def finish_tree(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=sum(len(t.nodes) for t in trees))
 
 
-def save_model_part(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
+def save_model_part(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     """Write the forest of the trees the flow keeps: the same files as SecureBoost's."""
     state: JobState = ctx.state
     run: ActiveForest = state.role_state
@@ -317,7 +317,7 @@ def save_model_part(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=len(chosen))
 
 
-def close_job(ctx: StepContext, _: Any) -> tuple[MsgType, Any]:
+def close_job(ctx: StepContext, _: Any) -> tuple[Kind, Any]:
     """The forest is saved: drop the kept trees."""
     if isinstance(getattr(ctx.state, "role_state", None), ActiveForest):
         kept.discard(ctx.model_dir)

@@ -22,7 +22,8 @@ from messages.secureboost import NodeSplit
 def params_of(spec: ForestSpec) -> BoostParams:
     """The model file's parameters (a forest has no learning rate: 1)."""
     return BoostParams(n_trees=spec.n_trees, max_depth=spec.max_depth, learning_rate=1.0,
-                       max_bin=spec.max_bin, objective=spec.objective,  # type: ignore[arg-type]
+                       max_bin=spec.max_bin,
+                       objective=spec.objective,  # type: ignore[arg-type]  # a checked str
                        min_samples_leaf=spec.min_samples_leaf, seed=spec.seed)
 
 

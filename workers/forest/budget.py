@@ -40,6 +40,7 @@ import hashlib
 import json
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 from boosting.tree import open_private
@@ -81,7 +82,7 @@ LEDGER_FILE = "forest-features.json"
 allowance) its forest jobs have summed."""
 
 
-def dataset_digest(data_file: str, names: list[str]) -> str:
+def dataset_digest(data_file: str, names: Sequence[str]) -> str:
     """A passive data set's name in the ledger: the SHA-256 of its file and the columns used."""
     h = hashlib.sha256()
     with open(data_file, "rb") as f:

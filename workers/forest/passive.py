@@ -29,7 +29,7 @@ from crypto.schemes import (PublicKey, ciphertexts_from_bytes, ciphertexts_to_by
                             public_key_from_n)
 from messages.bodies import Ack
 from messages.secureboost import PublicKeyMsg
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestApplied,
                              ForestOpened, ForestSplits, ForestSpec, LevelHistograms,
                              LevelRequest, OpenForest, TreeCommand)
@@ -87,7 +87,7 @@ class PassiveForest:
     """The same sums over every forest job on this data set, on disk (a worker's jobs)."""
 
 
-def open_job(ctx: StepContext, body: OpenForest) -> tuple[MsgType, Any]:
+def open_job(ctx: StepContext, body: OpenForest) -> tuple[Kind, Any]:
     """Load own features (no labels); report the trees kept."""
     spec = body.spec
     state = open_passive(ctx, spec, PROTOCOL)
@@ -98,7 +98,7 @@ def open_job(ctx: StepContext, body: OpenForest) -> tuple[MsgType, Any]:
                                           trees=kept.held_trees(ctx.model_dir, state.digest))
 
 
-def prepare(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
+def prepare(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     """Tell the active party the feature count; take the alignment, the key and the encrypted
     labels; bin own features; load the kept trees' records."""
     state: JobState = ctx.state
@@ -149,7 +149,7 @@ def _check_label_shape(spec: ForestSpec, labels: EncryptedLabels, n_train: int) 
                             f"groups of {bits} bits, and this party has {n_train} rows")
 
 
-def build_histograms(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
+def build_histograms(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     """Route the previous level's splits, then sum the label channels per bin of each
     requested (node, feature) and send them packed."""
     state: JobState = ctx.state
@@ -269,7 +269,7 @@ def _histograms(party: str, run: PassiveForest, work: TreeWork, request: LevelRe
                            per_ciphertext=packing.per_ciphertext, ciphertexts=blobs)
 
 
-def apply_splits(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
+def apply_splits(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     """Record the owned splits and return each node's rows of a randomly chosen first child."""
     state: JobState = ctx.state
     run: PassiveForest = state.role_state
@@ -306,7 +306,7 @@ def apply_splits(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=len(out_nodes))
 
 
-def finish_tree(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
+def finish_tree(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     """Keep the tree's records (on disk too) and drop its sample."""
     state: JobState = ctx.state
     run: PassiveForest = state.role_state
@@ -319,7 +319,7 @@ def finish_tree(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=len(work.records))
 
 
-def save_model_part(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
+def save_model_part(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     """Write the lookup table of the kept trees (SecureBoost's file format)."""
     state: JobState = ctx.state
     run: PassiveForest = state.role_state
@@ -334,7 +334,7 @@ def save_model_part(ctx: StepContext, body: TreeCommand) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=len(records))
 
 
-def close_job(ctx: StepContext, _: Any) -> tuple[MsgType, Any]:
+def close_job(ctx: StepContext, _: Any) -> tuple[Kind, Any]:
     """The forest is saved: drop the kept trees."""
     if isinstance(getattr(ctx.state, "role_state", None), PassiveForest):
         kept.discard(ctx.model_dir)

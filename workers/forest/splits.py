@@ -40,9 +40,10 @@ def own_options(owner: str, objective: str, codes: np.ndarray, weights: FloatArr
                 channels: FloatArray, feature: int, n_bins: int,
                 min_samples_leaf: int) -> FeatureOption:
     """One of the active party's own features, from its bin codes over the node's rows."""
-    count = np.bincount(codes, weights=weights, minlength=n_bins)
+    # weighted counts: floats (numpy's stub types every bincount as integers)
+    count = np.bincount(codes, weights=weights, minlength=n_bins).astype(np.float64, copy=False)
     sums = np.stack([np.bincount(codes, weights=weights * channels[:, c], minlength=n_bins)
-                     for c in range(channels.shape[1])], axis=1)
+                     for c in range(channels.shape[1])], axis=1).astype(np.float64, copy=False)
     return FeatureOption(owner, feature, count,
                          best_bin_split(objective, count, sums, feature, min_samples_leaf))
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from workers.forest import active, passive
 from workers.handlers import Handler, Protocol, RoleSteps
 from workers.vertical import alignment, paths, scoring, serving
 
-ACTIVE_HANDLERS: dict[MsgType, Handler] = {
+ACTIVE_HANDLERS: dict[Kind, Handler] = {
     MsgType.F_OPEN_JOB: active.open_job,
     MsgType.PSI_BLIND: alignment.psi_blind,
     MsgType.PSI_INTERSECT: alignment.psi_intersect,
@@ -22,7 +22,7 @@ ACTIVE_HANDLERS: dict[MsgType, Handler] = {
     **serving.ACTIVE_STEPS,  # the scoring service (fedboost serve-model)
 }
 
-PASSIVE_HANDLERS: dict[MsgType, Handler] = {
+PASSIVE_HANDLERS: dict[Kind, Handler] = {
     MsgType.F_OPEN_JOB: passive.open_job,
     MsgType.PSI_BLIND: alignment.psi_blind,
     MsgType.PSI_REBLIND: alignment.psi_reblind,

@@ -23,7 +23,7 @@ from boosting.params import BoostParams
 from boosting.privacy import PrivacyPlan, PrivateTree, split_candidates, tree_rng
 from boosting.tree import Tree
 from messages.bodies import Ack, Opened, Resumed, ResumeJob, Step
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, LeafValues,
                                  LevelSplits, MaskedVector, OpenHorizontal, Round, RoundKey)
 from workers import NotReady, ProtocolError, StageError, checkpoint
@@ -79,7 +79,7 @@ class AggregatorJob:
     chooser: SplitChooser = field(default_factory=SplitChooser)
 
 
-def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
+def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[Kind, Any]:
     """Check the job against the party's policy; prepare the noise source under DP."""
     spec = body.spec
     me = ctx.party.name
@@ -115,7 +115,7 @@ def take_masked(ctx: StepContext, sender: str, purpose: str, tree: int, depth: i
     return np.frombuffer(body.values, dtype="<u8").astype(np.uint64)
 
 
-def agree_scale(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+def agree_scale(ctx: StepContext, body: Round) -> tuple[Kind, Any]:
     """The quantization scale every live member uses this tree: the largest peak exponents
     and the members' rows (the core's ``quantize`` over the union)."""
     job: AggregatorJob = ctx.state
@@ -175,7 +175,7 @@ def _current(ctx: StepContext, job: AggregatorJob, body: Round) -> SummedTree:
     return job.tree
 
 
-def secure_sum(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+def secure_sum(ctx: StepContext, body: Round) -> tuple[Kind, Any]:
     """FedTree steps 3 and 4: sum the live members' masked histograms of the level (the masks
     cancel only in the whole sum), derive the siblings, choose each node's split and tell the
     members. Replies with the nodes left open."""
@@ -224,7 +224,7 @@ def _check_root(ctx: StepContext, root: np.ndarray) -> None:
                             f"root histograms")
 
 
-def send_tree(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+def send_tree(ctx: StepContext, body: Round) -> tuple[Kind, Any]:
     """FedTree step 1: the finished tree's leaf values (clipped, with Laplace noise under DP) to the live
     members, who apply it to their margins."""
     job: AggregatorJob = ctx.state
@@ -250,7 +250,7 @@ def checkpoint_state(ctx: StepContext, job: AggregatorJob) -> None:
                     checkpoint.key_of(ctx.party))
 
 
-def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
+def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[Kind, Any]:
     """Go back to a checkpoint every party holds."""
     job: AggregatorJob = ctx.state
     saved = load_checkpoint(ctx, job.digest, body, {"columns", "cuts", "base", "trees"})
@@ -263,13 +263,13 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
                                     n_valid=0, outputs=job.classes, history=[])
 
 
-def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def save_model_part(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """The aggregator keeps no model: the members each save it."""
     job: AggregatorJob = ctx.state
     return MsgType.ACK, Ack(count=len(job.trees))
 
 
-def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def close_job(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     if isinstance(ctx.state, AggregatorJob):
         checkpoint.discard(ctx.model_dir)
     return MsgType.ACK, Ack()

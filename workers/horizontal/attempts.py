@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from messages.envelope import MsgType
+from messages.envelope import Kind
 from workers.handlers import StepContext
 
 
-def take_current(ctx: StepContext, kind: MsgType, sender: str, tree: int, depth: int,
+def take_current(ctx: StepContext, kind: Kind, sender: str, tree: int, depth: int,
                  attempt: int) -> Any:
     """The peer message of this attempt; those of an abandoned attempt are dropped."""
     while True:
@@ -19,7 +19,7 @@ def take_current(ctx: StepContext, kind: MsgType, sender: str, tree: int, depth:
             return body
 
 
-def require_current(ctx: StepContext, kind: MsgType, senders: list[str], tree: int, depth: int,
+def require_current(ctx: StepContext, kind: Kind, senders: list[str], tree: int, depth: int,
                     attempt: int) -> None:
     """Raise ``NotReady`` unless every sender's message of this attempt is in, after dropping
     theirs of abandoned attempts: a step that takes from several senders must not take one's

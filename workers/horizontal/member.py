@@ -31,7 +31,7 @@ from boosting.params import BoostParams
 from boosting.privacy import PrivacyPlan, clip_gradients
 from boosting.tree import node_values
 from messages.bodies import Ack, Metric, Opened, Resumed, ResumeJob, Step, TreeFinished
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, LeafValues,
                                  LevelSplits, OpenHorizontal, Round, RoundKey)
 from workers import DataError, ProtocolError, StageError, checkpoint
@@ -58,7 +58,7 @@ rows per class over all of them, so the sum tells the aggregator the union's cla
 any member's highest label."""
 
 
-def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
+def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[Kind, Any]:
     """Load the member's data set, check its labels, make this session's mask key; derive
     this job's secret of its row draws (``workers.horizontal.draws``)."""
     spec = body.spec
@@ -67,7 +67,7 @@ def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[MsgType, Any]:
     check_noise_seed(ctx.party.policy, me, spec.dp_seed)  # the aggregator's noise protects it
     own = ctx.party.dataset_in(spec.parties)
     data = load_member_data(me, own)
-    _check_labels(me, own.path, spec.params.objective, data.y)
+    _check_labels(me, own.path, spec.params.objective, data.labels())
     ledger.admit_job(ctx, spec, own.path, data)  # across jobs: before anything leaves
     digest = checkpoint.job_digest(spec, own.path, own.columns)
     job = MemberJob(spec=spec, params=params_of(spec), data=data, data_file=own.path,
@@ -97,7 +97,7 @@ def _check_labels(me: str, path: str, objective: str, y: FloatArray) -> None:
                             f"0..{MAX_CLASSES - 1}, found {y[wrong][0]:g}")
 
 
-def compute_gradients(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+def compute_gradients(ctx: StepContext, body: Round) -> tuple[Kind, Any]:
     """FedTree step 2, first half: g and h of every row under the model so far (under
     differential privacy: unit hessians, gradients clipped to the bound, and only this tree's
     rows of its DPBoost ensemble, none if the tree expects fewer than the floor); the
@@ -159,7 +159,7 @@ def _check_round(job: MemberJob, me: str, body: Round) -> None:
                             f"{job.spec.min_members}: refused to mask for fewer")
 
 
-def update_histograms(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+def update_histograms(ctx: StepContext, body: Round) -> tuple[Kind, Any]:
     """FedTree step 2: histograms of the level's nodes over this member's rows, quantized
     with the common scale, masked, to the aggregator."""
     job: MemberJob = ctx.state
@@ -191,7 +191,7 @@ def update_histograms(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=len(tree.build))
 
 
-def release_round(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+def release_round(ctx: StepContext, body: Round) -> tuple[Kind, Any]:
     """Every live member's root histograms are in: send the aggregator the key of their seals.
     Refused for a tree this member released for another member set (in this run or before):
     the aggregator would subtract the two root sums."""
@@ -222,7 +222,7 @@ def _current_tree(job: MemberJob, me: str, body: Round) -> MemberTree:
     return job.tree
 
 
-def apply_splits(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+def apply_splits(ctx: StepContext, body: Round) -> tuple[Kind, Any]:
     """FedTree step 4 at a member: route its rows through the level's splits."""
     job: MemberJob = ctx.state
     me = ctx.party.name
@@ -235,7 +235,7 @@ def apply_splits(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=len(tree.frontier))
 
 
-def receive_tree(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+def receive_tree(ctx: StepContext, body: Round) -> tuple[Kind, Any]:
     """FedTree step 1 for the next tree: the finished tree's leaves; the margins move by it;
     the member checkpoints and reports its training metrics over its own rows."""
     job: MemberJob = ctx.state
@@ -290,7 +290,7 @@ def load_checkpoint(ctx: StepContext, digest: str, body: ResumeJob,
     return saved
 
 
-def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
+def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[Kind, Any]:
     """Go back to a checkpoint every party holds: cuts, base score, margins and trees."""
     job: MemberJob = ctx.state
     saved = load_checkpoint(ctx, job.digest, body, {"cuts", "base", "margin", "trees", "history"})
@@ -307,13 +307,13 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
                                     history=list(job.history))
 
 
-def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def save_model_part(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """Every member keeps the whole model (horizontal models are shared)."""
     job: MemberJob = ctx.state
     return save_member_model(ctx, job.model(), PROTOCOL, members_of(job.spec), job.id_column)
 
 
-def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def close_job(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """The job is complete and its model saved: its checkpoints go."""
     if isinstance(ctx.state, MemberJob):
         checkpoint.discard(ctx.model_dir)

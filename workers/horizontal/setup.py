@@ -24,7 +24,7 @@ from boosting._typing import FloatArray
 from boosting.binning import apply_cuts, check_cuts
 from boosting.losses import base_score_of_mean
 from messages.bodies import Ack
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.horizontal import MemberColumns, RefineCells, Round, SharedCuts
 from workers import DataError, ProtocolError, StageError
 from workers.horizontal import ledger
@@ -42,7 +42,7 @@ MAX_ROWS = 2**42
 """Rows a federation may have in all: every cumulative count stays exact in int64 and float64."""
 
 
-def summarize_columns(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+def summarize_columns(ctx: StepContext, body: Round) -> tuple[Kind, Any]:
     """A member's counts per cell for set-up round ``body.depth``, masked, to the aggregator
     (round 0: with its column names and masked row count and label sum)."""
     job: MemberJob = ctx.state
@@ -89,7 +89,7 @@ def stats_length(objective: str) -> int:
     return 1 + MAX_CLASSES if objective == "multiclass" else 2
 
 
-def merge_bins(ctx: StepContext, body: Round) -> tuple[MsgType, Any]:
+def merge_bins(ctx: StepContext, body: Round) -> tuple[Kind, Any]:
     """The aggregator sums round ``body.depth``'s counts: replies with the cells it asks the
     members to split next, or 0 once it sent every member the cuts and the base score. Members
     whose columns differ get no cuts (each then names its file)."""
@@ -183,7 +183,7 @@ def union_classes(me: str, counts: tuple[int, ...], rows: int) -> int:
     return int(present[-1]) + 1
 
 
-def outputs_per_round(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
+def outputs_per_round(ctx: StepContext, _: Round) -> tuple[Kind, Any]:
     """The aggregator, once the cuts are out: the trees per round (the classes, or 1), which
     the flow needs to count the trees."""
     job: AggregatorJob = ctx.state
@@ -194,7 +194,7 @@ def outputs_per_round(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=job.classes)
 
 
-def apply_bins(ctx: StepContext, _: Round) -> tuple[MsgType, Any]:
+def apply_bins(ctx: StepContext, _: Round) -> tuple[Kind, Any]:
     """Bin the rows with the shared cuts (each an edge of this member's last grid); start
     every margin at the shared base score."""
     job: MemberJob = ctx.state

@@ -15,7 +15,7 @@ import numpy as np
 
 from boosting.losses import base_score_of_mean
 from messages.bodies import Ack, Opened, Step
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.simfl import OpenSimfl, RowHashes, SimilarRows, SimflSpec
 from workers import ProtocolError, checkpoint
 from workers.handlers import StepContext
@@ -34,7 +34,7 @@ class SimflAggregator:
     spec: SimflSpec
 
 
-def open_job(ctx: StepContext, body: OpenSimfl) -> tuple[MsgType, Any]:
+def open_job(ctx: StepContext, body: OpenSimfl) -> tuple[Kind, Any]:
     me = ctx.party.name
     check_protocol(ctx.party.policy, me, PROTOCOL)
     if aggregator_of(body.spec) != me:
@@ -45,7 +45,7 @@ def open_job(ctx: StepContext, body: OpenSimfl) -> tuple[MsgType, Any]:
     return MsgType.OPENED, Opened(rows=0, checkpoints=[])
 
 
-def match_rows(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def match_rows(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """Global hash tables: for every member's row and every other member, that member's row
     with the most identical bucket ids (ties at random, from this party's own key), sent to
     each member by handle."""
@@ -100,5 +100,5 @@ def _fits(objective: str, classes: int) -> bool:
     return 2 <= classes <= MAX_CLASSES if objective == "multiclass" else classes == 1
 
 
-def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def close_job(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     return MsgType.ACK, Ack()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hmac
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numba
 import numpy as np
@@ -263,8 +264,8 @@ def most_similar(
     query_buckets, candidate_buckets = _bucket_ids(queries, table)
     # One uniform per query row picks among its tied maxima; drawn up front so the result
     # depends only on rng's state, not on the kernel's order.
-    picks = rng.random(queries.shape[0]) if isinstance(rng, np.random.Generator) else \
-        np.asarray(rng, dtype=np.float64)
+    picks = np.asarray(rng.random(queries.shape[0]) if isinstance(rng, np.random.Generator)
+                       else rng, dtype=np.float64)
     if picks.shape != (queries.shape[0],):
         raise ValueError(f"{picks.shape} picks for {queries.shape[0]} query rows")
     counts_dtype = np.uint8 if table.shape[1] <= np.iinfo(np.uint8).max else np.uint16
@@ -290,7 +291,8 @@ def _bucket_ids(
     functions = table.shape[1]
     tables = [np.unique(table[:, k], return_inverse=True) for k in range(functions)]
     widest = max(len(keys) for keys, _ in tables)
-    dtype = np.uint8 if widest < np.iinfo(np.uint8).max else np.uint16
+    dtype: type[np.unsignedinteger[Any]] = (np.uint8 if widest < np.iinfo(np.uint8).max
+                                            else np.uint16)
     if widest >= np.iinfo(np.uint16).max:
         dtype = np.uint32
     candidate_buckets = np.empty((functions, table.shape[0]), dtype=dtype)
@@ -304,7 +306,7 @@ def _bucket_ids(
 
 
 @numba.njit(cache=True, nogil=True)
-def _most_similar_kernel(  # type: ignore[no-untyped-def]
+def _most_similar_kernel(
     query_buckets, candidate_buckets, picks, counts
 ):
     # Per query row: count equal bucket ids per candidate (contiguous per function, so the inner

@@ -31,7 +31,7 @@ from boosting.tree import (Model, Tree, TreeNode, leaf_values, node_values, raw_
                            trees_from_arrays, trees_to_arrays)
 from messages.bodies import Ack, Metric, Opened, Resumed, ResumeJob, Step, TreeFinished
 from messages.codec import to_wire
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.simfl import OpenSimfl, SharedTree, SimilarGradients, SimflSpec, WireNode
 from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.data import PartyData
@@ -164,7 +164,7 @@ class SimflMember:
             raise StageError(f"{self.data_file}: preprocessing has not run")
 
 
-def open_job(ctx: StepContext, body: OpenSimfl) -> tuple[MsgType, Any]:
+def open_job(ctx: StepContext, body: OpenSimfl) -> tuple[Kind, Any]:
     """Load the member's data set (labels of both classes), bin it with its own cuts."""
     spec, me = body.spec, ctx.party.name
     check_protocol(ctx.party.policy, me, PROTOCOL)
@@ -175,15 +175,16 @@ def open_job(ctx: StepContext, body: OpenSimfl) -> tuple[MsgType, Any]:
                             f"member's minimum {MIN_NOISE}: refused")
     own = ctx.party.dataset_in(spec.parties)
     data = load_member_data(me, own)
-    if spec.params.objective == "binary" and not np.isin(data.y, (0.0, 1.0)).all():
+    y = data.labels()
+    if spec.params.objective == "binary" and not np.isin(y, (0.0, 1.0)).all():
         raise DataError(f"party {me}: file {own.path}: objective binary needs labels 0/1")
-    if spec.params.objective == "multiclass" and not np.isin(data.y, np.arange(MAX_CLASSES)).all():
+    if spec.params.objective == "multiclass" and not np.isin(y, np.arange(MAX_CLASSES)).all():
         raise DataError(f"party {me}: file {own.path}: objective multiclass needs labels "
                         f"0..{MAX_CLASSES - 1}")
     if spec.params.objective != "regression":
-        if np.unique(data.y).size < 2:
+        if np.unique(y).size < 2:
             raise DataError(f"party {me}: file {own.path}: its labels hold one class only "
-                            f"({int(data.y[0])}); every SimFL member needs both")
+                            f"({int(y[0])}); every SimFL member needs both")
     cuts = fit_cuts(data.x, spec.params.max_bin)
     ctx.state = SimflMember(spec=spec, params=params_of(spec), data=data, data_file=own.path,
                             id_column=own.id_column,
@@ -203,7 +204,7 @@ def _gradients(job: SimflMember, tree: int) -> tuple[FloatArray, FloatArray]:
     return g[:, output], h[:, output]
 
 
-def send_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def send_gradients(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """Algorithm 2, l.1-8: for every builder row, the summed g and h of this member's rows whose
     most similar builder row it is, randomised under this member's own key."""
     job: SimflMember = ctx.state
@@ -222,7 +223,7 @@ def send_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=int(g_sent.size))
 
 
-def build_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def build_tree(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """Algorithm 2, l.9-21: weighted gradients (own plus the others' sums, estimated from the
     noisy ones) on this member's rows; the tree grows with the core and goes to every other
     member."""
@@ -267,7 +268,7 @@ def build_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     return MsgType.TREE_FINISHED, _finish(ctx, job, mine, sizes)
 
 
-def receive_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def receive_tree(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """The builder's tree, checked, applied to this member's rows."""
     job: SimflMember = ctx.state
     me = ctx.party.name
@@ -336,7 +337,7 @@ def _finish(ctx: StepContext, job: SimflMember, tree: Tree,
     return done
 
 
-def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
+def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[Kind, Any]:
     """Go back to a checkpoint every member holds (its similarity, margins and trees)."""
     job: SimflMember = ctx.state
     saved = checkpoint.load(ctx.model_dir, body.checkpoint, job.digest,
@@ -367,13 +368,13 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
                                     history=list(job.history))
 
 
-def save_model_part(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def save_model_part(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """Every member keeps all the trees."""
     job: SimflMember = ctx.state
     return save_member_model(ctx, job.model(), PROTOCOL, members_of(job.spec), job.id_column)
 
 
-def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def close_job(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     if isinstance(ctx.state, SimflMember):
         checkpoint.discard(ctx.model_dir)
     return MsgType.ACK, Ack()

@@ -28,7 +28,7 @@ from boosting.tree import open_private
 from messages import DecodeError
 from messages.bodies import Ack, Step
 from messages.e2e import decrypt_body, encrypt_body
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.simfl import LshKey, LshSecret, MemberKey, Prepare, RowHashes, SimflSpec, SimilarRows
 from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.handlers import StepContext
@@ -55,7 +55,7 @@ def leader_of(spec: SimflSpec) -> str:
     return members_of(spec)[0]
 
 
-def member_key(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def member_key(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """A keyed digest of this member's data set, the LSH parameters, the members and the
     objective: the same key again means its preprocessing still holds (without revealing the
     data's digest). Every member but the first also sends the first a fresh X25519 key for the
@@ -84,7 +84,7 @@ def _cache_file(ctx: StepContext, key: str) -> Path:
     return folder / f"{key}.npz"
 
 
-def hash_rows(ctx: StepContext, body: Prepare) -> tuple[MsgType, Any]:
+def hash_rows(ctx: StepContext, body: Prepare) -> tuple[Kind, Any]:
     """Algorithm 1, l.1-4. Without ``force``: whether this federation's preprocessing is on
     record here (loaded; count: its trees per round, the classes or 1) or not (0). With it:
     the members' secret functions, and this member's rows' LSH values, as keyed bucket ids
@@ -161,7 +161,7 @@ def _sealed_for(job: str, sender: str, recipient: str) -> bytes:
     return msgpack.packb(["simfl lsh secret v1", job, sender, recipient], use_bin_type=True)
 
 
-def store_similar(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def store_similar(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """Algorithm 1, l.7-12 (done by the aggregator): keep the similar handles per other member
     and all its handles, on record under the federation's preprocessing key."""
     job: SimflMember = ctx.state
@@ -185,10 +185,10 @@ def store_similar(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     job.set_prepared(dict(zip(others, similar)), dict(zip(others, everyone)), got.base_score,
                      got.classes)
     with open_private(_cache_file(ctx, job.prep_key), "wb") as cache:
+        arrays: dict[str, Any] = {f"similar_{k}": v for k, v in enumerate(similar)}
+        arrays.update({f"everyone_{k}": v for k, v in enumerate(everyone)})
         np.savez(cache, handles=job.handles, base=np.float64(job.base), members=np.array(others),
-                 classes=np.int64(job.classes),
-                 **{f"similar_{k}": v for k, v in enumerate(similar)},
-                 **{f"everyone_{k}": v for k, v in enumerate(everyone)})
+                 classes=np.int64(job.classes), **arrays)
     return MsgType.ACK, Ack(count=sum(len(h) for h in [*got.handles, *got.everyone]))
 
 

@@ -29,7 +29,7 @@ from crypto.schemes import generate_keypair
 from messages.bodies import Ack, Metric, Opened, ResumeJob, Step, TreeFinished
 from messages.secureboost import (AppliedSplits, JobSpec, NodePositions, NodeSplit, OpenJob,
                                   SplitChoice, SplitChoices, SplitsFound)
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import ProtocolError, StageError, checkpoint
 from workers.data import save_categories
@@ -56,7 +56,7 @@ def params_of(open_job: OpenJob) -> BoostParams:
     return BoostParams(**asdict(spec.params), complete_secure=spec.complete_secure)
 
 
-def open_job(ctx: StepContext, body: OpenJob) -> tuple[MsgType, Any]:
+def open_job(ctx: StepContext, body: OpenJob) -> tuple[Kind, Any]:
     """Load labels and features, make the Paillier key pair."""
     state = open_active(ctx, body.spec, PROTOCOL)
     if body.spec.pack_bin_sums not in PACKERS:
@@ -101,7 +101,7 @@ def _checkpoint(ctx: StepContext, state: JobState, trees_done: int) -> None:
                         key_share=b"", encrypting=None, decrypting=None)
 
 
-def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
+def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[Kind, Any]:
     """Go back to the state of a checkpoint every party holds."""
     state = checkpoint.restore(ctx.model_dir, body.checkpoint, ctx.state,
                                checkpoint.key_of(ctx.party))
@@ -116,7 +116,7 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[MsgType, Any]:
     return MsgType.RESUMED, checkpoint.resumed(state, done, run.outputs, run.history)
 
 
-def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def bin_features(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """Bin own features on the training rows; set up labels and margins; send the public key."""
     state: JobState = ctx.state
     run: ActiveTraining = state.role_state
@@ -132,7 +132,7 @@ def bin_features(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=run.outputs)  # the flow needs the trees per round
 
 
-def find_best_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def find_best_splits(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """Alg. 2: decrypt passive histograms, add own, pick each node's best split."""
     state: JobState = ctx.state
     run: ActiveTraining = state.role_state
@@ -171,7 +171,7 @@ def find_best_splits(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
         n_leaves=len(run.level_splits) - n_splits)
 
 
-def broadcast_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def broadcast_nodes(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """Apply the level's splits in node order and send every passive party the new positions."""
     state: JobState = ctx.state
     run: ActiveTraining = state.role_state
@@ -197,12 +197,12 @@ def broadcast_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
                 threshold=split_threshold(state.cuts[split.feature], split.bin))
         else:
             owner = state.passives[split.block - 1]
-            item = applied.get((owner, node))
-            if item is None:
+            theirs = applied.get((owner, node))
+            if theirs is None:
                 raise ProtocolError(f"{owner} did not apply the split of node {node}")
-            mask = decode_mask(item.left, rows.size)
+            mask = decode_mask(theirs.left, rows.size)
             left, right = grower.split_node(node, split, mask, owner=owner,
-                                            record_id=item.record_id, hide_feature=True)
+                                            record_id=theirs.record_id, hide_feature=True)
         out.append(NodeSplit(node=node, left_id=left, right_id=right, left=encode_mask(mask)))
     for passive in participants_of(state, run, body.tree):
         ctx.send(passive, MsgType.NODE_POSITIONS, NodePositions(body.tree, body.depth, out))
@@ -210,7 +210,7 @@ def broadcast_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=len(grower.next_level()))
 
 
-def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def finish_tree(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """Leaf weights, prediction update, training metrics."""
     state: JobState = ctx.state
     run: ActiveTraining = state.role_state
@@ -233,7 +233,7 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
     return MsgType.TREE_FINISHED, done
 
 
-def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def close_job(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """Stop the job's crypto processes; the saved model stays."""
     state: JobState | None = ctx.state
     if state is not None and isinstance(state.role_state, ActiveTraining):
@@ -242,7 +242,7 @@ def close_job(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack()
 
 
-def save_model_part(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def save_model_part(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """Write the active party's model part: structure, owners, own thresholds, leaf values;
     the first ``body.tree`` trees when early stopping keeps those (``kept_trees``)."""
     state: JobState = ctx.state

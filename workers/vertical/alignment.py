@@ -22,7 +22,7 @@ from crypto.schemes import PublicKey
 from crypto.psi import POINT_BYTES, split_points
 from messages.bodies import Ack, Aligned, AlignedRows, PsiPoints, Step
 from messages.secureboost import PublicKeyMsg
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import DataError, ProtocolError
 from workers.handlers import StepContext
@@ -63,7 +63,7 @@ def holdout_mask(n_rows: int, fraction: float, seed: int) -> np.ndarray:
     return mask
 
 
-def psi_blind(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def psi_blind(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """Step 1: blind own ids; send them to the other side."""
     state: JobState = ctx.state
     order = np.random.default_rng().permutation(len(state.data.ids))
@@ -80,7 +80,7 @@ def psi_blind(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=len(blob) // POINT_BYTES)
 
 
-def psi_reblind(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def psi_reblind(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """Step 2 (passive): re-blind the active party's points, keeping their order."""
     state: JobState = ctx.state
     received: PsiPoints = ctx.mailbox.take(MsgType.PSI_POINTS, state.active, -1, STAGE_ACTIVE_IDS)
@@ -91,7 +91,7 @@ def psi_reblind(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
     return MsgType.ACK, Ack(count=len(again) // POINT_BYTES)
 
 
-def psi_intersect(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def psi_intersect(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """Step 3 (active): match, order, hold out, and tell each passive party its rows."""
     state: JobState = ctx.state
     if state.psi_order is None:

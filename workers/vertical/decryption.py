@@ -105,8 +105,8 @@ def decrypt_level(ctx: StepContext, run: ActiveTraining, participants: list[str]
         if work is None:
             return {p: None for p in participants}
         run.decrypting, work.inputs, began = work, blob, time.monotonic()
-        while (unit := ctx.claim(work.claims)) is not None:
-            _decrypt_unit(run, work, unit, width, plain_width)
+        while (claimed := ctx.claim(work.claims)) is not None:
+            _decrypt_unit(run, work, claimed, width, plain_width)
         finished = time.monotonic()
         work.done_here = finished, finished - began
     take_units(ctx, work, plain_width)
@@ -118,7 +118,8 @@ def decrypt_level(ctx: StepContext, run: ActiveTraining, participants: list[str]
     log.debug("%s t%d d%d: %d of %d decryption units by helpers", ctx.party.name, body.tree,
               body.depth, work.by_helpers, work.units)
     plain = from_bytes(b"".join(work.done[u] for u in range(work.units)), plain_width)
-    out, first = {}, 0
+    out: dict[str, list[int] | None] = {}
+    first = 0
     for passive in participants:
         count = len(ctx.mailbox.items[(MsgType.ENCRYPTED_HISTOGRAMS, passive, body.tree,
                                        body.depth)][0].ciphertexts) // width

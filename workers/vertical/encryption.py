@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from boosting._typing import FloatArray
 from boosting.fixedpoint import Quantized, quantize
@@ -18,7 +19,7 @@ from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
 from messages.bodies import Ack, Step
 from messages.secureboost import EncryptedGradients, TreeStart
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.instance_space import encode_mask
 from workers import StageError, checkpoint
 from workers.crypto_shards import encrypt_claimed, hand_out, take_units, to_bytes, wait_for_helpers
@@ -39,12 +40,13 @@ def _private_tree(state: JobState, run: ActiveTraining, plan: PrivacyPlan, tree:
     noise source (its rows of its ensemble are drawn in ``workers.vertical.draws``, without
     the data: the rows in a tree, which passive parties see, say nothing of gradients)."""
     # the passive parties' cuts are theirs: every bin of theirs is a candidate
-    candidates = {0: split_candidates([len(c) for c in state.cuts], run.params.max_bin)}
+    candidates: dict[int, npt.NDArray[np.bool_] | None] = {
+        0: split_candidates([len(c) for c in state.cuts], run.params.max_bin)}
     return (clip_gradients(g, plan.bound),
             PrivateTree(plan, tree, candidates, tree_rng(run.noise_seed, tree)))
 
 
-def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def encrypt_gradients(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """Alg. 1 lines 1-3: g and h of the in-tree rows, packed, encrypted, sent to passive parties.
 
     With helper processes, the tree's chunks are claimed one at a time by this process and the
@@ -120,7 +122,7 @@ def _send_chunk(ctx: StepContext, enc: Encryption, unit: int, blob: bytes) -> No
 
 
 def _finish_encryption(ctx: StepContext, run: ActiveTraining,
-                       enc: Encryption) -> tuple[MsgType, Any]:
+                       enc: Encryption) -> tuple[Kind, Any]:
     """Pass the helpers' chunks on as they come; once they stop coming (a helper died),
     encrypt the chunks they left here."""
     work = enc.work

@@ -27,7 +27,7 @@ from boosting.binning import goes_left_raw
 from boosting.tree import Model, Tree, node_values
 from messages.bodies import Ack, Step
 from messages.secureboost import DecisionRequest, PathDecisions
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from workers import ProtocolError, StageError
 from workers.handlers import StepContext
 from workers.vertical.active_state import ActiveTraining
@@ -111,7 +111,7 @@ def _walk(state: JobState, model: Model, batch: int, depth: int, n_rows: int) ->
     return walk
 
 
-def traverse_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def traverse_level(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """Active: ask each owner for the decisions on the rows' paths at one level, then move the
     rows down; the reply counts (tree, row) pairs still at internal nodes."""
     state: JobState = ctx.state
@@ -207,7 +207,7 @@ def _take_answer(ctx: StepContext, state: JobState, walk: PathWalk,
     return trees, rows, bits[inverse]
 
 
-def answer_level(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def answer_level(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """Passive: the decisions the active party asked for at one level, and no others."""
     state: JobState = ctx.state
     if state.kind == "predict" and state.aligned is None:

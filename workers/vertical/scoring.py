@@ -27,7 +27,7 @@ from boosting.metrics import evaluate
 from boosting.tree import Model, TreeNode, load_model, open_private, write_json_atomic
 from messages.bodies import Ack, Metric, Step, TreeFinished
 from messages.secureboost import Decisions, OpenPrediction
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from messages.names import JOB_NAME_RULE, is_job_name
 from workers import DataError, ProtocolError, StageError
 from workers.data import PartyData, load_categories, load_party_data
@@ -83,7 +83,7 @@ class PassiveScoring:
     """The path-mode decisions this model has released per row, across prediction jobs."""
 
 
-def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[MsgType, Any]:
+def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[Kind, Any]:
     """Load this party's model part and the rows to score."""
     actives = [p.name for p in body.parties if p.role == "active"]
     passives = [p.name for p in body.parties if p.role == "passive"]
@@ -136,7 +136,7 @@ def lookup_records(state: JobState) -> dict[int, LookupRecord]:
     raise StageError(f"{state.party} holds no lookup table")
 
 
-def evaluate_nodes(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def evaluate_nodes(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """Round 1 (passive): decisions of all own records for one batch, bit-packed."""
     if "batched" not in ctx.party.policy.predict_modes:
         raise PolicyError(f"party {ctx.party.name}: its policy answers path-mode prediction "
@@ -196,7 +196,7 @@ def model_of(state: JobState) -> Model:
     raise StageError(f"{state.party} holds no model")
 
 
-def finish_traversal(ctx: StepContext, body: Step) -> tuple[MsgType, Any]:
+def finish_traversal(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     """Round 2 (active): walk the trees for one batch with own and received decisions."""
     state: JobState = ctx.state
     model = model_of(state)
@@ -249,10 +249,11 @@ def store_staged(state: JobState, batch: slice | np.ndarray, staged: np.ndarray,
     trees = first + staged.shape[0]
     kept = run.staged_margin
     if kept is None or kept.shape[0] < trees:
-        run.staged_margin = np.zeros((trees, score_x(state).shape[0], staged.shape[2]))
+        grown = np.zeros((trees, score_x(state).shape[0], staged.shape[2]))
         if kept is not None:
-            run.staged_margin[:kept.shape[0]] = kept
-    run.staged_margin[first:trees, batch] = staged
+            grown[:kept.shape[0]] = kept
+        run.staged_margin = kept = grown
+    kept[first:trees, batch] = staged
 
 
 def _scored_margin(run: ActiveTraining | ActiveScoring) -> np.ndarray:
@@ -261,7 +262,7 @@ def _scored_margin(run: ActiveTraining | ActiveScoring) -> np.ndarray:
     return run.score_margin
 
 
-def evaluate_validation(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def evaluate_validation(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """Validation metrics of a training job from the scored hold-out rows."""
     state: JobState = ctx.state
     run: ActiveTraining = state.role_state
@@ -282,7 +283,7 @@ def evaluate_validation(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
                                                per_tree)
 
 
-def write_scores(ctx: StepContext, _: Step) -> tuple[MsgType, Any]:
+def write_scores(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """Write id and prediction(s) of every scored row to the scores file."""
     state: JobState = ctx.state
     run: ActiveScoring = state.role_state

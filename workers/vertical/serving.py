@@ -29,10 +29,10 @@ from boosting.tree import Model, load_model
 from messages.bodies import Ack
 from messages.scoring import (MAX_SCORING_ROWS, FindRows, OpenScoring, RoundDecisions, RowsFound,
                               ScoreRows, Scores)
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from workers import DataError, ProtocolError, StageError
 from workers.data import PartyData
-from workers.handlers import StepContext
+from workers.handlers import Handler, StepContext
 from workers.policy import PolicyError
 from workers.state import JobState
 from workers.vertical.lookup import lookup_from_dict
@@ -83,7 +83,7 @@ class ActiveSession:
     """Rounds waiting for decisions, and since when (monotonic)."""
 
 
-def open_scoring(ctx: StepContext, body: OpenScoring) -> tuple[MsgType, Any]:
+def open_scoring(ctx: StepContext, body: OpenScoring) -> tuple[Kind, Any]:
     """Load this party's model part and index its rows by id."""
     actives = [p.name for p in body.parties if p.role == "active"]
     passives = [p.name for p in body.parties if p.role == "passive"]
@@ -161,7 +161,7 @@ def _session(ctx: StepContext, kind: type | tuple[type, ...]) -> tuple[JobState,
     return state, state.role_state
 
 
-def find_rows(ctx: StepContext, body: FindRows) -> tuple[MsgType, Any]:
+def find_rows(ctx: StepContext, body: FindRows) -> tuple[Kind, Any]:
     """The membership round (either role): positions of the ids without a row here; nothing
     goes to any other party. No ids: a ping."""
     _, run = _session(ctx, (PassiveSession, ActiveSession))
@@ -176,7 +176,7 @@ def _check_round(body: ScoreRows, max_rows: int) -> None:
         raise ProtocolError(f"a scoring round asks for 1 to {max_rows} rows, not {len(body.ids)}")
 
 
-def score_rows_passive(ctx: StepContext, body: ScoreRows) -> tuple[MsgType, Any]:
+def score_rows_passive(ctx: StepContext, body: ScoreRows) -> tuple[Kind, Any]:
     """Round 1 (passive): every record's decision on the requested rows, to the active party."""
     state, run = _session(ctx, PassiveSession)
     _check_round(body, run.max_rows)
@@ -191,7 +191,7 @@ def score_rows_passive(ctx: StepContext, body: ScoreRows) -> tuple[MsgType, Any]
     return MsgType.ROWS_FOUND, RowsFound(round=body.round, unknown=unknown)
 
 
-def score_rows_active(ctx: StepContext, body: ScoreRows) -> tuple[MsgType, Any]:
+def score_rows_active(ctx: StepContext, body: ScoreRows) -> tuple[Kind, Any]:
     """Round 2 (active): walk every tree with own and received decisions; the predictions."""
     state, run = _session(ctx, ActiveSession)
     _check_round(body, run.max_rows)
@@ -255,10 +255,12 @@ def _drop_stale(ctx: StepContext, current: int) -> None:
             ctx.mailbox.take(*key)
 
 
-ACTIVE_STEPS = {MsgType.OPEN_SCORING: open_scoring, MsgType.FIND_ROWS: find_rows,
-                MsgType.SCORE_ROWS: score_rows_active}
+ACTIVE_STEPS: dict[Kind, Handler] = {
+    MsgType.OPEN_SCORING: open_scoring, MsgType.FIND_ROWS: find_rows,
+    MsgType.SCORE_ROWS: score_rows_active}
 """The scoring service's steps of the active party (any vertical protocol whose model parts
 are ``model.json`` and ``lookup.json`` includes them)."""
-PASSIVE_STEPS = {MsgType.OPEN_SCORING: open_scoring, MsgType.FIND_ROWS: find_rows,
-                 MsgType.SCORE_ROWS: score_rows_passive}
+PASSIVE_STEPS: dict[Kind, Handler] = {
+    MsgType.OPEN_SCORING: open_scoring, MsgType.FIND_ROWS: find_rows,
+    MsgType.SCORE_ROWS: score_rows_passive}
 """The scoring service's steps of a passive party."""

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 
-from messages.envelope import MsgType
+from messages.envelope import Kind, MsgType
 from workers import crypto_shards
 from workers.handlers import Arrival, Handler, Protocol, RoleSteps
 from workers.vertical import (active, alignment, encryption, histograms, passive, paths,
                               scoring, serving)
 
 
-ACTIVE_HANDLERS: dict[MsgType, Handler] = {
+ACTIVE_HANDLERS: dict[Kind, Handler] = {
     MsgType.OPEN_JOB: active.open_job,
     MsgType.OPEN_PREDICTION: scoring.open_prediction,
     MsgType.PSI_BLIND: alignment.psi_blind,
@@ -30,7 +30,7 @@ ACTIVE_HANDLERS: dict[MsgType, Handler] = {
     **serving.ACTIVE_STEPS,
 }
 
-PASSIVE_HANDLERS: dict[MsgType, Handler] = {
+PASSIVE_HANDLERS: dict[Kind, Handler] = {
     MsgType.OPEN_JOB: passive.open_job,
     MsgType.OPEN_PREDICTION: scoring.open_prediction,
     MsgType.PSI_BLIND: alignment.psi_blind,
@@ -47,13 +47,13 @@ PASSIVE_HANDLERS: dict[MsgType, Handler] = {
     **serving.PASSIVE_STEPS,
 }
 
-PASSIVE_ARRIVALS: dict[MsgType, Arrival] = {
+PASSIVE_ARRIVALS: dict[Kind, Arrival] = {
     # a tree starts as soon as its gradients are in: helpers get them before its first level
     MsgType.TREE_START: histograms.gradients_arrived,
     MsgType.ENCRYPTED_GRADIENTS: histograms.gradients_arrived,
 }
 
-WORK: dict[MsgType, Handler] = {
+WORK: dict[Kind, Handler] = {
     # a passive party's helper processes sum shards of its encrypted histograms
     MsgType.HISTOGRAM_SHARD: histograms.histogram_shard,
     MsgType.TREE_CIPHERTEXTS: histograms.tree_ciphertexts,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from messages.bodies import ErrorReply, PartyInfo
-from messages.envelope import Envelope, MsgType
+from messages.envelope import Envelope, Kind, MsgType
 from messages.horizontal import HorizontalSpec, MaskPublicKey, OpenHorizontal, Round
 from messages.params import TreeParams
 from messages.signing import federation_sealers
@@ -64,7 +64,7 @@ class Member:
         self.worker = Worker(self.party, self.hub.endpoint("a"), PROTOCOLS, SEALERS["a"])
         self.steps = 0
 
-    def command(self, job: str, kind: MsgType, body: object) -> Envelope:
+    def command(self, job: str, kind: Kind, body: object) -> Envelope:
         self.steps += 1
         self.worker.handle_bytes(SEALERS["flow"].seal(
             Envelope(job, f"s/{self.steps}", "flow", "a", kind, body)))

@@ -21,7 +21,7 @@ import pytest
 
 from messages.bodies import Checkpoint, ErrorReply, PartyInfo, ResumeJob, Step
 from messages.e2e import decrypt_body
-from messages.envelope import Envelope, MsgType
+from messages.envelope import Envelope, Kind, MsgType
 from messages.signing import federation_sealers
 from messages.simfl import LshKey, OpenSimfl, Prepare, SimflSpec, SimilarGradients, SimilarRows
 from messages.transport import MemoryHub
@@ -52,7 +52,7 @@ class Federation:
         self.worker = Worker(self.party, self.hub.endpoint("a"), PROTOCOLS, SEALERS["a"])
         self.steps = 0
 
-    def command(self, kind: MsgType, body: Any) -> Any:
+    def command(self, kind: Kind, body: Any) -> Any:
         self.steps += 1
         self.worker.handle_bytes(SEALERS["flow"].seal(
             Envelope("job", f"s/{self.steps}", "flow", "a", kind, body)))
@@ -60,7 +60,7 @@ class Federation:
         assert data is not None, f"no reply to {kind.name}"
         return SEALERS["flow"].open(data).body
 
-    def peer(self, sender: str, kind: MsgType, body: Any) -> None:
+    def peer(self, sender: str, kind: Kind, body: Any) -> None:
         self.worker.handle_bytes(SEALERS[sender].seal(Envelope("job", "s/peer", sender, "a",
                                                                kind, body)))
 
