@@ -25,6 +25,29 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"real data not found at {DATA}: clone the repo beside shared/")
 
 
+LONGEST_FILES = [
+    "tests/test_netns_brokers.py", "tests/flows/test_lossless.py", "tests/flows/test_faults.py",
+    "tests/test_first_hour.py", "tests/privacy/test_horizontal_long.py", "tests/test_api.py",
+    "tests/flows/test_rabbitmq_training.py", "tests/flows/test_forest_faults.py",
+    "tests/test_cli.py", "tests/flows/test_horizontal_resume.py", "tests/serving/test_flood.py",
+    "tests/flows/test_forest.py", "tests/flows/test_rabbitmq_active_scale.py",
+    "tests/flows/test_lossless_ou.py", "tests/serving/test_scoring.py", "tests/test_provision.py",
+]
+"""The files whose tests take longest in all (a CI run's --durations, 2026-12-04), longest
+first. ``--dist loadfile`` hands whole files to the three workers in collection order, so a
+long file collected last (tests/test_netns_brokers.py, ~6 minutes) ran alone at the end while
+the other workers idled; handed out first, the short files fill in around them."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: k for k, name in enumerate(LONGEST_FILES)}
+
+    def first(item: pytest.Item) -> int:
+        return rank.get(Path(item.path).relative_to(REPO).as_posix(), len(rank))
+
+    items.sort(key=first)  # stable: each file's tests keep their order
+
+
 @pytest.fixture(scope="session")
 def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """One real ephemeral Prefect server for the whole session."""

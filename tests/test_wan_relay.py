@@ -60,7 +60,10 @@ def test_a_round_trip_through_the_relay_takes_twice_its_delay() -> None:
     times = asyncio.run(_through_relay(delay, ping))
     print("round trips (ms):", " ".join(f"{t * 1000:.1f}" for t in times))
     assert min(times) >= 2 * delay - 0.001, times  # never early: each way holds the delay
-    assert statistics.median(times) <= 2 * delay + 0.010, times  # and adds little else
+    # and adds little else: the best round trip within 10 ms of the delays (a busy machine's
+    # scheduling spreads the others: median 111 ms in a CI run at load 7 on 2 cores)
+    assert min(times) <= 2 * delay + 0.010, times
+    assert statistics.median(times) <= 2 * delay + 0.050, times
 
 
 def test_a_stream_through_the_relay_arrives_whole_and_in_order() -> None:
