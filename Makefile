@@ -4,7 +4,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: train test test-all bench compose-test
+.PHONY: train test test-all bench compose-test compose-orgs-test
 
 # An editable install, and the checkout itself on sys.path (fedboost-checkout.pth), so that
 # 'import fedboost' finds the package even beside a folder named fedboost (a clone), which
@@ -43,6 +43,11 @@ test-all: $(VENV)/.installed
 # the Prefect UI in headless Chromium, tear down; 15-25 minutes, not in CI (make test)
 compose-test: $(VENV)/.installed
 	PATH="$(abspath $(VENV))/bin:$$PATH" deploy/compose-smoke.sh
+
+# two organisations, each from its 'fedboost provision' kit and compose project: brokers joined by
+# shovels over TLS, PostgreSQL under the lender's Prefect server (about 10 minutes, not in CI)
+compose-orgs-test: $(VENV)/.installed
+	PATH="$(abspath $(VENV))/bin:$$PATH" deploy/compose-orgs-smoke.sh
 
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks.train

@@ -25,48 +25,26 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-fedboost-smoke}
 work=$(mktemp -d)
-log=$work/step.log
 python=$(head -1 "$(command -v fedboost)" | sed 's/^#!//')  # the fedboost command's Python
 checks() { "$python" deploy/smoke_checks.py "$@"; }
 shots=runs/compose-smoke  # the Prefect UI's screenshot stays here
 mkdir -p "$shots"
 state=$work/state  # what a step keeps for the next ones and the tear-down: 'keep NAME VALUE'
 : > "$state"
-keep() { printf 'export %s=%q\n' "$1" "$2" >> "$state"; }
 podman_pid="" health_pid="" made_keys="" compose=""
 started=$EPOCHREALTIME
+. deploy/smoke-lib.sh  # step, say, note, keep, engine_and_compose, base_images, wait_healthy
 trees=${SMOKE_TREES:-8}  # trees of each vertical run
 
-since() { awk -v now="$EPOCHREALTIME" -v then="$1" 'BEGIN { printf "%.1f", now - then }'; }
-say() { printf '%7s s  %s\n' "$(since "$started")" "$*"; }
-
-# step TITLE COMMAND...: run COMMAND (a function or program) in a subshell that stops at its
-# first failing command, its output in the step's log; print one line with the step's seconds,
-# or stop at its failure
-step() {
-  local title=$1 begin=$EPOCHREALTIME status
-  shift
-  : > "$log"
-  set +e
-  (set -e; "$@") >> "$log" 2>&1
-  status=$?
-  set -e
-  . "$state"
-  if [ $status = 0 ]; then
-    printf 'ok   %6s s  %s%s\n' "$(since "$begin")" "$title" \
-      "$(tail -n 1 "$log" | sed -n 's/^=> / : /p')"
-  else
-    printf 'FAIL %6s s  %s\n' "$(since "$begin")" "$title"
-    tail -n 30 "$log" | sed 's/^/     | /'
-    if [ -n "$compose" ]; then  # what the services said, before the tear-down removes them
-      echo "     the services' last log lines (compose logs --tail 25):"
-      $compose --profile horizontal --profile scoring logs --no-color --tail 25 2>&1 \
-        | sed 's/^/     | /'
-    fi
-    exit 1
+# shown when a step fails, after its log: what the services said, before the tear-down
+# removes them
+step_failed() {
+  if [ -n "$compose" ]; then
+    echo "     the services' last log lines (compose logs --tail 25):"
+    $compose --profile horizontal --profile scoring logs --no-color --tail 25 2>&1 \
+      | sed 's/^/     | /'
   fi
 }
-note() { echo "=> $*"; }  # a step's last line of this form ends its printed line
 
 teardown() {
   local code=$? begin=$EPOCHREALTIME
@@ -96,74 +74,8 @@ teardown() {
 trap teardown EXIT
 trap 'exit 130' INT TERM
 
-engine_and_compose() {
-  if docker info > /dev/null 2>&1; then
-    engine=docker
-  elif command -v podman > /dev/null; then
-    engine=podman
-    if [ -z "${DOCKER_HOST:-}" ]; then
-      podman system service --time=0 "unix://$work/podman.sock" > "$work/podman.log" 2>&1 &
-      keep podman_pid $!
-      export DOCKER_HOST="unix://$work/podman.sock"
-      keep DOCKER_HOST "$DOCKER_HOST"
-      for _ in $(seq 60); do [ -S "$work/podman.sock" ] && break; sleep 0.5; done
-    fi
-  else
-    echo "neither Docker nor podman is installed"; return 1
-  fi
-  if docker compose version > /dev/null 2>&1; then
-    compose="docker compose"
-  elif command -v docker-compose > /dev/null; then
-    compose=docker-compose
-  else
-    echo "no docker compose (the Docker plugin or docker-compose)"; return 1
-  fi
-  keep engine "$engine"
-  keep compose "$compose"
-  if [ "$engine" = podman ]; then
-    # compose's classic build API: BuildKit would pull its own image (moby/buildkit) offline
-    keep DOCKER_BUILDKIT 0
-    keep COMPOSE_DOCKER_CLI_BUILD 0
-    if [ ! -d /run/systemd/system ]; then
-      # podman runs health checks from systemd timers; without systemd, this script runs them
-      health_checks > /dev/null 2>&1 &
-      keep health_pid $!
-    fi
-  fi
-  note "$engine ($($engine --version | head -1)), $compose${DOCKER_HOST:+ at $DOCKER_HOST}" \
-    "$(grep -q health_pid "$state" && echo "(no systemd: this script runs the health checks)")"
-}
-
 project=com.docker.compose.project=$COMPOSE_PROJECT_NAME  # the label of what compose made
-
-health_checks() {
-  while :; do
-    for container in $(podman ps -q --filter "label=$project"); do
-      podman healthcheck run "$container" > /dev/null 2>&1 || true
-    done
-    sleep 10
-  done
-}
-
-base_images() {
-  local missing=""
-  for image in docker.io/library/python:3.11-slim docker.io/library/rabbitmq:3.13; do
-    $engine image inspect "$image" > /dev/null 2>&1 || timeout 120 $engine pull "$image" ||
-      missing+=" $image"
-  done
-  if [ -z "$missing" ]; then
-    # a stand-in made by an older recipe of the script is made again (official images stay)
-    if [ "$(deploy/stand-in-images.sh "$engine" | tee /dev/stderr | grep -c 'built again')" != 0 ]; then
-      note "stand-ins made by an older recipe built again (deploy/stand-in-images.sh)"
-      return
-    fi
-    note "python:3.11-slim and rabbitmq:3.13 present"
-    return
-  fi
-  echo "no registry gave$missing: building stand-ins from Debian's packages"
-  deploy/stand-in-images.sh "$engine"
-  note "no registry: stand-ins for$missing built from Debian's packages (deploy/stand-in-images.sh)"
-}
+health_labels() { echo "$project"; }
 
 secrets_and_keys() {  # docs/operations.md, "docker compose", step by step
   if [ -e deploy/keys ] || [ -e deploy/tls ] || [ -e deploy/passwords ]; then
@@ -227,19 +139,7 @@ print(" ".join(n for n, s in services.items() if "build" in s))')
 
 service_ids() { $compose --profile horizontal --profile scoring ps -q "$@"; }
 
-health='{{.Name}} {{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}'
-wait_healthy() {
-  local deadline=$((SECONDS + ${1:-600})) states
-  while :; do
-    states=$($engine inspect -f "$health" $(service_ids))
-    if ! grep -qv ' healthy$' <<< "$states"; then
-      note "$(wc -l <<< "$states") containers healthy"
-      return
-    fi
-    if [ $SECONDS -gt "$deadline" ]; then echo "$states"; return 1; fi
-    sleep 3
-  done
-}
+wait_all_healthy() { wait_healthy "$1" $(service_ids); }
 
 # deployment_run NAME [--params JSON]: start a run of the runner's deployment; its id in run_id
 deployment_run() {
@@ -353,7 +253,7 @@ stop_worker() {
   local failed_after=$((SECONDS - begin))
   echo "failed $failed_after s after the kill, naming host; worker-host still down"
   $compose --profile horizontal up -d worker-host
-  wait_healthy 300
+  wait_all_healthy 300
   checks retry "$run_id"
   checks wait-run "$run_id" 1800
   same_model stopped
@@ -377,9 +277,9 @@ yaml.safe_dump(config, open(sys.argv[2], "w"), sort_keys=False)' deploy/host.yam
   export HOST_CONFIG=./deploy/host-scoring.yaml
   keep HOST_CONFIG "$HOST_CONFIG"
   $compose --profile horizontal up -d worker-host
-  wait_healthy 300
+  wait_all_healthy 300
   $compose --profile scoring up -d scoring
-  wait_healthy 300
+  wait_all_healthy 300
   score() {
     curl -s -o "$work/score.json" -w '%{http_code}' --cacert deploy/scoring-tls/ca.pem \
       -H "Authorization: Bearer $key" -H "Content-Type: application/json" \
@@ -464,11 +364,11 @@ PY
 main() {
   say "compose smoke test of $(git rev-parse --short HEAD 2>/dev/null || echo this tree) in $PWD"
   step "engine and compose" engine_and_compose
-  step "base images" base_images
+  step "base images" base_images docker.io/library/python:3.11-slim docker.io/library/rabbitmq:3.13
   step "passwords, definitions, signing keys, TLS certificates" secrets_and_keys
   step "docker compose build" build
   step "docker compose up -d (profile horizontal)" $compose --profile horizontal up -d
-  step "every container healthy" wait_healthy 600
+  step "every container healthy" wait_all_healthy 600
   step "vertical deployment run ($trees trees) to completion, model volumes" \
     train vertical vertical_secureboost/default-credit default-credit \
     worker-guest:guest worker-host:host --params "$(vertical_job)"

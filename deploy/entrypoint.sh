@@ -15,7 +15,9 @@
 # shows): FEDBOOST_AMQP_PASSWORD_FILE is read by fedboost itself; FEDBOOST_PREFECT_AUTH_FILE
 # (Prefect's user:password) is written here into the Prefect profile PREFECT_PROFILES_PATH
 # (on the tmpfs home, 0600), which every prefect command of the container's user reads, the
-# ones started by 'docker compose exec -u fedboost' included.
+# ones started by 'docker compose exec -u fedboost' included; so is the database password of
+# FEDBOOST_PREFECT_DATABASE_PASSWORD_FILE (a Prefect server on PostgreSQL, whose host, user and
+# database name are PREFECT_SERVER_DATABASE_* variables: no secret among them).
 set -eu
 
 [ $# -gt 0 ] || set -- --help
@@ -31,16 +33,23 @@ fi
 if [ -n "${FEDBOOST_PREFECT_AUTH_FILE:-}" ]; then
   : "${PREFECT_PROFILES_PATH:?FEDBOOST_PREFECT_AUTH_FILE needs PREFECT_PROFILES_PATH}"
   install -d -o fedboost -g fedboost -m 0700 "$(dirname "$PREFECT_PROFILES_PATH")"
-  (umask 077; python - "$FEDBOOST_PREFECT_AUTH_FILE" "$PREFECT_PROFILES_PATH" <<'PY'
+  (umask 077; python - "$FEDBOOST_PREFECT_AUTH_FILE" "$PREFECT_PROFILES_PATH" \
+      ${FEDBOOST_PREFECT_DATABASE_PASSWORD_FILE:+"$FEDBOOST_PREFECT_DATABASE_PASSWORD_FILE"} <<'PY'
 import json, sys
 from pathlib import Path
 auth = next(iter(Path(sys.argv[1]).read_text().splitlines()), "")
 if ":" not in auth:
     sys.exit(f"fedboost-entrypoint: {sys.argv[1]}: expected user:password on its first line")
 value = json.dumps(auth)  # a TOML basic string
-Path(sys.argv[2]).write_text(f'active = "fedboost"\n[profiles.fedboost]\n'
-                             f'PREFECT_API_AUTH_STRING = {value}\n'
-                             f'PREFECT_SERVER_API_AUTH_STRING = {value}\n')
+profile = (f'active = "fedboost"\n[profiles.fedboost]\n'
+           f'PREFECT_API_AUTH_STRING = {value}\n'
+           f'PREFECT_SERVER_API_AUTH_STRING = {value}\n')
+if len(sys.argv) > 3:  # the Prefect server's database password (PostgreSQL)
+    db = next(iter(Path(sys.argv[3]).read_text().splitlines()), "")
+    if not db:
+        sys.exit(f"fedboost-entrypoint: {sys.argv[3]}: empty (the database password)")
+    profile += f'PREFECT_SERVER_DATABASE_PASSWORD = {json.dumps(db)}\n'
+Path(sys.argv[2]).write_text(profile)
 PY
   )
   chown fedboost:fedboost "$PREFECT_PROFILES_PATH"

@@ -9,6 +9,10 @@
 #                     that then runs the broker as the user 'rabbitmq' (uid 999), logs to the
 #                     console, reads /etc/rabbitmq/rabbitmq.conf and conf.d/ like the official one,
 #                     stops cleanly on SIGTERM
+#   postgres:16       Debian's postgresql (15), an entry point that, like the official one,
+#                     makes the cluster on first start from POSTGRES_USER, POSTGRES_DB and
+#                     POSTGRES_PASSWORD_FILE (read as root) and runs the server as postgres
+#                     (the per-organisation compose files of 'fedboost provision')
 #
 # usage: deploy/stand-in-images.sh [ENGINE]     ENGINE: podman (default) or docker
 # Needs mmdebstrap (apt-get install mmdebstrap). Each image takes a minute or two; an image
@@ -115,4 +119,60 @@ EOF
   echo "stand-in $rabbitmq: built from Debian's rabbitmq-server" \
        "($("$engine" run --rm --entrypoint dpkg-query "$rabbitmq" \
             -W -f '${Version}' rabbitmq-server))"
+fi
+
+postgres=docker.io/library/postgres:16
+if have "$postgres"; then
+  echo "stand-in $postgres: present"
+else
+  rootfs localhost/fedboost-stand-in-postgres-rootfs postgresql,ca-certificates
+  cat > "$work/postgres-entrypoint.sh" <<'EOF'
+#!/bin/sh
+# The stand-in's entry point: the official image's contract for what fedboost uses of it.
+set -eu
+data=/var/lib/postgresql/data
+bin=$(ls -d /usr/lib/postgresql/*/bin | tail -1)
+if [ "$(id -u)" = 0 ]; then
+  mkdir -p "$data" /run/postgresql && chown postgres:postgres "$data" /run/postgresql
+  chmod 700 "$data"
+  # the password file is the operator's (mode 0600): read here, as root
+  if [ -n "${POSTGRES_PASSWORD_FILE:-}" ]; then
+    POSTGRES_PASSWORD=$(head -n 1 "$POSTGRES_PASSWORD_FILE"); export POSTGRES_PASSWORD
+  fi
+  exec setpriv --reuid=postgres --regid=postgres --init-groups "$0" "$@"
+fi
+if [ ! -s "$data/PG_VERSION" ]; then
+  : "${POSTGRES_PASSWORD:?POSTGRES_PASSWORD or POSTGRES_PASSWORD_FILE is needed}"
+  user=${POSTGRES_USER:-postgres}
+  pwfile=$(mktemp); printf '%s\n' "$POSTGRES_PASSWORD" > "$pwfile"
+  "$bin/initdb" -D "$data" -U "$user" --pwfile="$pwfile" --auth-local=trust \
+      --auth-host=scram-sha-256 >/dev/null
+  rm -f "$pwfile"
+  echo "host all all all scram-sha-256" >> "$data/pg_hba.conf"
+  if [ -n "${POSTGRES_DB:-}" ] && [ "$POSTGRES_DB" != "$user" ]; then
+    echo "CREATE DATABASE \"$POSTGRES_DB\" OWNER \"$user\";" \
+      | "$bin/postgres" --single -D "$data" -j postgres >/dev/null
+  fi
+fi
+unset POSTGRES_PASSWORD
+if [ "$1" = postgres ]; then
+  shift
+  set -- "$bin/postgres" -D "$data" -c listen_addresses='*' "$@"
+fi
+exec "$@"
+EOF
+  cat > "$work/postgres.Containerfile" <<'EOF'
+FROM localhost/fedboost-stand-in-postgres-rootfs
+COPY postgres-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
+RUN chmod 755 /usr/local/bin/docker-entrypoint.sh && rm -rf /var/lib/postgresql/*/main \
+    && ln -s "$(ls -d /usr/lib/postgresql/*/bin | tail -1)/pg_isready" /usr/local/bin/pg_isready
+ENV LANG=C.UTF-8 PATH=/usr/local/bin:/usr/bin:/bin
+STOPSIGNAL SIGINT
+ENTRYPOINT ["docker-entrypoint.sh"]
+CMD ["postgres"]
+EOF
+  "$engine" build -q -t "$postgres" -f "$work/postgres.Containerfile" "$work" >/dev/null
+  "$engine" rmi localhost/fedboost-stand-in-postgres-rootfs >/dev/null
+  echo "stand-in $postgres: built from Debian's postgresql" \
+       "($("$engine" run --rm --entrypoint dpkg-query "$postgres" -W -f '${Version}' postgresql))"
 fi

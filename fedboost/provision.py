@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from boosting.tree import open_private
-from fedboost import broker, provision_text
+from fedboost import broker, provision_compose, provision_text
 from fedboost.provision_tls import TlsMaterialError, check_ca, make_ca, make_leaf
 from flows.config import read_password_file
 from flows.schema_base import ConfigError, read_yaml
@@ -266,6 +266,7 @@ def finish(description: Description, org: str, kit_root: Path,
         _private_dir(kit.root / "flows")
         _public(kit.root / "flows" / "transport.yaml",
                 provision_text.flow_transport(federation, kit.root.resolve()))
+    _write_compose(kit, federation, org)
     _public(kit.root / "START.md", provision_text.start_commands(federation, org, kit.root))
     return [f"imported the outboxes of {', '.join(r.org for r in received)}",
             f"wrote {kit.root / 'broker'}: definitions.json (0600: it holds the other brokers' "
@@ -274,6 +275,28 @@ def finish(description: Description, org: str, kit_root: Path,
             f"the start commands: {kit.root / 'START.md'}",
             "the link-password files you received are now in broker/definitions.json: delete "
             "the copies"]
+
+
+def _write_compose(kit: Kit, federation: Federation, org: str) -> None:
+    """The organisation's compose file and its broker's configuration (``compose/``); at the
+    lender also the Prefect server's passwords and a first job file (``jobs/job.yaml``, kept
+    once written: it is the user's)."""
+    folder = kit.root / "compose"
+    folder.mkdir(exist_ok=True)
+    _public(folder / "compose.yml", provision_compose.compose_file(federation, org))
+    _public(folder / "rabbitmq.conf", provision_compose.rabbitmq_conf(federation, org))
+    _public(folder / "enabled_plugins", "[rabbitmq_shovel].\n")
+    (kit.root / "data").mkdir(exist_ok=True)  # FEDBOOST_DATA's default: the parties' data sets
+    if org != federation.lender:
+        return
+    _new_password(kit.passwords / provision_compose.PREFECT_DB_PASSWORD)
+    auth = kit.passwords / provision_compose.PREFECT_AUTH
+    if not auth.exists():
+        _private(auth, f"admin:{secrets.token_urlsafe(24)}\n", replace=False)
+    (kit.root / "jobs").mkdir(exist_ok=True)
+    job = kit.root / "jobs" / "job.yaml"
+    if not job.exists():
+        _public(job, provision_compose.job_file(federation))
 
 
 def broker_definitions(kit: Kit, federation: Federation, org: str) -> dict[str, Any]:

@@ -30,7 +30,8 @@ def worker_file(federation: Federation, org: str, party: str) -> str:
     return f"""# The worker of party {party} (organisation {org}, federation {federation.name}),
 # written by 'fedboost provision finish'. Set its data set (data:, id: and, at the active
 # party, label:), then start it: fedboost worker --party {party} --config THIS_FILE
-# Relative paths are from this file's folder; docs/operations.md lists every key.
+# Relative paths are from this file's folder; docs/operations.md lists every key. Under
+# compose/compose.yml the data sets are under /data (the kit's data/ folder, FEDBOOST_DATA).
 party: {party}
 data: CHANGE-ME.csv
 id: id
@@ -102,6 +103,20 @@ Set the data set in its worker file, then:
 In a container, mount `passwords/{user_of(me.parties[0])}` read-only (e.g. as
 `/run/secrets/broker-password`), set `FEDBOOST_AMQP_PASSWORD_FILE=/run/secrets/broker-password`
 and mount `keys/{me.parties[0]}/` where `signing.key_dir` says: no password in the environment.
+"""
+    text += f"""
+## Or all of it in containers
+
+`compose/compose.yml` runs the broker, {"the workers" if len(me.parties) > 1 else "the worker"}{
+        " and the Prefect server on PostgreSQL with the runner of the flows"
+        if org == federation.lender else ""} (the image fedboost:latest:
+`docker compose build` in fedboost's checkout). Put the data sets in `{kit}/data/`, set each
+worker file's `data:` to `/data/FILE`, then:
+
+    cd {kit}/compose && docker compose -p fedboost-{org} up -d
+
+The broker publishes port {federation.tls_port} for the other brokers; every password and key
+reaches its container as a mounted file.
 """
     if org == federation.lender:
         text += f"""

@@ -222,12 +222,16 @@ class Federation:
                           "dest-exchange": FROM_PREFIX + org,
                           "ack-mode": "on-confirm", "reconnect-delay": 1}}
 
-    def tls_conf(self, org: str) -> str:
-        """The broker's listener for incoming links: TLS only, a client certificate required."""
+    def tls_conf(self, org: str, *, listen_on_all: bool = False) -> str:
+        """The broker's listener for incoming links: TLS only, a client certificate required
+        (on the organisation's address, or on every address of its own: a container's, whose
+        address the engine gives it)."""
         me, mine = self.organisations[org], f"{self.tls_dir}/{org}"
         try:  # RabbitMQ listens on an IP address; a host name's broker on all of its own
             listener = f"{ipaddress.ip_address(me.address)}:{self.tls_port}"
         except ValueError:
+            listener = str(self.tls_port)
+        if listen_on_all:
             listener = str(self.tls_port)
         return "\n".join([
             f"listeners.ssl.1 = {listener}",

@@ -93,7 +93,10 @@ def test_outboxes_carry_no_private_key_and_only_their_recipients_link_password(
         three: Federation) -> None:
     for sender in PARTIES:
         made = three.passwords(sender)
-        assert len(made) == len(PARTIES[sender]) + (sender == BANK) + len(PARTIES) - 1
+        # its parties', the flow's at the lender, a link user's per other organisation; the
+        # lender's Prefect server: its database's and its basic auth's
+        lender = sender == BANK
+        assert len(made) == len(PARTIES[sender]) + lender + len(PARTIES) - 1 + 2 * lender
         for to in PARTIES:
             if to == sender:
                 continue
@@ -117,7 +120,8 @@ def test_private_files_are_the_owners_alone(three: Federation) -> None:
                    *kit.glob("passwords/*"), kit / "broker" / "definitions.json",
                    *kit.glob("outbox/*/link-password")]
         identities, others = len(PARTIES[org]) + (org == BANK), len(PARTIES) - 1
-        assert len(private) == 1 + 2 + identities + (identities + others) + 1 + others
+        prefect = 2 * (org == BANK)  # the lender's Prefect server: database, basic auth
+        assert len(private) == 1 + 2 + identities + (identities + others + prefect) + 1 + others
         for path in private:
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
         for folder in (kit, kit / "ca", kit / "passwords", kit / "broker" / "tls",
