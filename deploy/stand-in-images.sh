@@ -122,7 +122,7 @@ EOF
 fi
 
 postgres=docker.io/library/postgres:16
-if have "$postgres"; then
+if current "$postgres" 3; then
   echo "stand-in $postgres: present"
 else
   rootfs localhost/fedboost-stand-in-postgres-rootfs postgresql,ca-certificates
@@ -149,8 +149,9 @@ if [ ! -s "$data/PG_VERSION" ]; then
       --auth-host=scram-sha-256 >/dev/null
   rm -f "$pwfile"
   echo "host all all all scram-sha-256" >> "$data/pg_hba.conf"
-  if [ -n "${POSTGRES_DB:-}" ] && [ "$POSTGRES_DB" != "$user" ]; then
-    echo "CREATE DATABASE \"$POSTGRES_DB\" OWNER \"$user\";" \
+  db=${POSTGRES_DB:-$user}  # as the official image: POSTGRES_DB, else the user's name
+  if [ "$db" != postgres ]; then
+    echo "CREATE DATABASE \"$db\" OWNER \"$user\";" \
       | "$bin/postgres" --single -D "$data" -j postgres >/dev/null
   fi
 fi
@@ -165,8 +166,10 @@ EOF
 FROM localhost/fedboost-stand-in-postgres-rootfs
 COPY postgres-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 RUN chmod 755 /usr/local/bin/docker-entrypoint.sh && rm -rf /var/lib/postgresql/*/main \
-    && ln -s "$(ls -d /usr/lib/postgresql/*/bin | tail -1)/pg_isready" /usr/local/bin/pg_isready
+    && for tool in pg_isready psql; do \
+         ln -s "$(ls -d /usr/lib/postgresql/*/bin | tail -1)/$tool" "/usr/local/bin/$tool"; done
 ENV LANG=C.UTF-8 PATH=/usr/local/bin:/usr/bin:/bin
+LABEL fedboost.stand-in=3
 STOPSIGNAL SIGINT
 ENTRYPOINT ["docker-entrypoint.sh"]
 CMD ["postgres"]

@@ -220,6 +220,9 @@ def _runner(federation: Federation, workers: list[str]) -> dict[str, Any]:
                     "${FEDBOOST_JOBS:-../jobs}:/jobs:ro"],
         "depends_on": {"broker": _HEALTHY, "prefect-server": _HEALTHY,
                        **{w: {"condition": "service_started"} for w in workers}},
+        "healthcheck": {"test": ["CMD", "fedboost-healthcheck", "url",
+                                 "http://prefect-server:4200/api/health"],
+                        "interval": "30s", "timeout": "10s", "retries": 3},
     }
 
 

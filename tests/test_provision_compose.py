@@ -52,6 +52,8 @@ def test_every_kits_compose_file_is_accepted_and_mounts_only_its_kit(three: Fede
             expected |= {"postgres", "prefect-server", "runner"}
         assert set(services) == expected, org
         for name, service in services.items():
+            assert service["healthcheck"]["test"][0] == "CMD", (org, name)
+            assert service["restart"] == "unless-stopped", (org, name)
             for volume in service.get("volumes", []):
                 source = volume["source"] if isinstance(volume, dict) else volume.split(":")[0]
                 if source.startswith("/"):  # a bind mount (else a named volume)
