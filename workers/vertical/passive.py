@@ -306,12 +306,27 @@ def finish_tree(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     state: JobState = ctx.state
     run: PassiveTraining = state.role_state
     if run.tree > body.tree:
-        raise StageError(f"finish_tree t{body.tree}: party is at t{run.tree}")
+        if not _started_after_one_it_sat_out(run, body.tree):
+            raise StageError(f"finish_tree t{body.tree}: party is at t{run.tree}")
+        # the flow's drop of a tree this party sat out, overtaken by the next tree's
+        # gradients (they come straight from the active party): the next tree keeps its
+        # ciphertexts; the checkpoint after body.tree holds no part of it (no split yet)
+        ctx.mailbox.drop_tree(body.tree)
+        _checkpoint(ctx, state, body.tree + 1)
+        return MsgType.ACK, Ack(count=len(run.records))
     run.growing, run.chunks, run.level = False, (), None
     run.tree_ciphertexts, run.tree_digest = [], b""
     ctx.mailbox.drop_tree(body.tree)
     _checkpoint(ctx, state, body.tree + 1)
     return MsgType.ACK, Ack(count=len(run.records))
+
+
+def _started_after_one_it_sat_out(run: PassiveTraining, tree: int) -> bool:
+    """The party is at ``tree + 1``, started from its gradients before any level of it: only
+    a party that did not grow ``tree`` (Completely SecureBoost's first round) starts the next
+    one before ``tree``'s finish, since a tree it grows holds ``growing`` until then."""
+    return (run.tree == tree + 1 and run.depth == 0 and run.level is None
+            and not run.split_here and all(r.tree != run.tree for r in run.records.values()))
 
 
 def save_model_part(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
