@@ -50,6 +50,9 @@ def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+# three embedded trainings (136 s in CI): make test-all; CI keeps the README's API example
+# (tests/test_first_hour.py) and fedboost.train's errors below
+@pytest.mark.heavy
 @pytest.mark.usefixtures("prefect_harness")
 def test_train_from_a_path_a_mapping_or_a_config_gives_the_cli_model(
         cli_run: Path, tmp_path: Path) -> None:

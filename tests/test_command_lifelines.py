@@ -159,6 +159,8 @@ def test_killed_train_leaves_no_process(killed_run: tuple[Command, Path]) -> Non
     _assert_stopped(train, "fedboost train")
 
 
+# make test-all; CI keeps the same check of a killed train and a killed serve
+@pytest.mark.heavy
 def test_killed_resume_leaves_no_process(killed_run: tuple[Command, Path],
                                          started: Callable[..., Command]) -> None:
     train, out = killed_run

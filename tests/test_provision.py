@@ -340,6 +340,9 @@ def bank_link_password(fed: Federation, receiver: str) -> str:
 
 # ---- end to end: two organisations' brokers and workers from their kits ---------------------
 
+# 105 s in CI: make test-all (and make compose-orgs-test trains from kits for real); CI keeps
+# the per-organisation training of tests/test_netns_brokers.py and every kit check here
+@pytest.mark.heavy
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_job_trains_across_two_organisations_started_from_their_kits(tmp_path: Path) -> None:
     """The guest (lender) and the host provision their kits, each broker is started from its

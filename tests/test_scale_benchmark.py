@@ -14,6 +14,8 @@ import pytest
 from tests.scenarios import REPO
 
 
+# a benchmark's own check: make test-all
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_a_tiny_scale_run_reports_every_number(tmp_path: Path, rabbit_url: str) -> None:
     # Prepare

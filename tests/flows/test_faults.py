@@ -141,6 +141,8 @@ def _kill_the_host_mid_tree_and_finish(federation: Federation, job_file: Path,
     return job
 
 
+# make test-all: CI keeps the Paillier job's kill and resume above and OU's lossless runs
+@pytest.mark.heavy
 def test_an_ou_job_resumes_after_the_passive_worker_is_killed_with_the_paillier_model(
         federation: Federation, reference: Path) -> None:
     """Okamoto-Uchiyama (crypto.scheme: ou): the checkpoints hold its key, the restarted host

@@ -54,6 +54,8 @@ def _finished(log: str, job: str) -> Counter[int]:
         rf"job={re.escape(job)} step=F_FINISH_TREE task=\S+/f_finish_tree/w(\d+)/", log))
 
 
+# 100 s in CI: make test-all; CI keeps SecureBoost's kill-and-resume drills (test_faults.py)
+@pytest.mark.heavy
 def test_passive_worker_killed_mid_forest_and_restarted(forest_federation: ForestFederation,
                                                         tmp_path: Path) -> None:
     fed = forest_federation

@@ -67,11 +67,16 @@ def test_student_regression_with_bin_sums_folded_by_the_passive_party(tmp_path: 
     assert result["train_rmse"] < 3.5  # the grades (0-20) have a standard deviation of 4.6
 
 
+# make test-all: CI keeps breast, vehicle, student and missing values lossless
+@pytest.mark.heavy
 def test_default_credit(tmp_path: Path) -> None:
     config = config_with("default_credit.yaml", crypto={"key_bits": 1024}, params={"n_trees": 3})
     _check_lossless(config, tmp_path, predict=False)
 
 
+# 90 s in CI: make test-all; CI keeps three parties lossless under OU (test_lossless_ou.py) and
+# Completely SecureBoost lossless on vehicle (below)
+@pytest.mark.heavy
 def test_three_parties_complete_secure_subsample(tmp_path: Path) -> None:
     config = config_with("default_credit_three_party.yaml", crypto={"key_bits": 1024},
                          params={"n_trees": 3, "complete_secure": True, "subsample": 0.8,

@@ -96,6 +96,9 @@ def test_two_guest_processes_share_encryption_and_decryption(federation: Federat
     assert done and any(int(k) > 0 for k, _ in done)
 
 
+# make test-all: CI keeps the two guest processes' shared work above and the passive
+# party's killed helper (tests/flows/test_faults.py)
+@pytest.mark.heavy
 def test_a_guest_helper_killed_mid_tree_costs_time_not_the_model(federation: Federation,
                                                                  reference: Path) -> None:
     """A further guest process joins (as one on another machine would), takes a share of

@@ -51,6 +51,9 @@ def federation(rabbit_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         assert codes == [0, 0], f"workers did not stop cleanly on SIGTERM: {codes}"
 
 
+# 81 s in CI: make test-all; CI keeps RabbitMQ runs equal to embedded ones over TLS
+# (tests/test_broker_tls.py), horizontal (test_rabbitmq_horizontal.py) and the fault drills
+@pytest.mark.heavy
 def test_rabbitmq_training_equals_the_in_memory_run(federation: Federation, tmp_path: Path) -> None:
     config = federation.config
     result = vertical_secureboost(config)
@@ -71,6 +74,9 @@ def test_rabbitmq_training_equals_the_in_memory_run(federation: Federation, tmp_
     assert all(f"job={config.job}" in line for line in shard_lines)
 
 
+# 91 s in CI: make test-all; CI keeps the served deployments' check
+# (tests/flows/test_no_password_at_rest.py), make compose-test runs deployments for real
+@pytest.mark.heavy
 def test_deployment_run_through_the_prefect_api(federation: Federation, prefect_server: str,
                                                 tmp_path: Path) -> None:
     serve_log = tmp_path / "serve.log"
