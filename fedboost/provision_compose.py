@@ -74,7 +74,15 @@ def compose_file(federation: Federation, org: str) -> str:
 # START.md in the kit says more; docs/operations.md ("Across organisations") too.
 """
     body = {"services": services, "volumes": volumes}
-    return head + yaml.safe_dump(body, sort_keys=False, width=100)
+    return head + yaml.dump(body, Dumper=_Plain, sort_keys=False, width=100)
+
+
+class _Plain(yaml.SafeDumper):
+    """Every service spelled out: the lists the fedboost services share (``_FEDBOOST``) are
+    one object each, which a plain dump writes as YAML anchors and aliases (&id001)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _service(party: str) -> str:
