@@ -301,7 +301,7 @@ def report(numbers: dict[str, Any]) -> None:
             for step in TREE_STEPS:
                 print(f"    {step:<24}{r['steps'].get(step, 0.0):>10.2f}")
             for step, seconds in sorted(r["steps_by_depth"].items()):
-                if step.startswith("build-histograms"):
+                if step.startswith(("build-histograms", "apply-splits")):  # builds ahead
                     print(f"    {step:<24}{seconds:>10.2f}")
 
 

@@ -109,7 +109,8 @@ def find_best_splits(job: str, active: str, tree: int, depth: int) -> SplitsFoun
 
 @task(name="apply_splits", task_run_name="apply-splits-t{tree}-d{depth}", cache_policy=NO_CACHE)
 def apply_splits(job: str, owners: list[str], tree: int, depth: int) -> None:
-    """Owners of the chosen splits record them and return the instance spaces."""
+    """Owners of the chosen splits record them and return the instance spaces; a party told
+    to build ahead (``SplitsFound.ahead``) also sends the next level's histograms."""
     link(job).call(owners, MsgType.APPLY_SPLITS, Step(tree, depth),
                    step_id(MsgType.APPLY_SPLITS, tree, depth))
 
@@ -219,12 +220,14 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
         members = [] if params.complete_secure and tree < per_round else passives
         encrypt_gradients(job, active, tree)
         _awaited(dropping)
+        built_ahead: list[str] = []  # built the level as they applied the one above
         for depth in range(params.max_depth):
-            if members:
-                build_encrypted_histograms(job, members, tree, depth)
+            if to_build := [m for m in members if m not in built_ahead]:
+                build_encrypted_histograms(job, to_build, tree, depth)
             found = find_best_splits(job, active, tree, depth)
-            if found.owners:
-                apply_splits(job, found.owners, tree, depth)
+            if applying := [p for p in passives if p in found.owners or p in found.ahead]:
+                apply_splits(job, applying, tree, depth)
+            built_ahead = found.ahead
             if broadcast_nodes(job, active, tree, depth, found.owners) == 0:
                 break
         metrics = finish_tree(job, active, tree)  # the passive parties' checkpoint follows

@@ -7,7 +7,7 @@ party to its own helper processes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from messages.bodies import PartyInfo, Step
@@ -81,6 +81,9 @@ class SplitsFound:
     owners: list[str]
     n_splits: int
     n_leaves: int
+    ahead: list[str] = field(default_factory=list)
+    """Passive parties told to build the next level's histograms as they apply these splits
+    (``SplitChoices.build_ahead``): the flow asks them for no build_histograms of it."""
 
 
 # ---- SecureBoost training ---------------------------------------------------------------------
@@ -246,15 +249,26 @@ class SplitChoice:
     feature: int
     bin: int
     missing_left: bool
+    left_id: int = -1
+    right_id: int = -1
+    """The children's node ids, given when the level is built ahead (else -1)."""
 
 
 @dataclass(frozen=True, slots=True)
 class SplitChoices:
-    """The splits of one level owned by the receiving passive party."""
+    """The splits of one level owned by the receiving passive party.
+
+    With ``build_ahead`` (one data provider, no differential privacy) it also carries the
+    positions of the active party's own splits of the level (``ahead``: what NodePositions
+    would bring after them) and every child's id, so the party routes its rows and builds the
+    next level's histograms in the same step: one round trip a level instead of two.
+    """
 
     tree: int
     depth: int
     splits: list[SplitChoice]
+    build_ahead: bool = False
+    ahead: list[NodeSplit] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

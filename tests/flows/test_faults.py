@@ -126,11 +126,12 @@ def test_passive_worker_killed_mid_tree_and_restarted(federation: Federation,
 
 def _kill_the_host_mid_tree_and_finish(federation: Federation, job_file: Path,
                                        reference: Path) -> str:
-    """SIGKILL the host worker at tree 1, depth 1, start it again; the flow resumes from the
-    checkpoints and ends with the reference model. Returns the job's name."""
+    """SIGKILL the host worker at tree 1, depth 1 (built as it applies depth 0's splits), start
+    it again; the flow resumes from the checkpoints and ends with the reference model. Returns
+    the job's name."""
     job = load_config(job_file).job
     flow = federation.train(job_file)
-    mid_tree = re.compile(rf"job={re.escape(job)} step=BUILD_HISTOGRAMS task=\S+/t1/d1 ")
+    mid_tree = re.compile(rf"job={re.escape(job)} step=APPLY_SPLITS task=\S+/t1/d0 ")
     _wait_for(lambda: bool(mid_tree.search(federation.log(federation.host))), "tree 1, depth 1")
     federation.procs[federation.host].send_signal(signal.SIGKILL)
     federation.procs[federation.host].wait()

@@ -110,13 +110,22 @@ def test_multiclass_complete_secure_keeps_the_whole_first_round_with_the_active_
                   MsgType.NODE_POSITIONS, MsgType.BUILD_HISTOGRAMS, MsgType.APPLY_SPLITS,
                   MsgType.ENCRYPTED_HISTOGRAMS, MsgType.APPLIED_SPLITS}
     trees_seen: dict[Kind, set[int]] = {}
+    builds, summed = set(), set()
     for sender, recipient, data in hub.recorded():
         env = _envelope(data)
         if "host" in (sender, recipient) and env.kind in data_kinds:
             trees_seen.setdefault(env.kind, set()).add(env.body.tree)
+        if recipient == "host" and env.kind == MsgType.BUILD_HISTOGRAMS:
+            builds.add((env.body.tree, env.body.depth))
+        if recipient == "guest" and env.kind == MsgType.ENCRYPTED_HISTOGRAMS:
+            summed.add((env.body.tree, env.body.depth))
     assert trees_seen[MsgType.ENCRYPTED_GRADIENTS] == {4, 5, 6, 7}
-    assert trees_seen[MsgType.NODE_POSITIONS] == {4, 5, 6, 7}
+    assert trees_seen[MsgType.NODE_POSITIONS] == {4, 5, 6, 7}  # of each tree's last level
     assert all(min(trees) >= 4 for trees in trees_seen.values()), trees_seen
+    # one round trip a level (tests/workers/test_build_ahead.py): the host is asked to build
+    # each tree's root only, and builds each deeper level as it applies the splits above it
+    assert builds == {(tree, 0) for tree in range(4, 8)}
+    assert {depth for _, depth in summed} == set(range(config.params.max_depth)), summed
 
 
 def test_missing_values(tmp_path: Path) -> None:

@@ -22,7 +22,9 @@ from boosting.hist import build_histograms
 from boosting.losses import base_score, transform
 from boosting.metrics import evaluate
 from boosting.params import BoostParams
+from boosting.grow import TreeGrower
 from boosting.privacy import PrivacyPlan
+from boosting.split import SplitCandidate
 from boosting.train import allowed_blocks
 from boosting.tree import node_values, save_model, write_json_atomic
 from crypto.schemes import generate_keypair
@@ -98,7 +100,8 @@ def _checkpoint(ctx: StepContext, state: JobState, trees_done: int) -> None:
     run: ActiveTraining = state.role_state
     checkpoint.save_job(ctx.model_dir, trees_done, state, run.public.n,
                         key=checkpoint.key_of(ctx.party), pool=None, grower=None, level_splits={},
-                        key_share=b"", encrypting=None, decrypting=None)
+                        builds_ahead="", children_ahead={}, key_share=b"", encrypting=None,
+                        decrypting=None)
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[Kind, Any]:
@@ -156,19 +159,56 @@ def find_best_splits(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     grower.begin_level()
     blocks = allowed_blocks(run.params, body.tree, 1 + len(state.passives), run.outputs)
     run.level_splits = grower.find_splits(blocks)
-    owned: dict[str, list[SplitChoice]] = {}
+    n_splits = sum(s is not None for s in run.level_splits.values())
+    ahead = _builds_ahead(run, participants, body.depth, n_splits)
+    run.builds_ahead, run.children_ahead = ahead, _children(grower, run.level_splits)
+    owned: dict[str, list[SplitChoice]] = {p: [] for p in participants if p == ahead}
+    own: list[NodeSplit] = []
     for node, split in run.level_splits.items():
+        left_id, right_id = run.children_ahead.get(node, (-1, -1)) if ahead else (-1, -1)
         if split is not None and split.block > 0:
             owner = state.passives[split.block - 1]
             owned.setdefault(owner, []).append(
                 SplitChoice(node=node, feature=split.feature, bin=split.bin,
-                            missing_left=split.missing_left))
+                            missing_left=split.missing_left, left_id=left_id, right_id=right_id))
+        elif split is not None and ahead:  # the positions the broadcast would bring later
+            mask = _own_mask(run, bins, grower.node_rows(node), split)
+            own.append(NodeSplit(node=node, left_id=left_id, right_id=right_id,
+                                 left=encode_mask(mask)))
     for owner, choices in owned.items():
-        ctx.send(owner, MsgType.SPLIT_CHOICES, SplitChoices(body.tree, body.depth, choices))
-    n_splits = sum(s is not None for s in run.level_splits.values())
+        ctx.send(owner, MsgType.SPLIT_CHOICES, SplitChoices(
+            body.tree, body.depth, choices, build_ahead=owner == ahead,
+            ahead=own if owner == ahead else []))
     return MsgType.SPLITS_FOUND, SplitsFound(
-        owners=[p for p in state.passives if p in owned], n_splits=n_splits,
-        n_leaves=len(run.level_splits) - n_splits)
+        owners=[p for p in state.passives if owned.get(p)], n_splits=n_splits,
+        n_leaves=len(run.level_splits) - n_splits, ahead=[ahead] if ahead else [])
+
+
+def _builds_ahead(run: ActiveTraining, participants: list[str], depth: int,
+                  n_splits: int) -> str:
+    """The one data provider of a lossless tree builds the next level as it applies this
+    one's splits (it holds every position then); with several, each needs the others' splits
+    first, and under differential privacy which children open depends on noisy counts."""
+    if (len(participants) == 1 and run.privacy is None and n_splits
+            and depth + 1 < run.params.max_depth):
+        return participants[0]
+    return ""
+
+
+def _children(grower: TreeGrower, splits: dict[int, SplitCandidate | None]) -> dict[int, tuple[int, int]]:
+    """The ids ``TreeGrower.split_node`` gives each split's children: the next two in turn,
+    in frontier order (``broadcast_nodes`` splits in that order)."""
+    children, next_id = {}, len(grower.nodes)
+    for node in grower.frontier:
+        if splits.get(node) is not None:
+            children[node], next_id = (next_id, next_id + 1), next_id + 2
+    return children
+
+
+def _own_mask(run: ActiveTraining, bins: np.ndarray, rows: np.ndarray,
+              split: SplitCandidate) -> np.ndarray:
+    return goes_left(bins[rows, split.feature], split.bin, split.missing_left,
+                     run.params.max_bin)
 
 
 def broadcast_nodes(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
@@ -190,8 +230,7 @@ def broadcast_nodes(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
             continue
         rows = grower.node_rows(node)
         if split.block == 0:
-            mask = goes_left(bins[rows, split.feature], split.bin, split.missing_left,
-                             run.params.max_bin)
+            mask = _own_mask(run, bins, rows, split)
             left, right = grower.split_node(
                 node, split, mask, owner=state.party,
                 threshold=split_threshold(state.cuts[split.feature], split.bin))
@@ -203,10 +242,14 @@ def broadcast_nodes(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
             mask = decode_mask(theirs.left, rows.size)
             left, right = grower.split_node(node, split, mask, owner=owner,
                                             record_id=theirs.record_id, hide_feature=True)
+        if run.builds_ahead and run.children_ahead.get(node) != (left, right):
+            raise StageError(f"node {node}: children {left}, {right}, not the "
+                             f"{run.children_ahead.get(node)} {run.builds_ahead} was told")
         out.append(NodeSplit(node=node, left_id=left, right_id=right, left=encode_mask(mask)))
     for passive in participants_of(state, run, body.tree):
-        ctx.send(passive, MsgType.NODE_POSITIONS, NodePositions(body.tree, body.depth, out))
-    run.level_splits = {}
+        if passive != run.builds_ahead:  # it routed its rows with the split choices
+            ctx.send(passive, MsgType.NODE_POSITIONS, NodePositions(body.tree, body.depth, out))
+    run.level_splits, run.builds_ahead, run.children_ahead = {}, "", {}
     return MsgType.ACK, Ack(count=len(grower.next_level()))
 
 

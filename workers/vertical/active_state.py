@@ -50,6 +50,11 @@ class ActiveTraining:
     per_ciphertext: int = 1
     """Bin sums per ciphertext the passive parties were told to send for this tree."""
     level_splits: dict[int, SplitCandidate | None] = field(default_factory=dict)
+    builds_ahead: str = ""
+    """The passive party that builds the next level's histograms as it applies this level's
+    splits (``SplitChoices.build_ahead``); "": the level's positions are broadcast."""
+    children_ahead: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """The children's ids it was told, per split node (the grower must make the same)."""
     trees: list[Tree] = field(default_factory=list)
     history: list[TreeFinished] = field(default_factory=list)
     """Training metrics after each tree (a resumed flow reports them again)."""

@@ -24,7 +24,8 @@ from workers.handlers import StepContext
 from workers.shards import (LevelData, LevelWork, hold_tree_chunk, shard_data, shard_result,
                             sum_claimed)
 from workers.state import JobState
-from workers.vertical.passive import (PassiveTraining, apply_positions, arriving_tree, require_key,
+from workers.vertical.passive import (PassiveTraining, apply_positions, arriving_tree,
+                                     positions_ahead, record_splits, require_key, route_rows,
                                      start_tree)
 from workers.vertical.root_histogram import ArrivingTree, add_chunks
 
@@ -89,12 +90,34 @@ def build_encrypted_histograms(ctx: StepContext, body: Step) -> tuple[Kind, Any]
     """
     state: JobState = ctx.state
     run: PassiveTraining = state.role_state
-    level = (body.tree, body.depth)
-    if run.level is None or run.level.key != level:
-        run.level = _start_level(ctx, state, run, body)
+    if run.level is None or run.level.key != (body.tree, body.depth):
+        run.level = _start_level(ctx, state, run, body, _level_nodes(ctx, state, run, body))
+    return _finish_level(ctx, state, run, body)
+
+
+def apply_splits(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
+    """Alg. 2's last step (record the owned splits, return their instance spaces); told to
+    build ahead, also Alg. 1 lines 4-9 of the next level at once, by the positions that came
+    with the choices (``SplitChoices.build_ahead``): the level's second round trip saved."""
+    state: JobState = ctx.state
+    run: PassiveTraining = state.role_state
+    ahead = Step(body.tree, body.depth + 1)
+    if run.level is None or run.level.key != (ahead.tree, ahead.depth):  # not resumed
+        choices, applied = record_splits(ctx, body)
+        if not choices.build_ahead:
+            return MsgType.ACK, Ack(count=len(applied))
+        built = route_rows(ctx.party.name, run, positions_ahead(choices, applied), ahead.depth)
+        run.level = _start_level(ctx, state, run, ahead, built)
+    return _finish_level(ctx, state, run, ahead)
+
+
+def _finish_level(ctx: StepContext, state: JobState, run: PassiveTraining,
+                  body: Step) -> tuple[Kind, Any]:
+    """Wait for the helpers' shares of the level, sum what they left and send the level."""
     work = run.level
+    assert work is not None and work.key == (body.tree, body.depth)
     public, packing = require_key(run), work.data.packing
-    answers = (MsgType.SHARD_HISTOGRAM, ctx.party.name, *level)
+    answers = (MsgType.SHARD_HISTOGRAM, ctx.party.name, body.tree, body.depth)
     if not work.gives_up_on_helpers(time.monotonic()):
         ctx.mailbox.require(answers, counts=[work.tickets - len(work.answered)])
     for part in ctx.mailbox.take_all(*answers):
@@ -125,22 +148,27 @@ def _send_histograms(ctx: StepContext, state: JobState, body: Step, built: list[
         per_ciphertext=data.packing.per_ciphertext, ciphertexts=ciphertexts))
 
 
-def _start_level(ctx: StepContext, state: JobState, run: PassiveTraining,
-                 body: Step) -> LevelWork:
-    """Position the rows; hand the level to the helpers and claim features here too."""
-    started = time.perf_counter()
+def _level_nodes(ctx: StepContext, state: JobState, run: PassiveTraining,
+                 body: Step) -> list[int]:
+    """The level's nodes to build: the root of a started tree, or the smaller children of the
+    previous level's splits, as the active party broadcast them."""
     if body.depth == 0:
         if run.tree != body.tree:  # its gradients came while another step ran, or just now
             start_tree(ctx, state, run, body.tree)
         elif run.depth != 0:
             raise StageError(f"build_histograms t{body.tree} d0: party is at t{run.tree} "
                              f"d{run.depth}")
-        built = [0]
-    else:
-        if run.tree != body.tree or run.depth != body.depth - 1:
-            raise StageError(f"build_histograms t{body.tree} d{body.depth}: party is at "
-                             f"t{run.tree} d{run.depth}")
-        built = apply_positions(ctx, state, run, body.tree, body.depth)
+        return [0]
+    if run.tree != body.tree or run.depth != body.depth - 1:
+        raise StageError(f"build_histograms t{body.tree} d{body.depth}: party is at "
+                         f"t{run.tree} d{run.depth}")
+    return apply_positions(ctx, state, run, body.tree, body.depth)
+
+
+def _start_level(ctx: StepContext, state: JobState, run: PassiveTraining, body: Step,
+                 built: list[int]) -> LevelWork:
+    """Hand the level's nodes to the helpers and claim features here too."""
+    started = time.perf_counter()
     public, bins, packing = require_key(run), state.require_bins(), run.packing
     if packing is None:
         raise StageError(f"build_histograms t{body.tree}: the tree's gradients have not arrived")

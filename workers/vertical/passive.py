@@ -25,7 +25,7 @@ from crypto.compress import BinSumPacking
 from crypto.schemes import PublicKey, public_key_from_n
 from messages.bodies import Ack, Opened, ResumeJob, Step
 from messages.secureboost import (AppliedSplit, AppliedSplits, EncryptedGradients, NodePositions,
-                                  OpenJob, PublicKeyMsg, SplitChoices)
+                                  NodeSplit, OpenJob, PublicKeyMsg, SplitChoices)
 from messages.envelope import Kind, MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import ProtocolError, StageError, checkpoint
@@ -197,10 +197,17 @@ def require_key(run: PassiveTraining) -> PublicKey:
 
 def apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
                      tree: int, depth: int) -> list[int]:
-    """Route rows by the previous level's splits; return the nodes to build (smaller children)."""
+    """Route rows by the previous level's splits as the active party broadcast them; return
+    the nodes to build (smaller children)."""
     ctx.mailbox.require((MsgType.NODE_POSITIONS, state.active, tree, depth - 1))
     msg: NodePositions = ctx.mailbox.take(MsgType.NODE_POSITIONS, state.active, tree, depth - 1)
-    _check_positions(ctx.party.name, run, msg)
+    return route_rows(ctx.party.name, run, msg, depth)
+
+
+def route_rows(party: str, run: PassiveTraining, msg: NodePositions, depth: int) -> list[int]:
+    """Route rows by a level's splits (``depth - 1``) and move to ``depth``; return the nodes
+    to build (the smaller child of each split)."""
+    _check_positions(party, run, msg)
     routed = []
     for split in msg.splits:
         rows = np.flatnonzero(run.node_of_row == split.node)
@@ -212,7 +219,7 @@ def apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
         # an empty child is honest (a bin past this party's last cut) and has no rows to show
         smallest = min(n_left, n_right)
         if smallest < run.params.min_samples_leaf and not (run.private and smallest == 0):
-            raise ProtocolError(f"{ctx.party.name}: t{tree} d{depth - 1}: node {split.node} "
+            raise ProtocolError(f"{party}: t{msg.tree} d{depth - 1}: node {split.node} "
                                 f"split into {n_left} and {n_right} rows; the job's "
                                 f"min_samples_leaf is {run.params.min_samples_leaf}")
         routed.append((split, rows, mask, n_left, n_right))
@@ -230,14 +237,20 @@ def apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
 
 def _check_positions(party: str, run: PassiveTraining, msg: NodePositions) -> None:
     """Each node of the level is split at most once, into two children with new ids."""
-    nodes = [split.node for split in msg.splits]
-    children = [i for split in msg.splits for i in (split.left_id, split.right_id)]
+    _check_children(party, run, msg.tree, msg.depth,
+                    [(split.node, split.left_id, split.right_id) for split in msg.splits])
+
+
+def _check_children(party: str, run: PassiveTraining, tree: int, depth: int,
+                    splits: list[tuple[int, int, int]]) -> None:
+    nodes = [node for node, _, _ in splits]
+    children = [i for _, left, right in splits for i in (left, right)]
     if len(set(nodes)) != len(nodes) or not set(nodes) <= run.level_nodes:
-        raise ProtocolError(f"{party}: t{msg.tree} d{msg.depth}: positions split nodes "
+        raise ProtocolError(f"{party}: t{tree} d{depth}: positions split nodes "
                             f"{nodes}; the level's nodes are {sorted(run.level_nodes)}, one split "
                             f"each")
     if len(set(children)) != len(children) or set(children) & run.node_ids:
-        raise ProtocolError(f"{party}: t{msg.tree} d{msg.depth}: positions give children "
+        raise ProtocolError(f"{party}: t{tree} d{depth}: positions give children "
                             f"{children}, not all new and distinct")
 
 
@@ -263,8 +276,10 @@ def _check_choices(party: str, run: PassiveTraining, msg: SplitChoices, n_featur
                                 f"is out of range")
 
 
-def apply_splits(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
-    """Alg. 2 last step: record the owned splits, return each node's left instance space."""
+def record_splits(ctx: StepContext, body: Step) -> tuple[SplitChoices, list[AppliedSplit]]:
+    """Alg. 2 last step: record the level's owned splits in the lookup table and send the
+    active party each node's left instance space; returns the choices and what was sent
+    (``workers.vertical.histograms.apply_splits`` answers the step)."""
     state: JobState = ctx.state
     run: PassiveTraining = state.role_state
     ctx.mailbox.require((MsgType.SPLIT_CHOICES, state.active, body.tree, body.depth))
@@ -273,6 +288,8 @@ def apply_splits(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
         raise StageError(f"apply_splits t{body.tree} d{body.depth}: party is at t{run.tree} d{run.depth}")
     bins = state.require_bins()
     _check_choices(ctx.party.name, run, msg, bins.shape[1])  # before any mask or record
+    if msg.build_ahead:
+        _check_ahead(ctx.party.name, run, msg)
     run.split_here |= {choice.node for choice in msg.splits}
     out = []
     for choice in msg.splits:
@@ -286,7 +303,33 @@ def apply_splits(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
             depth=run.depth)
         out.append(AppliedSplit(node=choice.node, record_id=record_id, left=encode_mask(mask)))
     ctx.send(state.active, MsgType.APPLIED_SPLITS, AppliedSplits(body.tree, body.depth, out))
-    return MsgType.ACK, Ack(count=len(out))
+    return msg, out
+
+
+def _check_ahead(party: str, run: PassiveTraining, msg: SplitChoices) -> None:
+    """Building the next level at once is for a lossless job with a level left to build; the
+    positions it routes by are checked as broadcast ones are (``route_rows``)."""
+    where = f"{party}: t{msg.tree} d{msg.depth}"
+    if run.private:  # which children open depends on the active party's noisy counts
+        raise ProtocolError(f"{where}: refused to build the next level ahead under "
+                            f"differential privacy")
+    if msg.depth + 1 >= run.params.max_depth:
+        raise ProtocolError(f"{where}: refused to build a level below the maximum depth "
+                            f"{run.params.max_depth}")
+    if any(c.left_id < 0 or c.right_id < 0 for c in msg.splits):
+        raise ProtocolError(f"{where}: split choices to build ahead name no children")
+    _check_children(party, run, msg.tree, msg.depth,  # before any split is recorded
+                    [*((s.node, s.left_id, s.right_id) for s in msg.ahead),
+                     *((c.node, c.left_id, c.right_id) for c in msg.splits)])
+
+
+def positions_ahead(msg: SplitChoices, applied: list[AppliedSplit]) -> NodePositions:
+    """The level's positions as the active party's broadcast would bring them: its own splits
+    and this party's, in node order."""
+    own = {a.node: a for a in applied}
+    mine = [NodeSplit(c.node, c.left_id, c.right_id, own[c.node].left) for c in msg.splits]
+    return NodePositions(msg.tree, msg.depth,
+                         sorted([*msg.ahead, *mine], key=lambda split: split.node))
 
 
 def close_job(ctx: StepContext, _: Step) -> tuple[Kind, Any]:

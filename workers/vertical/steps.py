@@ -37,7 +37,7 @@ PASSIVE_HANDLERS: dict[Kind, Handler] = {
     MsgType.PSI_REBLIND: alignment.psi_reblind,
     MsgType.BIN_FEATURES: passive.bin_features,
     MsgType.BUILD_HISTOGRAMS: histograms.build_encrypted_histograms,
-    MsgType.APPLY_SPLITS: passive.apply_splits,
+    MsgType.APPLY_SPLITS: histograms.apply_splits,
     MsgType.FINISH_TREE: passive.finish_tree,
     MsgType.SAVE_MODEL: passive.save_model_part,
     MsgType.EVALUATE_NODES: scoring.evaluate_nodes,
