@@ -11,7 +11,6 @@ context (a ``ContextVar``), which the flow shares and Prefect copies into each t
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 import uuid
@@ -26,7 +25,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from messages import MessageError, TransportError
-from messages.bodies import Aligned, ErrorReply, Step, TreeFinished
+from messages.bodies import Aligned, ErrorReply, Step
 from flows.declared.secureboost import JobConfig
 from flows.schema_base import ConfigError
 from flows.errors import (JobStopped, PartyError, PartyGone,  # noqa: F401  the flows' errors,
@@ -114,20 +113,29 @@ class Coordinator:
 
         Thread-safe: tasks running at once (the forest's trees) share the job's connection;
         whichever call receives a reply to another call in flight files it for that one."""
+        return self.collect(self.send(parties, kind, body, step))
+
+    def send(self, parties: list[str], kind: Kind, body: Any, step: str) -> Sent:
+        """Send a command to every party now; :meth:`collect` awaits the replies. A command
+        sent before the next one's messages start does not queue behind them on a slow link."""
         if self.lost is not None:  # nothing more is sent in a session a party lost
             raise PartyError(self.lost)
-        task = f"{self.session}/{step}"
-        started = time.perf_counter()
+        sent = Sent(parties, kind, step, f"{self.session}/{step}", time.monotonic())
         step_progress(self.job, kind, 0, len(parties))
         with self.lock:
-            self.in_flight[task] = []
+            self.in_flight[sent.task] = []
             for party in parties:
-                env = Envelope(job=self.job, task=task, sender=self.transport.name,
+                env = Envelope(job=self.job, task=sent.task, sender=self.transport.name,
                                recipient=party, kind=kind, body=body)
                 self.transport.send(party, self.sealer.seal(env))
+        return sent
+
+    def collect(self, sent: Sent) -> dict[str, Any]:
+        """Each party's reply body to a command :meth:`send` sent (its error raised)."""
+        parties, kind, step, task = sent.parties, sent.kind, sent.step, sent.task
         replies: dict[str, Any] = {}
-        deadline = time.monotonic() + self.timeout
-        silence = _Silence(self, step, time.monotonic())
+        deadline = sent.sent_at + self.timeout
+        silence = _Silence(self, step, sent.sent_at)
         try:
             while len(replies) < len(parties):
                 if self.lost is not None:
@@ -155,7 +163,7 @@ class Coordinator:
             with self.lock:
                 self.in_flight.pop(task, None)
                 self.step_seconds[name] = (self.step_seconds.get(name, 0.0)
-                                           + time.perf_counter() - started)
+                                           + time.monotonic() - sent.sent_at)
         errors = [r for r in replies.values() if isinstance(r, ErrorReply)]
         if errors:
             raise PartyError(sorted(errors, key=lambda e: not e.user_error)[0])
@@ -188,6 +196,18 @@ class Coordinator:
                 log.warning("flow %s: dropped stale reply %s from %s", self.job, env.task,
                             env.sender)
             return []
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A command sent and not yet answered (``Coordinator.send``)."""
+
+    parties: list[str]
+    kind: Kind
+    step: str
+    task: str
+    sent_at: float
+    """``time.monotonic()`` as it was sent: its seconds, timeout and notices count from here."""
 
 
 class _Silence:
@@ -374,23 +394,3 @@ def align_entities(job: str, active: str, passives: list[str]) -> Aligned:
 def close_job(job: str, parties: list[str]) -> None:
     """Let every party release the job's state."""
     link(job).call(parties, MsgType.CLOSE_JOB, Step(), step_id(MsgType.CLOSE_JOB))
-
-
-def combine_member_metrics(replies: dict[str, TreeFinished]) -> dict[str, Any]:
-    """Training metrics over all members' rows: logloss and RMSE exactly (they add up over
-    rows); AUC as the row-weighted mean of the members' own AUCs."""
-    # in name order: the sums do not depend on the order the replies arrived in
-    per_member = {m: {x.name: x.value for x in replies[m].metrics} for m in sorted(replies)}
-    total = sum(v.get("rows", 0.0) for v in per_member.values())
-    combined: dict[str, Any] = {}
-    if total > 0:
-        # what every member reports (the builder's own extras stay under "members")
-        names = set.intersection(*(set(v) for v in per_member.values())) - {"rows"}
-        for name in sorted(names):
-            if name.endswith("_rmse"):
-                combined[name] = math.sqrt(sum(v["rows"] * v[name] ** 2
-                                               for v in per_member.values()) / total)
-            else:
-                combined[name] = sum(v["rows"] * v[name] for v in per_member.values()) / total
-    combined["members"] = per_member
-    return combined

@@ -31,9 +31,9 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows import run_charts
-from flows.coordinator import (JobStopped, PartyError, StepTimeout, close_job,
-                          combine_member_metrics, link, record_tree, step_id,
-                          train_with_recoveries)
+from flows.coordinator import (JobStopped, PartyError, StepTimeout, close_job, link,
+                               record_tree, step_id, train_with_recoveries)
+from flows.member_metrics import combine_member_metrics
 from flows.declared.horizontal import HorizontalJobConfig
 from messages.bodies import Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished
 from messages.envelope import Kind, MsgType

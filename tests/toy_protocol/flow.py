@@ -7,8 +7,8 @@ from typing import Any
 
 from prefect import flow
 
-from flows.coordinator import (close_job, combine_member_metrics, link, record_tree, step_id,
-                          train_with_recoveries)
+from flows.coordinator import close_job, link, record_tree, step_id, train_with_recoveries
+from flows.member_metrics import combine_member_metrics
 from messages.bodies import PartyInfo, Step
 from messages.envelope import MsgType
 from tests.toy_protocol.messages import OpenToy, ToySpec
