@@ -93,7 +93,7 @@ def test_the_level_built_ahead_is_the_level_the_broadcast_would_build(
 
 
 @pytest.mark.parametrize("case", ["private", "last level", "no children", "closed node",
-                                  "node twice", "old child"])
+                                  "node twice", "old child", "chosen few rows", "nothing"])
 def test_building_ahead_is_refused_before_any_split_is_recorded(
         tmp_path: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey], case: str) -> None:
     spec, choice = SPEC, SplitChoice(0, 1, 16, True, 1, 2)
@@ -105,15 +105,21 @@ def test_building_ahead_is_refused_before_any_split_is_recorded(
         spec = replace(SPEC, params=replace(SPEC.params, max_depth=1))
         why = "refused to build a level below the maximum depth 1"
     elif case == "no children":
-        choice, why = replace(choice, right_id=-1), "name no children"
+        choice, why = replace(choice, right_id=-1), "children without ids"
     elif case == "closed node":  # the active party's own split of a node not at this level
-        own, why = [NodeSplit(3, 5, 6, halves)], "positions split nodes [3, 0]"
+        own, why = [NodeSplit(3, 5, 6, halves)], "positions split nodes [0, 3]"
     elif case == "node twice":
         own, why = [NodeSplit(0, 1, 2, halves)], "positions split nodes [0, 0]"
-    else:
+    elif case == "old child":
         choice, why = replace(choice, left_id=0), "children [0, 2], not all new and distinct"
+    elif case == "chosen few rows":  # the next level would sum one chosen row's bins
+        spec = replace(SPEC, params=replace(SPEC.params, min_samples_leaf=5))
+        choice, why = replace(choice, bin=0, missing_left=False), "min_samples_leaf is 5"
+    else:
+        why = "no split, or children without ids"
     host = _at_root(tmp_path, keypair, spec)
-    host.from_guest(MsgType.SPLIT_CHOICES, SplitChoices(0, 0, [choice], True, own))
+    choices = [] if case == "nothing" else [choice]
+    host.from_guest(MsgType.SPLIT_CHOICES, SplitChoices(0, 0, choices, True, own))
     refused = host.command(MsgType.APPLY_SPLITS, Step(0, 0))
     assert isinstance(refused.body, ErrorReply) and why in refused.body.message
     run = host.worker.jobs["job"].state.role_state

@@ -106,7 +106,8 @@ def apply_splits(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
         choices, applied = record_splits(ctx, body)
         if not choices.build_ahead:
             return MsgType.ACK, Ack(count=len(applied))
-        built = route_rows(ctx.party.name, run, positions_ahead(choices, applied), ahead.depth)
+        lefts = {split.node: split.left for split in applied}
+        built = route_rows(ctx.party.name, run, positions_ahead(choices, lefts), ahead.depth)
         run.level = _start_level(ctx, state, run, ahead, built)
     return _finish_level(ctx, state, run, ahead)
 

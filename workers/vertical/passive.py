@@ -27,7 +27,7 @@ from messages.bodies import Ack, Opened, ResumeJob, Step
 from messages.secureboost import (AppliedSplit, AppliedSplits, EncryptedGradients, NodePositions,
                                   NodeSplit, OpenJob, PublicKeyMsg, SplitChoices)
 from messages.envelope import Kind, MsgType
-from messages.instance_space import decode_mask, encode_mask
+from messages.instance_space import InstanceSpace, decode_mask, encode_mask
 from workers import ProtocolError, StageError, checkpoint
 from workers.data import save_categories
 from workers.handlers import StepContext
@@ -207,6 +207,22 @@ def apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
 def route_rows(party: str, run: PassiveTraining, msg: NodePositions, depth: int) -> list[int]:
     """Route rows by a level's splits (``depth - 1``) and move to ``depth``; return the nodes
     to build (the smaller child of each split)."""
+    built = []
+    for split, rows, mask, n_left, n_right in _routed(party, run, msg, depth):
+        run.node_of_row[rows[mask]] = split.left_id
+        run.node_of_row[rows[~mask]] = split.right_id
+        built.append(smaller_child(n_left, n_right, split.left_id, split.right_id))
+    run.depth = depth
+    run.level_nodes = {i for split in msg.splits for i in (split.left_id, split.right_id)}
+    run.split_here = set()
+    run.node_ids |= run.level_nodes
+    return built
+
+
+def _routed(party: str, run: PassiveTraining, msg: NodePositions,
+            depth: int) -> list[tuple[NodeSplit, np.ndarray, np.ndarray, int, int]]:
+    """Every split of the positions checked, with its rows, left mask and child counts;
+    nothing changed yet."""
     _check_positions(party, run, msg)
     routed = []
     for split in msg.splits:
@@ -223,34 +239,19 @@ def route_rows(party: str, run: PassiveTraining, msg: NodePositions, depth: int)
                                 f"split into {n_left} and {n_right} rows; the job's "
                                 f"min_samples_leaf is {run.params.min_samples_leaf}")
         routed.append((split, rows, mask, n_left, n_right))
-    built = []
-    for split, rows, mask, n_left, n_right in routed:
-        run.node_of_row[rows[mask]] = split.left_id
-        run.node_of_row[rows[~mask]] = split.right_id
-        built.append(smaller_child(n_left, n_right, split.left_id, split.right_id))
-    run.depth = depth
-    run.level_nodes = {i for split in msg.splits for i in (split.left_id, split.right_id)}
-    run.split_here = set()
-    run.node_ids |= run.level_nodes
-    return built
+    return routed
 
 
 def _check_positions(party: str, run: PassiveTraining, msg: NodePositions) -> None:
     """Each node of the level is split at most once, into two children with new ids."""
-    _check_children(party, run, msg.tree, msg.depth,
-                    [(split.node, split.left_id, split.right_id) for split in msg.splits])
-
-
-def _check_children(party: str, run: PassiveTraining, tree: int, depth: int,
-                    splits: list[tuple[int, int, int]]) -> None:
-    nodes = [node for node, _, _ in splits]
-    children = [i for _, left, right in splits for i in (left, right)]
+    nodes = [split.node for split in msg.splits]
+    children = [i for split in msg.splits for i in (split.left_id, split.right_id)]
     if len(set(nodes)) != len(nodes) or not set(nodes) <= run.level_nodes:
-        raise ProtocolError(f"{party}: t{tree} d{depth}: positions split nodes "
+        raise ProtocolError(f"{party}: t{msg.tree} d{msg.depth}: positions split nodes "
                             f"{nodes}; the level's nodes are {sorted(run.level_nodes)}, one split "
                             f"each")
     if len(set(children)) != len(children) or set(children) & run.node_ids:
-        raise ProtocolError(f"{party}: t{tree} d{depth}: positions give children "
+        raise ProtocolError(f"{party}: t{msg.tree} d{msg.depth}: positions give children "
                             f"{children}, not all new and distinct")
 
 
@@ -288,27 +289,29 @@ def record_splits(ctx: StepContext, body: Step) -> tuple[SplitChoices, list[Appl
         raise StageError(f"apply_splits t{body.tree} d{body.depth}: party is at t{run.tree} d{run.depth}")
     bins = state.require_bins()
     _check_choices(ctx.party.name, run, msg, bins.shape[1])  # before any mask or record
-    if msg.build_ahead:
-        _check_ahead(ctx.party.name, run, msg)
+    lefts = {choice.node: encode_mask(goes_left(
+        bins[run.node_of_row == choice.node, choice.feature], choice.bin, choice.missing_left,
+        run.params.max_bin)) for choice in msg.splits}
+    if msg.build_ahead:  # the whole level's positions checked before any record
+        _check_ahead(ctx.party.name, run, msg, lefts)
     run.split_here |= {choice.node for choice in msg.splits}
     out = []
     for choice in msg.splits:
-        rows = np.flatnonzero(run.node_of_row == choice.node)
-        mask = goes_left(bins[rows, choice.feature], choice.bin, choice.missing_left,
-                         run.params.max_bin)
         record_id = len(run.records)
         run.records[record_id] = LookupRecord(
             feature=choice.feature, bin=choice.bin, missing_left=choice.missing_left,
             threshold=split_threshold(state.cuts[choice.feature], choice.bin), tree=run.tree,
             depth=run.depth)
-        out.append(AppliedSplit(node=choice.node, record_id=record_id, left=encode_mask(mask)))
+        out.append(AppliedSplit(node=choice.node, record_id=record_id, left=lefts[choice.node]))
     ctx.send(state.active, MsgType.APPLIED_SPLITS, AppliedSplits(body.tree, body.depth, out))
     return msg, out
 
 
-def _check_ahead(party: str, run: PassiveTraining, msg: SplitChoices) -> None:
-    """Building the next level at once is for a lossless job with a level left to build; the
-    positions it routes by are checked as broadcast ones are (``route_rows``)."""
+def _check_ahead(party: str, run: PassiveTraining, msg: SplitChoices,
+                 lefts: dict[int, InstanceSpace]) -> None:
+    """Building the next level at once is for a lossless job with a level left to build, by
+    positions checked as broadcast ones are (``route_rows``), this party's splits and the
+    active party's together."""
     where = f"{party}: t{msg.tree} d{msg.depth}"
     if run.private:  # which children open depends on the active party's noisy counts
         raise ProtocolError(f"{where}: refused to build the next level ahead under "
@@ -316,18 +319,18 @@ def _check_ahead(party: str, run: PassiveTraining, msg: SplitChoices) -> None:
     if msg.depth + 1 >= run.params.max_depth:
         raise ProtocolError(f"{where}: refused to build a level below the maximum depth "
                             f"{run.params.max_depth}")
-    if any(c.left_id < 0 or c.right_id < 0 for c in msg.splits):
-        raise ProtocolError(f"{where}: split choices to build ahead name no children")
-    _check_children(party, run, msg.tree, msg.depth,  # before any split is recorded
-                    [*((s.node, s.left_id, s.right_id) for s in msg.ahead),
-                     *((c.node, c.left_id, c.right_id) for c in msg.splits)])
+    ids = [i for s in msg.ahead for i in (s.left_id, s.right_id)]
+    ids += [i for c in msg.splits for i in (c.left_id, c.right_id)]
+    if not ids or min(ids) < 0:
+        raise ProtocolError(f"{where}: refused to build ahead: no split, or children "
+                            f"without ids")
+    _routed(party, run, positions_ahead(msg, lefts), msg.depth + 1)
 
 
-def positions_ahead(msg: SplitChoices, applied: list[AppliedSplit]) -> NodePositions:
+def positions_ahead(msg: SplitChoices, lefts: dict[int, InstanceSpace]) -> NodePositions:
     """The level's positions as the active party's broadcast would bring them: its own splits
-    and this party's, in node order."""
-    own = {a.node: a for a in applied}
-    mine = [NodeSplit(c.node, c.left_id, c.right_id, own[c.node].left) for c in msg.splits]
+    and this party's (``lefts``: the left instance space of each), in node order."""
+    mine = [NodeSplit(c.node, c.left_id, c.right_id, lefts[c.node]) for c in msg.splits]
     return NodePositions(msg.tree, msg.depth,
                          sorted([*msg.ahead, *mine], key=lambda split: split.node))
 
