@@ -20,8 +20,8 @@ from crypto.paillier import PaillierPrivateKey, PaillierPublicKey, generate_keyp
 from messages.bodies import ErrorReply, Step
 from messages.envelope import Envelope, MsgType
 from messages.instance_space import decode_mask, encode_mask
-from messages.secureboost import (AppliedSplits, EncryptedHistograms, NodePositions, NodeSplit,
-                                  SplitChoice, SplitChoices)
+from messages.secureboost import (AppliedSplits, EncryptedHistograms, JobSpec, NodePositions,
+                                  NodeSplit, SplitChoice, SplitChoices)
 from tests.scenarios import TEST_POLICY
 from tests.workers.test_chosen_gradients import FEATURES, Host, _chosen_gradients, _plaintexts
 from tests.workers.test_tree_start import ROWS, SEALERS, SPEC
@@ -33,11 +33,11 @@ def keypair() -> tuple[PaillierPublicKey, PaillierPrivateKey]:
 
 
 def _at_root(folder: Path, keypair: tuple[PaillierPublicKey, PaillierPrivateKey],
-             spec: object = SPEC) -> Host:
+             spec: JobSpec = SPEC) -> Host:
     """A host whose tree 0 root histograms are built and sent (row i's gradient is 2**i, so
     every bin sum names its rows)."""
     folder.mkdir(exist_ok=True)
-    host = Host(folder, keypair[0], TEST_POLICY, spec)  # type: ignore[arg-type]
+    host = Host(folder, keypair[0], TEST_POLICY, spec)
     host.worker.jobs["job"].state.cuts = fit_cuts(
         np.random.default_rng(1).normal(size=(ROWS, FEATURES)), 32)
     _chosen_gradients(host, keypair, tree=0, per_ciphertext=1)

@@ -161,11 +161,12 @@ def find_best_splits(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     run.level_splits = grower.find_splits(blocks)
     n_splits = sum(s is not None for s in run.level_splits.values())
     ahead = _builds_ahead(run, participants, body.depth, n_splits)
-    run.builds_ahead, run.children_ahead = ahead, _children(grower, run.level_splits)
+    run.builds_ahead = ahead
+    run.children_ahead = _children(grower, run.level_splits) if ahead else {}
     owned: dict[str, list[SplitChoice]] = {p: [] for p in participants if p == ahead}
     own: list[NodeSplit] = []
     for node, split in run.level_splits.items():
-        left_id, right_id = run.children_ahead.get(node, (-1, -1)) if ahead else (-1, -1)
+        left_id, right_id = run.children_ahead.get(node, (-1, -1))
         if split is not None and split.block > 0:
             owner = state.passives[split.block - 1]
             owned.setdefault(owner, []).append(
@@ -223,6 +224,8 @@ def broadcast_nodes(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
         for item in msg.splits:
             applied[(owner, item.node)] = item
     bins = state.require_bins()
+    # a party that built ahead routed its rows with the split choices: no positions for it
+    receivers = [p for p in participants_of(state, run, body.tree) if p != run.builds_ahead]
     out: list[NodeSplit] = []
     for node in list(grower.frontier):
         split = run.level_splits.get(node)
@@ -245,10 +248,11 @@ def broadcast_nodes(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
         if run.builds_ahead and run.children_ahead.get(node) != (left, right):
             raise StageError(f"node {node}: children {left}, {right}, not the "
                              f"{run.children_ahead.get(node)} {run.builds_ahead} was told")
-        out.append(NodeSplit(node=node, left_id=left, right_id=right, left=encode_mask(mask)))
-    for passive in participants_of(state, run, body.tree):
-        if passive != run.builds_ahead:  # it routed its rows with the split choices
-            ctx.send(passive, MsgType.NODE_POSITIONS, NodePositions(body.tree, body.depth, out))
+        if receivers:
+            out.append(NodeSplit(node=node, left_id=left, right_id=right,
+                                 left=encode_mask(mask)))
+    for passive in receivers:
+        ctx.send(passive, MsgType.NODE_POSITIONS, NodePositions(body.tree, body.depth, out))
     run.level_splits, run.builds_ahead, run.children_ahead = {}, "", {}
     return MsgType.ACK, Ack(count=len(grower.next_level()))
 

@@ -25,8 +25,7 @@ from workers.shards import (LevelData, LevelWork, hold_tree_chunk, shard_data, s
                             sum_claimed)
 from workers.state import JobState
 from workers.vertical.passive import (PassiveTraining, apply_positions, arriving_tree,
-                                     positions_ahead, record_splits, require_key, route_rows,
-                                     start_tree)
+                                     move_rows, record_splits, require_key, start_tree)
 from workers.vertical.root_histogram import ArrivingTree, add_chunks
 
 log = logging.getLogger("fedboost.worker")
@@ -103,12 +102,10 @@ def apply_splits(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     run: PassiveTraining = state.role_state
     ahead = Step(body.tree, body.depth + 1)
     if run.level is None or run.level.key != (ahead.tree, ahead.depth):  # not resumed
-        choices, applied = record_splits(ctx, body)
-        if not choices.build_ahead:
+        applied, level = record_splits(ctx, body)
+        if level is None:  # not told to build ahead
             return MsgType.ACK, Ack(count=len(applied))
-        lefts = {split.node: split.left for split in applied}
-        built = route_rows(ctx.party.name, run, positions_ahead(choices, lefts), ahead.depth)
-        run.level = _start_level(ctx, state, run, ahead, built)
+        run.level = _start_level(ctx, state, run, ahead, move_rows(run, *level, ahead.depth))
     return _finish_level(ctx, state, run, ahead)
 
 

@@ -204,11 +204,20 @@ def apply_positions(ctx: StepContext, state: JobState, run: PassiveTraining,
     return route_rows(ctx.party.name, run, msg, depth)
 
 
+Routing = list[tuple[NodeSplit, np.ndarray, np.ndarray, int, int]]
+"""A level's checked splits, each with its rows, left mask and child counts (``_routed``)."""
+
+
 def route_rows(party: str, run: PassiveTraining, msg: NodePositions, depth: int) -> list[int]:
     """Route rows by a level's splits (``depth - 1``) and move to ``depth``; return the nodes
     to build (the smaller child of each split)."""
+    return move_rows(run, msg, _routed(party, run, msg, depth), depth)
+
+
+def move_rows(run: PassiveTraining, msg: NodePositions, routed: Routing, depth: int) -> list[int]:
+    """Move to ``depth`` by positions ``_routed`` checked; return the nodes to build."""
     built = []
-    for split, rows, mask, n_left, n_right in _routed(party, run, msg, depth):
+    for split, rows, mask, n_left, n_right in routed:
         run.node_of_row[rows[mask]] = split.left_id
         run.node_of_row[rows[~mask]] = split.right_id
         built.append(smaller_child(n_left, n_right, split.left_id, split.right_id))
@@ -219,8 +228,7 @@ def route_rows(party: str, run: PassiveTraining, msg: NodePositions, depth: int)
     return built
 
 
-def _routed(party: str, run: PassiveTraining, msg: NodePositions,
-            depth: int) -> list[tuple[NodeSplit, np.ndarray, np.ndarray, int, int]]:
+def _routed(party: str, run: PassiveTraining, msg: NodePositions, depth: int) -> Routing:
     """Every split of the positions checked, with its rows, left mask and child counts;
     nothing changed yet."""
     _check_positions(party, run, msg)
@@ -277,10 +285,12 @@ def _check_choices(party: str, run: PassiveTraining, msg: SplitChoices, n_featur
                                 f"is out of range")
 
 
-def record_splits(ctx: StepContext, body: Step) -> tuple[SplitChoices, list[AppliedSplit]]:
+def record_splits(ctx: StepContext, body: Step
+                  ) -> tuple[list[AppliedSplit], tuple[NodePositions, Routing] | None]:
     """Alg. 2 last step: record the level's owned splits in the lookup table and send the
-    active party each node's left instance space; returns the choices and what was sent
-    (``workers.vertical.histograms.apply_splits`` answers the step)."""
+    active party each node's left instance space; returns what was sent and, told to build
+    ahead, the level's positions as checked (``workers.vertical.histograms.apply_splits``
+    answers the step)."""
     state: JobState = ctx.state
     run: PassiveTraining = state.role_state
     ctx.mailbox.require((MsgType.SPLIT_CHOICES, state.active, body.tree, body.depth))
@@ -292,8 +302,8 @@ def record_splits(ctx: StepContext, body: Step) -> tuple[SplitChoices, list[Appl
     lefts = {choice.node: encode_mask(goes_left(
         bins[run.node_of_row == choice.node, choice.feature], choice.bin, choice.missing_left,
         run.params.max_bin)) for choice in msg.splits}
-    if msg.build_ahead:  # the whole level's positions checked before any record
-        _check_ahead(ctx.party.name, run, msg, lefts)
+    # the whole level's positions checked before any record
+    ahead = _check_ahead(ctx.party.name, run, msg, lefts) if msg.build_ahead else None
     run.split_here |= {choice.node for choice in msg.splits}
     out = []
     for choice in msg.splits:
@@ -304,11 +314,11 @@ def record_splits(ctx: StepContext, body: Step) -> tuple[SplitChoices, list[Appl
             depth=run.depth)
         out.append(AppliedSplit(node=choice.node, record_id=record_id, left=lefts[choice.node]))
     ctx.send(state.active, MsgType.APPLIED_SPLITS, AppliedSplits(body.tree, body.depth, out))
-    return msg, out
+    return out, ahead
 
 
 def _check_ahead(party: str, run: PassiveTraining, msg: SplitChoices,
-                 lefts: dict[int, InstanceSpace]) -> None:
+                 lefts: dict[int, InstanceSpace]) -> tuple[NodePositions, Routing]:
     """Building the next level at once is for a lossless job with a level left to build, by
     positions checked as broadcast ones are (``route_rows``), this party's splits and the
     active party's together."""
@@ -324,15 +334,11 @@ def _check_ahead(party: str, run: PassiveTraining, msg: SplitChoices,
     if not ids or min(ids) < 0:
         raise ProtocolError(f"{where}: refused to build ahead: no split, or children "
                             f"without ids")
-    _routed(party, run, positions_ahead(msg, lefts), msg.depth + 1)
-
-
-def positions_ahead(msg: SplitChoices, lefts: dict[int, InstanceSpace]) -> NodePositions:
-    """The level's positions as the active party's broadcast would bring them: its own splits
-    and this party's (``lefts``: the left instance space of each), in node order."""
+    # the positions the broadcast would bring: the active party's splits and this party's
     mine = [NodeSplit(c.node, c.left_id, c.right_id, lefts[c.node]) for c in msg.splits]
-    return NodePositions(msg.tree, msg.depth,
-                         sorted([*msg.ahead, *mine], key=lambda split: split.node))
+    positions = NodePositions(msg.tree, msg.depth,
+                              sorted([*msg.ahead, *mine], key=lambda split: split.node))
+    return positions, _routed(party, run, positions, msg.depth + 1)
 
 
 def close_job(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
