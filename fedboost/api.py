@@ -279,6 +279,7 @@ def _run_training(config: AnyJobConfig, out: Path, log_level: str) -> TrainResul
         check_party_files(config.parties, getattr(config.params, "objective", None))
     from fedboost._ephemeral import isolate_ephemeral_server
     from fedboost.embedded import protocol_flow, train_embedded
+    from flows.run import RunResult
 
     isolate_ephemeral_server()
     with prefect_console(log_level):
@@ -286,11 +287,8 @@ def _run_training(config: AnyJobConfig, out: Path, log_level: str) -> TrainResul
             result = protocol_flow(config)(config)
         else:
             result = train_embedded(config, out)
-    history = result.pop("history")
-    result["trees"] = [{"tree": k, "seconds": s, **m}
-                       for k, (s, m) in enumerate(zip(result["tree_seconds"], history,
-                                                      strict=True))]
-    write_json(out / "metrics.json", result)
-    return TrainResult(job=config.job, protocol=config.protocol, run_dir=out, metrics=result,
-                       history=tree_history(result),
+    metrics = RunResult.from_dict(result).as_metrics_json()
+    write_json(out / "metrics.json", metrics)
+    return TrainResult(job=config.job, protocol=config.protocol, run_dir=out, metrics=metrics,
+                       history=tree_history(metrics),
                        model_parts=model_parts_in(out, list(config.parties)))

@@ -17,14 +17,12 @@ from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows import run_charts
-from flows.coordinator import (JobStopped, PartyError, StepTimeout, align_entities, close_job, link,
-                          record_tree, train_with_recoveries)
+from flows.coordinator import JobStopped, PartyError, StepTimeout, align_entities, link
 from flows.declared.forest import ForestJobConfig
+from flows.run import RunProtocol, Start, TrainingRun, train_run
 from flows.secureboost import evaluate_validation
 from messages.bodies import Ack, PartyInfo
 from messages.secureboost import SplitsFound
@@ -132,81 +130,96 @@ def vertical_random_forest(config: ForestJobConfig) -> dict[str, Any]:
     ``config`` is the job file's content (a deployment's parameter); over RabbitMQ the flow
     connects to the running party workers itself.
     """
-    return train_with_recoveries(config, _train)
+    return train_run(config, Forest(config))
 
 
-def _train(config: ForestJobConfig, progress: Any) -> dict[str, Any]:
-    logger = get_run_logger()
-    job, active, passives = config.job, config.active, config.passives
-    params, parties = config.params, [config.active, *config.passives]
-    started = time.perf_counter()
-    held = open_forest(job, parties, forest_spec(config))
-    keep = sorted(set.intersection(*(set(t) for t in held.values())) & set(range(params.n_trees)))
-    if keep:
-        logger.info("%d trees finished by an earlier run are kept", len(keep))
-    aligned = align_entities(job, active, passives)
-    logger.info("aligned %d rows (%d train, %d validation)", aligned.n_aligned, aligned.n_train,
-                aligned.n_valid)
-    prepare(job, parties, keep)
-    logger.info("labels encrypted once")  # not the feature count: the run's log is shared
-    seconds: dict[int, float | None] = {}
-    todo = [t for t in range(params.n_trees) if t not in keep]
-    running: dict[Any, int] = {}
-    lost: PartyError | None = None
-    growing = time.perf_counter()
-    while (todo or running) and lost is None:
-        while todo and len(running) < params.parallel_trees:
-            tree = todo.pop(0)
-            running[grow_tree.submit(job, active, passives, tree, params.max_depth,
-                                     params.tree_retries)] = tree
-        # Prefect's thread futures wrap concurrent ones: wait for the first tree to end
-        ended, _ = wait([f.wrapped_future for f in running], return_when=FIRST_COMPLETED)
-        for future in [f for f in running if f.wrapped_future in ended]:
-            tree = running.pop(future)
-            try:
-                seconds[tree] = future.result()
-            except PartyError as exc:
-                if not exc.reply.state_lost:
-                    raise
-                lost = exc  # the job is opened again (train_with_recoveries)
-                link(job).abandon(exc.reply)  # the other trees stop waiting for that party
-        finished = len(keep) + sum(1 for s in seconds.values() if s is not None)
-        grown = sum(1 for s in seconds.values() if s is not None)
-        # trees grow side by side: seconds per tree is the wall time per finished tree
-        record_tree(job, progress, finished, params.n_trees,
-                    (time.perf_counter() - growing) / max(1, grown), {})
-        logger.info("trees: %d of %d done, %d dropped", finished, params.n_trees,
-                    sum(1 for s in seconds.values() if s is None))
-    if running:  # the rest fail the same way, or finish (and are kept)
-        wait([f.wrapped_future for f in running])
-    if lost is not None:
-        raise lost
-    trees = sorted(keep + [t for t, s in seconds.items() if s is not None])
-    dropped = sorted(t for t, s in seconds.items() if s is None)
-    least = params.min_trees or params.n_trees
-    if len(trees) < least:
-        raise JobStopped(f"job {job}: only {len(trees)} of {params.n_trees} trees finished "
-                         f"({len(dropped)} dropped after {params.tree_retries + 1} attempts "
-                         f"each); params.min_trees is {least}")
-    result: dict[str, Any] = {"n_aligned": aligned.n_aligned, "n_train": aligned.n_train,
-                              "n_valid": aligned.n_valid, "n_trees": len(trees),
-                              "trees_dropped": dropped, "dropped": len(dropped),
-                              "resumed_after": len(keep), "trees_trained": len(seconds)}
-    save_forest(job, parties, trees)  # the validation below scores these trees
-    if aligned.n_valid:
-        result.update(evaluate_validation(job, active, passives, aligned.n_valid)[0])
-    close_job(job, parties)
-    tree_seconds = [seconds.get(t) for t in range(params.n_trees)]
-    result.update(train_seconds=time.perf_counter() - started, tree_seconds=tree_seconds,
-                  key_bits=config.crypto.key_bits,
-                  history=[{"kept": float(t in trees)} for t in range(params.n_trees)],
-                  step_seconds=dict(link(job).step_seconds))
-    create_table_artifact(
-        [{"tree": t + 1, "seconds": None if s is None else round(s, 3),
-          "state": "kept" if t in keep else ("dropped" if t in dropped else "grown")}
-         for t, s in enumerate(tree_seconds)],
-        description=f"{job}: trees of the forest; "
-                    + ", ".join(f"{k}={v:.4f}" for k, v in result.items()
-                                if k.startswith("valid_") and isinstance(v, float)))
-    run_charts.publish(job, result)
-    return result
+class Forest(RunProtocol):
+    """The vertical forest's run: independent trees, grown side by side."""
+
+    config: ForestJobConfig
+
+    def __init__(self, config: ForestJobConfig) -> None:
+        super().__init__(config, [config.active, *config.passives])
+        self.active, self.passives = config.active, config.passives
+        self.keep: list[int] = []  # trees an earlier run finished
+        self.seconds: dict[int, float | None] = {}  # None: dropped after its retries
+        self.n_valid = 0
+
+    def n_trees(self, start: Start) -> int:
+        return self.config.params.n_trees
+
+    def open(self) -> Start:
+        job, params = self.job, self.config.params
+        held = open_forest(job, self.parties, forest_spec(self.config))
+        self.keep = sorted(set.intersection(*(set(t) for t in held.values()))
+                           & set(range(params.n_trees)))
+        if self.keep:
+            get_run_logger().info("%d trees finished by an earlier run are kept",
+                                  len(self.keep))
+        aligned = align_entities(job, self.active, self.passives)
+        prepare(job, self.parties, self.keep)
+        get_run_logger().info("labels encrypted once")  # not the feature count: the log is shared
+        self.seconds, self.n_valid = {}, aligned.n_valid
+        return Start(aligned, 1, len(self.keep))
+
+    def grow_all(self, run: TrainingRun) -> None:
+        """Every tree not kept, ``params.parallel_trees`` at a time."""
+        job, params, logger = self.job, self.config.params, get_run_logger()
+        todo = [t for t in range(params.n_trees) if t not in self.keep]
+        running: dict[Any, int] = {}
+        lost: PartyError | None = None
+        growing = time.perf_counter()
+        while (todo or running) and lost is None:
+            while todo and len(running) < params.parallel_trees:
+                tree = todo.pop(0)
+                running[grow_tree.submit(job, self.active, self.passives, tree,
+                                         params.max_depth, params.tree_retries)] = tree
+            # Prefect's thread futures wrap concurrent ones: wait for the first tree to end
+            ended, _ = wait([f.wrapped_future for f in running], return_when=FIRST_COMPLETED)
+            for future in [f for f in running if f.wrapped_future in ended]:
+                tree = running.pop(future)
+                try:
+                    self.seconds[tree] = future.result()
+                except PartyError as exc:
+                    if not exc.reply.state_lost:
+                        raise
+                    lost = exc  # the job is opened again (train_with_recoveries)
+                    link(job).abandon(exc.reply)  # the other trees stop waiting for that party
+            grown = sum(1 for s in self.seconds.values() if s is not None)
+            # trees grow side by side: seconds per tree is the wall time per finished tree
+            run.record(len(self.keep) + grown, (time.perf_counter() - growing) / max(1, grown),
+                       {})
+            logger.info("trees: %d of %d done, %d dropped", len(self.keep) + grown,
+                        params.n_trees, sum(1 for s in self.seconds.values() if s is None))
+        if running:  # the rest fail the same way, or finish (and are kept)
+            wait([f.wrapped_future for f in running])
+        if lost is not None:
+            raise lost
+        trees = self.trees()
+        least = params.min_trees or params.n_trees
+        if len(trees) < least:
+            raise JobStopped(f"job {job}: only {len(trees)} of {params.n_trees} trees finished "
+                             f"({len(self.dropped())} dropped after {params.tree_retries + 1} "
+                             f"attempts each); params.min_trees is {least}")
+        run.tree_seconds = [self.seconds.get(t) for t in range(params.n_trees)]
+        run.history = [{"kept": float(t in trees)} for t in range(params.n_trees)]
+
+    def trees(self) -> list[int]:
+        """The forest's trees: kept and grown."""
+        return sorted(self.keep + [t for t, s in self.seconds.items() if s is not None])
+
+    def dropped(self) -> list[int]:
+        return sorted(t for t, s in self.seconds.items() if s is None)
+
+    def save(self, keep: int | None) -> None:
+        save_forest(self.job, self.parties, self.trees())
+
+    def summary(self, run: TrainingRun) -> dict[str, Any]:
+        """The forest's counts, and the saved forest scored on the hold-out rows."""
+        result: dict[str, Any] = {"n_trees": len(self.trees()), "trees_dropped": self.dropped(),
+                                  "dropped": len(self.dropped()),
+                                  "trees_trained": len(self.seconds)}
+        if self.n_valid:
+            result.update(evaluate_validation(self.job, self.active, self.passives,
+                                              self.n_valid)[0])
+        return {**result, "key_bits": self.config.crypto.key_bits}

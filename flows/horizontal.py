@@ -22,20 +22,17 @@ the member. The job fails below ``min_members``.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows import run_charts
-from flows.coordinator import (JobStopped, PartyError, StepTimeout, close_job, link,
-                               record_tree, step_id, train_with_recoveries)
+from flows.coordinator import JobStopped, StepTimeout, link, step_id
 from flows.member_metrics import combine_member_metrics
 from flows.declared.horizontal import HorizontalJobConfig
-from messages.bodies import Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished
+from flows.run import RunProtocol, Start, TrainingRun, train_run
+from messages.bodies import Aligned, Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished
 from messages.envelope import Kind, MsgType
 from messages.horizontal import HorizontalSpec, OpenHorizontal, Round
 
@@ -211,79 +208,55 @@ def horizontal(config: HorizontalJobConfig) -> dict[str, Any]:
     ``config`` is the job file's content (a deployment's parameter). Running the same job
     again continues after the last tree every party checkpointed.
     """
-    membership = Membership(list(config.members))
-    return train_with_recoveries(config, lambda c, progress: _train(c, progress, membership))
+    return train_run(config, Horizontal(config))
 
 
-def _train(config: HorizontalJobConfig, progress: Any, members: Membership) -> dict[str, Any]:
-    logger = get_run_logger()
-    job, aggregator = config.job, config.aggregator
-    started = time.perf_counter()
-    opened = open_job(job, [aggregator, *members.live], horizontal_spec(config))
-    rows = sum(reply.rows for reply in opened.values())
-    shared = set.intersection(*(set(reply.checkpoints) for reply in opened.values()))
-    history: list[dict[str, Any]] = []
-    done = 0
-    if shared:
-        newest = max(shared, key=lambda c: c.trees_done)
-        resumed = resume_job(job, [aggregator, *members.live], newest.trees_done, newest)
-        done, per_round = newest.trees_done, resumed[aggregator].outputs
-        history = [combine_member_metrics({m: resumed[m].history[k] for m in members.live})
-                   for k in range(done)]
-        logger.info("resumed after %d trees from every party's checkpoint", done)
-    elif members.dropped:  # a set-up without them would hand the aggregator their counts
-        raise MembersLost(f"job {job}: no checkpoint left that {', '.join(members.live)} share "
-                          f"after {', '.join(members.dropped)} dropped out; the set-up cannot "
-                          f"be redone without them")
-    else:
-        per_round = agree_bins(job, aggregator, members.live)[1]
-    logger.info("%d members, %d rows in all; aggregator %s", len(members.live), rows, aggregator)
-    n_trees = config.params.n_trees * per_round  # one tree per class per round
-    tree_seconds: list[float | None] = [None] * done
-    for tree in range(done, n_trees):
-        tree_start = time.perf_counter()
-        replies = _one_tree(config, members, tree, logger)
-        metrics = combine_member_metrics({m: r for m, r in replies.items()
-                                          if m in members.live})
-        history.append(metrics)
-        seconds = time.perf_counter() - tree_start
-        tree_seconds.append(seconds)
-        record_tree(job, progress, tree + 1, n_trees, seconds, metrics)
-        shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
-        logger.info("tree %d done (%d/%d) in %.2f s: %s", tree, tree + 1, n_trees,
-                    tree_seconds[-1], shown)
-    save_models(job, [aggregator, *members.live])
-    try:
-        close_job(job, [aggregator, *members.live])
-    except PartyError as exc:
-        if not exc.reply.state_lost:
-            raise
-        logger.warning("%s; its model is saved, nothing left to close", exc)
-    if config.privacy is not None:  # the budget spent by each tree, for the learning curve
-        for k, entry in enumerate(history):
-            entry["epsilon_spent"] = config.privacy.spent(k + 1, n_trees)
-    last = history[-1] if history else {}
-    result: dict[str, Any] = {
-        "n_aligned": rows, "n_train": rows, "n_valid": 0, "n_trees": n_trees,
-        "trees_per_round": per_round,
-        **{k: v for k, v in last.items() if k != "members"},
-        "resumed_after": done, "trees_trained": n_trees - done,
-        "train_seconds": time.perf_counter() - started, "tree_seconds": tree_seconds,
-        "history": history, "protocol": "horizontal", "members": config.members,
-        "dropped": list(members.dropped), "member_metrics": last.get("members", {}),
-        "step_seconds": dict(link(job).step_seconds)}
-    if config.privacy is not None:  # docs/privacy.md: each started ensemble its share
-        result["epsilon"] = config.privacy.epsilon
-        result["epsilon_spent"] = config.privacy.spent(len(history), n_trees)
-        result["trees_per_ensemble"] = config.privacy.per_ensemble(n_trees)
-    create_table_artifact(
-        [{"tree": k + 1, "seconds": None if sec is None else round(sec, 3),
-          **{key: value for key, value in m.items() if key != "members"}}
-         for k, (sec, m) in enumerate(zip(tree_seconds, history, strict=True))],
-        description=f"{job}: metrics per tree (row-weighted over members)"
-                    + (f"; dropped {', '.join(members.dropped)}" if members.dropped else ""))
-    run_charts.publish(job, result)
-    return result
+class Horizontal(RunProtocol):
+    """FedTree's horizontal run: members' masked histograms, summed by the aggregator."""
+
+    config: HorizontalJobConfig
+
+    def __init__(self, config: HorizontalJobConfig) -> None:
+        super().__init__(config, [config.aggregator, *config.members])
+        self.aggregator = config.aggregator
+        self.members = Membership(list(config.members))  # a dropped member stays dropped
+
+    def open(self) -> Start:
+        job, aggregator, members = self.job, self.aggregator, self.members
+        self.parties = [aggregator, *members.live]
+        opened = open_job(job, self.parties, horizontal_spec(self.config))
+        rows = sum(reply.rows for reply in opened.values())
+        shared = set.intersection(*(set(reply.checkpoints) for reply in opened.values()))
+        get_run_logger().info("%d members, %d rows in all; aggregator %s", len(members.live),
+                              rows, aggregator)
+        if shared:
+            newest = max(shared, key=lambda c: c.trees_done)
+            resumed = resume_job(job, self.parties, newest.trees_done, newest)
+            done = newest.trees_done
+            return Start(Aligned(rows, rows, 0), resumed[aggregator].outputs, done,
+                         [combine_member_metrics({m: resumed[m].history[k]
+                                                  for m in members.live})
+                          for k in range(done)])
+        if members.dropped:  # a set-up without them would hand the aggregator their counts
+            raise MembersLost(f"job {job}: no checkpoint left that {', '.join(members.live)} "
+                              f"share after {', '.join(members.dropped)} dropped out; the "
+                              f"set-up cannot be redone without them")
+        return Start(Aligned(rows, rows, 0), agree_bins(job, aggregator, members.live)[1])
+
+    def grow(self, tree: int) -> dict[str, Any]:
+        replies = _one_tree(self.config, self.members, tree, get_run_logger())
+        self.parties = [self.aggregator, *self.members.live]
+        return combine_member_metrics({m: r for m, r in replies.items()
+                                       if m in self.members.live})
+
+    def save(self, keep: int | None) -> None:
+        save_models(self.job, self.parties)  # every member writes the whole model
+
+    def summary(self, run: TrainingRun) -> dict[str, Any]:
+        last = run.history[-1] if run.history else {}
+        return {"protocol": "horizontal", "members": self.config.members,
+                "dropped": list(self.members.dropped),
+                "member_metrics": last.get("members", {})}
 
 
 def _one_tree(config: HorizontalJobConfig, members: Membership, tree: int,

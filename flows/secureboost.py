@@ -8,25 +8,23 @@ only counts, owners and metrics.
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from typing import Any
 
-from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_table_artifact
+from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture
 
-from flows import run_charts
-from flows.coordinator import (PartyError, Sent, align_entities, close_job, link, record_tree,
-                               step_id, train_with_recoveries)
+from flows.coordinator import Sent, align_entities, link, step_id
 from flows.declared.secureboost import JobConfig
 from flows.job_schema import PrivacyConfig
-from flows.early_stopping import EarlyStopping
 from flows.predict import traverse_level_once
+from flows.run import RunProtocol, Start, TrainingRun, train_run
 from messages.bodies import (Ack, Aligned, Checkpoint, PartyInfo, ResumeJob, Resumed, Step,
                              TreeFinished)
 from messages.secureboost import VALIDATION_BATCH, JobSpec, OpenJob, SplitsFound
 from messages.envelope import MsgType
+
 
 def job_spec(config: JobConfig) -> JobSpec:
     """What every party is told about the job (no paths, no data)."""
@@ -134,21 +132,14 @@ def finish_tree(job: str, active: str, tree: int) -> dict[str, float]:
 
 
 @task(name="drop_tree", task_run_name="drop-tree-t{tree}", cache_policy=NO_CACHE)
-def drop_tree(job: str, dropping: Sent, tree: int, progress: Any, n_trees: int,
-              seconds: float, metrics: dict[str, float]) -> None:
+def drop_tree(job: str, dropping: Sent, tree: int, held: Callable[[], None]) -> None:
     """Passive parties drop the tree's ciphertexts and checkpoint it; then the run's progress
     counts the tree (every party holds it). Sent before the next tree's gradients (on a slow
     link it would wait behind them: 13 s at 10 Mbit/s), then submitted, not waited for: its
-    round trip runs beside those gradients (``_awaited`` before that tree's first histograms
-    are asked for)."""
+    round trip runs beside those gradients (``SecureBoost.settle`` before that tree's first
+    histograms are asked for)."""
     link(job).collect(dropping)
-    record_tree(job, progress, tree + 1, n_trees, seconds, metrics)
-
-
-def _awaited(dropping: list[PrefectFuture[None]]) -> None:
-    """The passive parties' drop of the previous tree done (its errors are raised here)."""
-    while dropping:
-        dropping.pop().result()
+    held()
 
 
 @task(name="evaluate_validation", task_run_name="evaluate-validation", cache_policy=NO_CACHE)
@@ -187,40 +178,42 @@ def vertical_secureboost(config: JobConfig) -> dict[str, Any]:
     UI) continues after the last tree every party checkpointed; so does this run when a party's
     worker restarts mid-job.
     """
-    return train_with_recoveries(config, _train)
+    return train_run(config, SecureBoost(config))
 
 
-def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
-    logger = get_run_logger()
-    job, active, passives = config.job, config.active, config.passives
-    params = config.params
-    started = time.perf_counter()
-    held = open_job(job, [active, *passives], job_spec(config))
-    shared = set.intersection(*(set(points) for points in held.values()))
-    history: list[dict[str, float]] = []
-    if shared:
-        newest = max(shared, key=lambda c: c.trees_done)
-        resumed = resume_job(job, active, passives, newest.trees_done, newest)
-        aligned = Aligned(resumed.n_aligned, resumed.n_train, resumed.n_valid)
-        per_round, done = resumed.outputs, resumed.trees_done
-        history = [{m.name: m.value for m in t.metrics} for t in resumed.history]
-        logger.info("resumed after %d trees from every party's checkpoint", done)
-    else:
+class SecureBoost(RunProtocol):
+    """SecureBoost's run: one active party, passive parties summing ciphertexts."""
+
+    config: JobConfig
+
+    def __init__(self, config: JobConfig) -> None:
+        super().__init__(config, [config.active, *config.passives])
+        self.active, self.passives = config.active, config.passives
+        self.per_round, self.n_valid = 1, 0
+        self.dropping: list[PrefectFuture[None]] = []  # the previous tree at the passive parties
+
+    def open(self) -> Start:
+        job, active, passives = self.job, self.active, self.passives
+        held = open_job(job, self.parties, job_spec(self.config))
+        shared = set.intersection(*(set(points) for points in held.values()))
+        if shared:
+            newest = max(shared, key=lambda c: c.trees_done)
+            resumed = resume_job(job, active, passives, newest.trees_done, newest)
+            self.per_round, self.n_valid = resumed.outputs, resumed.n_valid
+            return Start(Aligned(resumed.n_aligned, resumed.n_train, resumed.n_valid),
+                         resumed.outputs, resumed.trees_done,
+                         [{m.name: m.value for m in t.metrics} for t in resumed.history])
         aligned = align_entities(job, active, passives)
-        per_round, done = bin_features(job, active, passives), 0
-    logger.info("aligned %d rows (%d train, %d validation)", aligned.n_aligned, aligned.n_train,
-                aligned.n_valid)
-    n_trees = params.n_trees * per_round
-    stopper = (EarlyStopping(params.early_stopping_rounds, per_round)
-               if params.early_stopping_rounds else None)
-    tree_seconds: list[float | None] = [None] * done  # trained by an earlier run
-    dropping: list[PrefectFuture[None]] = []  # the previous tree at the passive parties
-    for tree in range(done, n_trees):
-        tree_start = time.perf_counter()
+        self.per_round, self.n_valid = bin_features(job, active, passives), aligned.n_valid
+        return Start(aligned, self.per_round)
+
+    def grow(self, tree: int) -> dict[str, Any]:
+        """Alg. 1-2 for one tree: gradients, then per depth histograms -> splits -> nodes."""
+        job, active, passives, params = self.job, self.active, self.passives, self.config.params
         # Completely SecureBoost: the first round (one tree per class) stays with the active party
-        members = [] if params.complete_secure and tree < per_round else passives
+        members = [] if params.complete_secure and tree < self.per_round else passives
         encrypt_gradients(job, active, tree)
-        _awaited(dropping)
+        self.settle()
         built_ahead: list[str] = []  # built the level as they applied the one above
         for depth in range(params.max_depth):
             if to_build := [m for m in members if m not in built_ahead]:
@@ -231,63 +224,23 @@ def _train(config: JobConfig, progress: Any) -> dict[str, Any]:
             built_ahead = found.ahead
             if broadcast_nodes(job, active, tree, depth, found.owners) == 0:
                 break
-        metrics = finish_tree(job, active, tree)  # the passive parties' checkpoint follows
-        seconds = time.perf_counter() - tree_start
-        tree_seconds.append(seconds)
-        history.append(metrics)
-        # progress moves once every party holds the tree: "trees k/n" is a point to resume from
-        sent = link(job).send(passives, MsgType.FINISH_TREE, Step(tree),
-                              step_id(MsgType.FINISH_TREE, tree))
-        dropping.append(drop_tree.submit(job, sent, tree, progress, n_trees, seconds, metrics))
-        shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-        logger.info("tree %d done (%d/%d) in %.2f s: %s", tree, tree + 1, n_trees,
-                    tree_seconds[-1], shown)
-        if stopper is not None and (tree + 1) % per_round == 0:
-            _awaited(dropping)  # before the passive parties score
-            if stopper.after_round(*evaluate_validation(job, active, passives,
-                                                        aligned.n_valid, tree + 1), tree + 1):
-                logger.info("early stopping after %d trees: %s", tree + 1, stopper.says())
-                break
-    _awaited(dropping)
-    trained = len(history)
-    if config.privacy is not None:  # the budget spent by each tree, for the learning curve
-        for k, entry in enumerate(history):
-            entry["epsilon_spent"] = config.privacy.spent(k + 1, n_trees)
-    final: dict[str, float] = {}
-    if aligned.n_valid:
-        final, per_tree = evaluate_validation(job, active, passives, aligned.n_valid)
-        if stopper is not None and not stopper.scored(trained):  # resumed after the last tree
-            stopper.after_round(final, per_tree, trained)
-        if len(per_tree) == len(history):  # the learning curve on the hold-out rows
-            history = [{**m, **valid} for m, valid in zip(history, per_tree, strict=True)]
-    keep = stopper.kept_trees(trained) if stopper is not None else trained
-    result: dict[str, Any] = {"n_aligned": aligned.n_aligned, "n_train": aligned.n_train,
-                              "n_valid": aligned.n_valid, "n_trees": keep,
-                              "trees_per_round": per_round,
-                              **{k: v for k, v in history[keep - 1].items()
-                                 if k != run_charts.LEAF_PURITY and not k.startswith("valid_")},
-                              "resumed_after": done, "trees_trained": trained - done, **final}
-    if stopper is not None:  # the kept model's metrics, and where it stopped
-        result.update(stopper.summary())
-    if config.privacy is not None:  # docs/privacy.md: each started ensemble its share
-        result["epsilon"] = config.privacy.epsilon
-        result["epsilon_spent"] = config.privacy.spent(trained, n_trees)
-        result["trees_per_ensemble"] = config.privacy.per_ensemble(n_trees)
-    save_models(job, [active, *passives], keep if stopper is not None else -1)
-    try:
-        close_job(job, [active, *passives])
-    except PartyError as exc:
-        if not exc.reply.state_lost:
-            raise
-        logger.warning("%s; its model part is saved, nothing left to close", exc)
-    result.update(train_seconds=time.perf_counter() - started, tree_seconds=tree_seconds,
-                  history=history, key_bits=config.crypto.key_bits,
-                  step_seconds=dict(link(job).step_seconds))
-    create_table_artifact(
-        [{"tree": k + 1, "seconds": None if sec is None else round(sec, 3), **m}
-         for k, (sec, m) in enumerate(zip(tree_seconds, history, strict=True))],
-        description=f"{job}: metrics per tree; final "
-                    + ", ".join(f"{k}={v:.4f}" for k, v in result.items()
-                                if k.startswith(("train_", "valid_")) and isinstance(v, float)))
-    run_charts.publish(job, result)
-    return result
+        return finish_tree(job, active, tree)  # the passive parties' checkpoint follows
+
+    def hold(self, tree: int, held: Callable[[], None]) -> None:
+        sent = link(self.job).send(self.passives, MsgType.FINISH_TREE, Step(tree),
+                                   step_id(MsgType.FINISH_TREE, tree))
+        self.dropping.append(drop_tree.submit(self.job, sent, tree, held))
+
+    def settle(self) -> None:
+        while self.dropping:  # the passive parties' drop of the trees before
+            self.dropping.pop().result()
+
+    def validate(self, after: int = -1) -> tuple[dict[str, float], list[dict[str, float]]]:
+        return evaluate_validation(self.job, self.active, self.passives,
+                                   self.n_valid, after)
+
+    def save(self, keep: int | None) -> None:
+        save_models(self.job, self.parties, -1 if keep is None else keep)
+
+    def summary(self, run: TrainingRun) -> dict[str, Any]:
+        return {"key_bits": self.config.crypto.key_bits}

@@ -19,14 +19,13 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows import run_charts
-from flows.coordinator import close_job, link, record_tree, step_id, train_with_recoveries
+from flows.coordinator import link, step_id
 from flows.member_metrics import combine_member_metrics
 from flows.declared.simfl import SimflJobConfig
-from messages.bodies import Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished
+from flows.run import RunProtocol, Start, TrainingRun, train_run
+from messages.bodies import Aligned, Checkpoint, PartyInfo, ResumeJob, Step, TreeFinished
 from messages.envelope import MsgType
 from messages.simfl import OpenSimfl, Prepare, SimflSpec
 
@@ -168,74 +167,63 @@ def simfl(config: SimflJobConfig) -> dict[str, Any]:
     ``config`` is the job file's content (a deployment's parameter). Running the same job
     again continues after the last tree every member checkpointed.
     """
-    return train_with_recoveries(config, _train)
+    return train_run(config, Simfl(config))
 
 
-def _train(config: SimflJobConfig, progress: Any) -> dict[str, Any]:
-    logger = get_run_logger()
-    job, aggregator, members = config.job, config.aggregator, config.members
-    started = time.perf_counter()
-    opened = open_job(job, [aggregator, *members], simfl_spec(config))
-    rows = sum(reply.rows for reply in opened.values())
-    shared = set.intersection(*(set(opened[m].checkpoints) for m in members))
-    history: list[dict[str, Any]] = []
-    prep: dict[str, Any] = {"reused": True, "seconds": 0.0, "bytes": {m: 0 for m in members}}
-    done = 0
-    if shared:
-        newest = max(shared, key=lambda c: c.trees_done)
-        resumed = resume_job(job, members, newest.trees_done, newest)
-        done, prep["per_round"] = newest.trees_done, resumed[members[0]].outputs
-        history = [combine_member_metrics({m: resumed[m].history[k] for m in members})
-                   for k in range(done)]
-        logger.info("resumed after %d trees from every member's checkpoint", done)
-    else:
-        prep = preprocess(job, aggregator, members)
-        logger.info("preprocessing %s in %.2f s", "reused" if prep["reused"] else "done",
-                    prep["seconds"])
-    per_round = prep["per_round"]
-    n_trees = config.params.n_trees * per_round  # one tree per class per round
-    tree_seconds: list[float | None] = [None] * done
-    for tree in range(done, n_trees):
-        tree_start = time.perf_counter()
-        builder = members[(tree // per_round) % len(members)]
+class Simfl(RunProtocol):
+    """SimFL's run: members take turns building trees on their similar rows' gradients."""
+
+    config: SimflJobConfig
+
+    def __init__(self, config: SimflJobConfig) -> None:
+        super().__init__(config, [config.aggregator, *config.members])
+        self.aggregator, self.members = config.aggregator, config.members
+        self.prep: dict[str, Any] = {}
+        self.per_round = 1
+
+    def open(self) -> Start:
+        job, members = self.job, self.members
+        opened = open_job(job, self.parties, simfl_spec(self.config))
+        n_rows = sum(reply.rows for reply in opened.values())
+        rows = Aligned(n_rows, n_rows, 0)
+        shared = set.intersection(*(set(opened[m].checkpoints) for m in members))
+        if shared:
+            newest = max(shared, key=lambda c: c.trees_done)
+            resumed = resume_job(job, members, newest.trees_done, newest)
+            done, self.per_round = newest.trees_done, resumed[members[0]].outputs
+            self.prep = {"reused": True, "seconds": 0.0, "bytes": {m: 0 for m in members}}
+            return Start(rows, self.per_round, done,
+                         [combine_member_metrics({m: resumed[m].history[k] for m in members})
+                          for k in range(done)])
+        self.prep = preprocess(job, self.aggregator, members)
+        get_run_logger().info("preprocessing %s in %.2f s",
+                              "reused" if self.prep["reused"] else "done", self.prep["seconds"])
+        self.per_round = self.prep["per_round"]
+        return Start(rows, self.per_round)
+
+    def grow(self, tree: int) -> dict[str, Any]:
+        """Algorithm 2 for one tree, at the round's builder."""
+        job, members = self.job, self.members
+        builder = members[(tree // self.per_round) % len(members)]
         others = [m for m in members if m != builder]
         aggregate_similar_gradients(job, others, builder, tree)
         built = grow(job, builder, tree)
-        replies = {builder: built, **share(job, others, builder, tree)}
-        metrics = combine_member_metrics(replies)
-        metrics["builder"] = builder
-        history.append(metrics)
-        seconds = time.perf_counter() - tree_start
-        tree_seconds.append(seconds)
-        record_tree(job, progress, tree + 1, n_trees, seconds, metrics)
-        shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()
-                          if k.startswith("train_") and isinstance(v, float))
-        logger.info("tree %d (%s) done (%d/%d) in %.2f s: %s", tree, builder, tree + 1,
-                    n_trees, tree_seconds[-1], shown)
-    save_models(job, members)
-    close_job(job, [aggregator, *members])
-    last = history[-1] if history else {}
-    sizes = [m["members"][m["builder"]] for m in history if "builder" in m]
-    per_tree = [s.get("tree_bytes", 0.0) * (len(members) - 1) + s.get("gradient_bytes", 0.0)
-                for s in sizes]
-    result: dict[str, Any] = {
-        "n_aligned": rows, "n_train": rows, "n_valid": 0, "n_trees": n_trees,
-        "trees_per_round": per_round,
-        **{k: v for k, v in last.items() if k.startswith("train_")},
-        "resumed_after": done, "trees_trained": n_trees - done,
-        "train_seconds": time.perf_counter() - started, "tree_seconds": tree_seconds,
-        "history": history, "protocol": "simfl", "members": members,
-        "member_metrics": last.get("members", {}),
-        "preprocess_reused": prep["reused"], "preprocess_seconds": prep["seconds"],
-        "preprocess_bytes": prep["bytes"],
-        "tree_bytes": sum(per_tree) / len(per_tree) if per_tree else None,
-        "privacy": privacy_spent(config, n_trees, per_round),
-        "step_seconds": dict(link(job).step_seconds)}
-    create_table_artifact(
-        [{"tree": k + 1, "builder": m.get("builder"),
-          "seconds": None if sec is None else round(sec, 3),
-          **{key: value for key, value in m.items() if key.startswith("train_")}}
-         for k, (sec, m) in enumerate(zip(tree_seconds, history, strict=True))],
-        description=f"{job}: metrics per tree (row-weighted over members)")
-    run_charts.publish(job, result)
-    return result
+        metrics = combine_member_metrics({builder: built, **share(job, others, builder, tree)})
+        return {**metrics, "builder": builder}
+
+    def save(self, keep: int | None) -> None:
+        save_models(self.job, self.members)  # every member writes the whole model
+
+    def summary(self, run: TrainingRun) -> dict[str, Any]:
+        members = self.members
+        last = run.history[-1] if run.history else {}
+        sizes = [m["members"][m["builder"]] for m in run.history if "builder" in m]
+        per_tree = [s.get("tree_bytes", 0.0) * (len(members) - 1) + s.get("gradient_bytes", 0.0)
+                    for s in sizes]
+        return {"protocol": "simfl", "members": members,
+                "member_metrics": last.get("members", {}),
+                "preprocess_reused": self.prep["reused"],
+                "preprocess_seconds": self.prep["seconds"],
+                "preprocess_bytes": self.prep["bytes"],
+                "tree_bytes": sum(per_tree) / len(per_tree) if per_tree else None,
+                "privacy": privacy_spent(self.config, run.n_trees, self.per_round)}
