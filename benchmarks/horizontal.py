@@ -75,7 +75,7 @@ def test_auc(model_file: Path, test_file: Path) -> float:
     from boosting.metrics import auc
     from boosting.tree import load_model, raw_decider
     from workers.data import load_party_data
-    from workers.horizontal.tree import OWNER
+    from workers.row_partitioned import OWNER
 
     test = load_party_data("test", str(test_file), "id", "y", require_label=True)
     assert test.y is not None

@@ -169,7 +169,7 @@ def run_simfl(files: dict[str, Path], fed: Federation, args: argparse.Namespace,
     """One SimFL run: test error of member A's model, and the run's costs (``COST_KEYS``)."""
     from boosting.tree import load_model, raw_decider
     from fedboost.embedded import train_embedded
-    from workers.horizontal.tree import OWNER
+    from workers.row_partitioned import OWNER
 
     result = train_embedded(simfl_job(files, args, seed), out)
     metrics_file = out / "metrics.json"

@@ -87,7 +87,7 @@ def pool_members(config: HorizontalJobConfig | SimflJobConfig,
     """Load every member's file (or those of ``members``) and stack the rows."""
     from flows.horizontal import summary_size
     from workers.horizontal.grid import union_cuts
-    from workers.horizontal.tree import OWNER
+    from workers.row_partitioned import OWNER
 
     loaded = [load_party_data(name, _data_file(name, config.parties[name].data),
                               config.parties[name].id,

@@ -197,7 +197,7 @@ def _score_member(folder: Path, member: str, id_column: str, path: Path,
     """Write the scores of ``path``'s rows under the model in ``folder``."""
     from boosting.tree import load_model, raw_decider
     from workers.data import load_party_data
-    from workers.horizontal.tree import OWNER
+    from workers.row_partitioned import OWNER
     from workers.vertical.scoring import write_scores_csv
 
     started = time.perf_counter()

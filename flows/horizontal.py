@@ -4,7 +4,8 @@ Members hold different rows with the same columns and the label; the aggregator 
 After the members agree on shared cuts (securely summed counts on a public grid), each tree
 follows FedTree's four steps:
 
-1. send tree: the members compute g and h under the model so far and agree on a common scale;
+1. start tree (FedTree's "send tree"): the members compute g and h under the model so far and
+   agree on a common scale;
 2. update histograms: per depth, each member builds its histograms and masks them (the root's
    are also sealed, and the members release the seal's key once all are in);
 3. secure sum: the aggregator adds the masked vectors (pairwise masks cancel in the sum);
@@ -101,7 +102,7 @@ def agree_bins(job: str, aggregator: str, members: list[str]) -> tuple[int, int]
     return sum(replies[m].count for m in members), replies[aggregator].count
 
 
-@task(name="send_tree", task_run_name="send-tree-t{tree}-a{attempt}", cache_policy=NO_CACHE)
+@task(name="start_tree", task_run_name="start-tree-t{tree}-a{attempt}", cache_policy=NO_CACHE)
 def start_tree(job: str, aggregator: str, members: list[str], tree: int, attempt: int) -> None:
     """Step 1: members compute g and h under the model so far (the last tree applied) and
     agree with the aggregator on one quantization scale."""

@@ -73,7 +73,7 @@ class MaskPublicKey:
 @dataclass(frozen=True, slots=True)
 class SealShare:
     """Member -> member: the sender's seal contribution of this job session, encrypted and
-    authenticated under their pair secret (``workers.horizontal.masking.seal_share``)."""
+    authenticated under their pair secret (``workers.pairwise_masks.seal_share``)."""
 
     nonce: bytes
     sealed: bytes

@@ -225,3 +225,47 @@ def test_a_long_module_says_why_in_its_docstring() -> None:
             unexplained.append(f"{name} ({lines} lines)")
     assert not unexplained, ("split by concern, or say in the docstring why not ('... lines on "
                              "purpose: ...'): " + ", ".join(unexplained))
+
+
+PROTOCOL_PACKAGES = ("vertical", "forest", "horizontal", "simfl")
+"""The protocol packages of ``workers``: each imports protocol-free modules of ``workers``
+(runtime, checkpoints, ``row_partitioned``, ``pairwise_masks``, ``keyed_draws``, ...), never
+another protocol's package."""
+KNOWN_CROSS_IMPORTS: dict[str, str] = {
+    "forest": "the vertical forest still uses SecureBoost's column-partitioned modules "
+              "(workers.vertical.alignment, lookup, opening, paths, scoring, serving): they "
+              "move to a protocol-free package (issue 39)",
+}
+"""Protocol packages importing another that someone is moving apart (package -> why): an
+expected failure that fails (strict) once the import is gone, so the entry goes with it."""
+
+
+def cross_protocol_imports(package: str) -> list[str]:
+    """``workers.<package>``'s modules that import another protocol's package, with it."""
+    found = []
+    for path in sorted((REPO / "workers" / package).rglob("*.py")):
+        for node in _import_nodes(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if node.level == 0 else [])
+            for name in names:
+                parts = name.split(".")
+                if (parts[0] == "workers" and len(parts) > 1 and parts[1] in PROTOCOL_PACKAGES
+                        and parts[1] != package):
+                    found.append(f"{path.relative_to(REPO)} imports {name}")
+    return found
+
+
+@pytest.mark.parametrize("package", [
+    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=KNOWN_CROSS_IMPORTS[p]))
+    if p in KNOWN_CROSS_IMPORTS else p for p in PROTOCOL_PACKAGES])
+def test_no_protocol_package_imports_another(package: str) -> None:
+    crossing = cross_protocol_imports(package)
+    assert not crossing, "; ".join(crossing)
+
+
+def test_the_cross_import_finder_sees_another_protocols_package() -> None:
+    """On today's tree: SimFL's members once took horizontal's masks, members and trees
+    (moved to workers.pairwise_masks and workers.row_partitioned); the forest still takes the
+    vertical package's modules, which the finder names."""
+    assert any("workers.vertical" in line for line in cross_protocol_imports("forest"))
+    assert cross_protocol_imports("simfl") == []

@@ -16,9 +16,11 @@ import hmac
 import struct
 
 import numpy as np
+import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from boosting._typing import FloatArray
+from boosting.privacy import PrivacyPlan, deal_rows
 
 _NONCE = bytes(16)
 """Every ChaCha20 key here is an HMAC output used for one stream, so a fixed nonce never
@@ -55,3 +57,21 @@ def keyed_generator(key: bytes) -> np.random.Generator:
     """A numpy generator seeded with all 256 bits of ``key`` (for the code that takes one,
     such as ``boosting.privacy.deal_rows``): its draws are as secret as the key."""
     return np.random.default_rng(np.frombuffer(key, dtype="<u4").tolist())
+
+
+# ---- a party's draws of its own rows (horizontal members, vertical active party) ----
+
+def in_tree_rows(secret: bytes, tree: int, n_rows: int, subsample: float) -> npt.NDArray[np.bool_]:
+    """Tree ``tree``'s row subsample: each row in with probability ``subsample``."""
+    if subsample >= 1.0:
+        return np.ones(n_rows, dtype=bool)
+    rows: npt.NDArray[np.bool_] = uniform(derive_key(secret, "subsample", str(tree)),
+                                          n_rows) < subsample
+    return rows
+
+
+def dealt_rows(secret: bytes, plan: PrivacyPlan, ensemble: int,
+               n_rows: int) -> npt.NDArray[np.int64]:
+    """Each row's tree (position) in ``ensemble`` (``boosting.privacy.deal_rows``)."""
+    return deal_rows(plan, ensemble, n_rows,
+                     keyed_generator(derive_key(secret, "dealing", str(ensemble))))

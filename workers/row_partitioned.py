@@ -9,13 +9,20 @@ import time
 from typing import Any
 
 from boosting.params import BoostParams
-from boosting.tree import Model, save_model, write_json_atomic
+from boosting.tree import Model, Tree, save_model, write_json_atomic
 from messages.bodies import Ack
 from messages.envelope import Kind, MsgType
 from workers import DataError, ProtocolError
 from workers.data import PartyData, load_party_data
 from workers.handlers import StepContext
 from workers.party import DataSet
+
+OWNER = "members"
+"""The owner of every split of a row-partitioned model: each member holds all its columns."""
+MAX_CLASSES = 256
+"""Multiclass labels a member may hold: 0..255. Each member's masked set-up stats count its
+rows per class over all of them, so the sum tells the aggregator the union's classes without
+any member's highest label."""
 
 
 def params_of(spec: Any) -> BoostParams:
@@ -60,3 +67,13 @@ def save_member_model(ctx: StepContext, model: Model, protocol: str, members: li
         "party": ctx.party.name, "role": "member", "protocol": protocol, "job": ctx.job,
         "saved_at": time.time(), "members": members, "id_column": id_column})
     return MsgType.ACK, Ack(count=len(model.trees))
+
+
+def shared_model(params: BoostParams, base: float, classes: int, trees: list[Tree],
+                 names: tuple[str, ...]) -> Model:
+    """The model a row-partitioned job's members share: one base score, or zero margins for
+    each of the ``classes`` in multiclass (as ``boosting.losses.base_score``)."""
+    if params.objective == "multiclass":
+        return Model(params, (0.0,) * classes, classes, tuple(trees), {OWNER: names})
+    n_classes = 2 if params.objective == "binary" else 1
+    return Model(params, (base,), n_classes, tuple(trees), {OWNER: names})

@@ -41,8 +41,9 @@ from flows.horizontal import MembersLost, horizontal_spec
 from tests.scenarios import DATA, horizontal_config, horizontal_job
 from workers import checkpoint
 from workers.data import load_party_data
-from workers.horizontal.draws import in_tree_rows, member_secret
-from workers.horizontal.tree import OWNER
+from workers.horizontal.draws import member_secret
+from workers.keyed_draws import in_tree_rows
+from workers.row_partitioned import OWNER
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -43,7 +43,7 @@ from messages.transport import MemoryHub
 from tests.flows.test_horizontal import assert_same_tree, grow_centrally, margins_after
 from tests.scenarios import DATA
 from workers.data import load_party_data
-from workers.horizontal.masking import unseal_sum
+from workers.pairwise_masks import unseal_sum
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -30,7 +30,7 @@ from flows.config import parse_config
 from tests.flows.test_horizontal import assert_same_tree, members_model
 from tests.scenarios import CONFIGS
 from workers.data import load_party_data
-from workers.horizontal.tree import OWNER
+from workers.row_partitioned import OWNER
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -28,7 +28,7 @@ from messages.transport import MemoryHub
 from tests.privacy import harness
 from tests.scenarios import DATA
 from workers.data import load_party_data
-from workers.horizontal.masking import unseal_sum
+from workers.pairwise_masks import unseal_sum
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

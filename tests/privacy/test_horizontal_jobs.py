@@ -34,7 +34,7 @@ from tests.privacy.harness import Transcript, record_training
 from tests.scenarios import DATA, horizontal_config
 from workers.data import load_party_data
 from workers.horizontal.grid import Layout
-from workers.horizontal.masking import unmask_sum
+from workers.pairwise_masks import unmask_sum
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -53,8 +53,9 @@ from tests.privacy.harness import (Transcript, determined_by_counts, overlapping
                                    public_seeds, record_training)
 from tests.scenarios import DATA, fixed_checkpoint_keys
 from workers.data import load_party_data
-from workers.horizontal.draws import DEALT_ROWS_FLOOR, floored_plan, in_tree_rows, private_rows
-from workers.horizontal.masking import unmask_sum, unseal_sum
+from workers.horizontal.draws import DEALT_ROWS_FLOOR, floored_plan, private_rows
+from workers.keyed_draws import in_tree_rows
+from workers.pairwise_masks import unmask_sum, unseal_sum
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

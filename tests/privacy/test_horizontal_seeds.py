@@ -41,7 +41,8 @@ from tests.flows.test_horizontal import member_draws
 from tests.flows.test_horizontal_dropout_privacy import MAX_BIN, opened_roots
 from tests.privacy.harness import Transcript, public_seeds, record_training
 from tests.scenarios import DATA
-from workers.horizontal.draws import DEALT_ROWS_FLOOR, floored_plan, in_tree_rows, private_rows
+from workers.horizontal.draws import DEALT_ROWS_FLOOR, floored_plan, private_rows
+from workers.keyed_draws import in_tree_rows
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

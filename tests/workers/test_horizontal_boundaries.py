@@ -34,7 +34,7 @@ from messages.params import TreeParams
 from workers import checkpoint
 from workers.data import load_party_data
 from workers.horizontal.grid import GridRounds, count_columns
-from workers.horizontal.masking import (MaskKey, MaskRound, mask_vector, open_seal_share,
+from workers.pairwise_masks import (MaskKey, MaskRound, mask_vector, open_seal_share,
                                         pair_secret, round_seal_key, seal_share, seal_vector,
                                         unmask_sum, unseal_sum)
 from workers.party import PartySpec

@@ -4,7 +4,7 @@
 
 It holds no rows. It sees the members' column names, row counts and gradient peak exponents,
 and the sums over all members of a round: the pairwise masks hide each member's own vector
-(``workers.horizontal.masking``), a sum is formed only once every live member's vector of that
+(``workers.pairwise_masks``), a sum is formed only once every live member's vector of that
 round is in, and a tree's root sum only with the round key a member releases once all are in.
 """
 
@@ -28,7 +28,7 @@ from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, L
                                  LevelSplits, MaskedVector, OpenHorizontal, Round, RoundKey)
 from workers import NotReady, ProtocolError, StageError, checkpoint
 from workers.horizontal.grid import GridRounds
-from workers.horizontal.masking import unmask_sum, unseal_sum
+from workers.pairwise_masks import unmask_sum, unseal_sum
 from workers.horizontal.attempts import require_current, take_current
 from workers.horizontal.member import (PROTOCOL, STATE_FORMAT, aggregator_of, load_checkpoint,
                                        members_of, params_of, private_plan)

@@ -31,8 +31,8 @@ import numpy as np
 import numpy.typing as npt
 
 from boosting.params import BoostParams
-from boosting.privacy import PrivacyPlan, deal_rows
-from workers.keyed_draws import derive_key, keyed_generator, uniform
+from boosting.privacy import PrivacyPlan
+from workers.keyed_draws import dealt_rows, derive_key, keyed_generator
 
 DEALT_ROWS_FLOOR = 10
 """Fewest rows of one member a private tree or node shows the aggregator (but with probability
@@ -53,22 +53,6 @@ members' root decisions and the aggregator's at deeper nodes); tuned with
 def member_secret(party_key: bytes, digest: str) -> bytes:
     """This member's secret of one job: HMAC of its checkpoint key over the job's digest."""
     return derive_key(party_key, "horizontal row draws v1", digest)
-
-
-def in_tree_rows(secret: bytes, tree: int, n_rows: int, subsample: float) -> npt.NDArray[np.bool_]:
-    """Tree ``tree``'s row subsample: each row in with probability ``subsample``."""
-    if subsample >= 1.0:
-        return np.ones(n_rows, dtype=bool)
-    rows: npt.NDArray[np.bool_] = uniform(derive_key(secret, "subsample", str(tree)),
-                                          n_rows) < subsample
-    return rows
-
-
-def dealt_rows(secret: bytes, plan: PrivacyPlan, ensemble: int,
-               n_rows: int) -> npt.NDArray[np.int64]:
-    """Each row's tree (position) in ``ensemble`` (``boosting.privacy.deal_rows``)."""
-    return deal_rows(plan, ensemble, n_rows,
-                     keyed_generator(derive_key(secret, "dealing", str(ensemble))))
 
 
 def floor_rows(params: BoostParams) -> int:

@@ -2,7 +2,7 @@
 
 Every member bins its rows with the same cuts. A member sends no value, no summary and no
 histogram of its own: it counts its non-missing values per cell of a public grid and masks the
-counts (``workers.horizontal.masking``), so the aggregator sees only the sum over all members,
+counts (``workers.pairwise_masks``), so the aggregator sees only the sum over all members,
 the union's counts. From those alone it decides which cells to split for the next round, and
 in the end cuts at cell edges where the union's quantiles lie. The reference
 (``fedboost.joined.pool_members``) runs the same rounds (:func:`union_cuts`) on the pooled rows,

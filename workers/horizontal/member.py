@@ -3,7 +3,7 @@
 It sends the aggregator only its column names, the peak exponents of its gradients, its row
 count, masked vectors (its set-up cell counts and label sum, its histograms) and the key of a
 complete root round: never a row, a value, a gradient or a plain count or histogram. The masks
-are pairwise (``workers.horizontal.masking``), so they cancel only in the sum over all members
+are pairwise (``workers.pairwise_masks``), so they cancel only in the sum over all members
 of a round; each round's vector is masked once. A tree's root histograms are also sealed, and
 the member releases their round key for one member set per tree only
 (``workers.horizontal.released``): the aggregator never holds two sums of a tree's root over
@@ -36,26 +36,23 @@ from messages.horizontal import (GradientRange, GradientScale, HorizontalSpec, L
                                  LevelSplits, OpenHorizontal, Round, RoundKey)
 from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.horizontal import ledger, released
-from workers.horizontal.masking import SEAL_BYTES, MaskKey, MaskRound
+from workers.pairwise_masks import SEAL_BYTES, MaskKey, MaskRound
 from workers.handlers import StepContext
 from workers.horizontal.attempts import take_current
-from workers.horizontal.draws import floored_plan, in_tree_rows, member_secret, private_rows
+from workers.horizontal.draws import floored_plan, member_secret, private_rows
+from workers.keyed_draws import in_tree_rows
 from workers.horizontal.member_state import MemberJob
 from workers.horizontal.peers import announce_key, pair_secrets, round_key, send_masked
 from workers.horizontal.tree import MemberTree, assemble
 from workers.policy import check_noise_seed, check_protocol
-from workers.row_partitioned import (aggregator_of, load_member_data, members_of, params_of,
-                                     save_member_model)
+from workers.row_partitioned import (MAX_CLASSES, aggregator_of, load_member_data, members_of,
+                                     params_of, save_member_model)
 
 PROTOCOL = "horizontal"
 STATS_SCALE = 2.0 ** 24
 """Fixed point of a regression member's label sum (the secure sum adds integers)."""
 STATE_FORMAT = 2
 """Checkpoints' layout: 2 since the cuts come from the set-up grid (1: quantile summaries)."""
-MAX_CLASSES = 256
-"""Multiclass labels a member may hold: 0..255. Each member's masked set-up stats count its
-rows per class over all of them, so the sum tells the aggregator the union's classes without
-any member's highest label."""
 
 
 def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[Kind, Any]:

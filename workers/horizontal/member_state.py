@@ -12,8 +12,9 @@ from messages.horizontal import HorizontalSpec
 from workers import StageError
 from workers.data import PartyData
 from workers.horizontal.grid import Layout
-from workers.horizontal.masking import MaskKey
-from workers.horizontal.tree import OWNER, MemberTree
+from workers.pairwise_masks import MaskKey
+from workers.horizontal.tree import MemberTree
+from workers.row_partitioned import shared_model
 
 
 @dataclass(slots=True)
@@ -85,13 +86,3 @@ class MemberJob:
 
     def model(self) -> Model:
         return shared_model(self.params, self.base, self.classes, self.trees, self.data.names)
-
-
-def shared_model(params: BoostParams, base: float, classes: int, trees: list[Tree],
-                 names: tuple[str, ...]) -> Model:
-    """The model a row-partitioned job's members share: one base score, or zero margins for
-    each of the ``classes`` in multiclass (as ``boosting.losses.base_score``)."""
-    if params.objective == "multiclass":
-        return Model(params, (0.0,) * classes, classes, tuple(trees), {OWNER: names})
-    n_classes = 2 if params.objective == "binary" else 1
-    return Model(params, (base,), n_classes, tuple(trees), {OWNER: names})

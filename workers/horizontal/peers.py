@@ -1,6 +1,6 @@
 """A member's exchanges with the other members of a horizontal job: its mask public key, the
 pair secret with each peer, the peers' seal contributions, and the vectors it masks (and seals)
-under them for the aggregator (``workers.horizontal.masking``)."""
+under them for the aggregator (``workers.pairwise_masks``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from messages.envelope import MsgType
 from messages.horizontal import MaskedVector, MaskPublicKey, SealShare
 from workers import ProtocolError
 from workers.handlers import StepContext
-from workers.horizontal.masking import (MaskRound, mask_vector, open_seal_share, pair_secret,
+from workers.pairwise_masks import (MaskRound, mask_vector, open_seal_share, pair_secret,
                                         round_seal_key, seal_share, seal_vector)
 from workers.horizontal.member_state import MemberJob
 

@@ -30,10 +30,10 @@ from workers import DataError, ProtocolError, StageError
 from workers.horizontal import ledger
 from workers.horizontal.aggregator import AggregatorJob, checkpoint_state, take_masked
 from workers.horizontal.grid import MAX_ROUNDS, GridRounds, Layout, check_counts, count_columns
-from workers.horizontal.masking import unmask_sum
-from workers.horizontal.member import (MAX_CLASSES, STATS_SCALE,
-                                       checkpoint_state as save_member, members_of)
+from workers.pairwise_masks import unmask_sum
+from workers.horizontal.member import STATS_SCALE, checkpoint_state as save_member, members_of
 from workers.horizontal.member_state import MemberJob
+from workers.row_partitioned import MAX_CLASSES
 from workers.horizontal.peers import announce_key, pair_secrets, send_masked
 from workers.handlers import StepContext
 

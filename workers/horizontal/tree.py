@@ -24,10 +24,7 @@ from boosting.split import NodeTotals, SplitCandidate, best_split_in_block, leaf
 from boosting.tree import Tree, TreeNode
 from messages.horizontal import NodeSplit
 from workers import ProtocolError
-
-OWNER = "members"
-"""The owner of every split of a horizontal model: each member holds all its columns."""
-
+from workers.row_partitioned import OWNER
 
 @dataclass(slots=True)
 class SplitChooser:

@@ -20,9 +20,8 @@ from messages.simfl import OpenSimfl, RowHashes, SimilarRows, SimflSpec
 from workers import ProtocolError, checkpoint
 from workers.handlers import StepContext
 from workers.policy import check_protocol
-from workers.row_partitioned import aggregator_of, members_of
+from workers.row_partitioned import MAX_CLASSES, aggregator_of, members_of
 from workers.simfl.lsh import most_similar
-from workers.horizontal.member import MAX_CLASSES
 from workers.simfl.member import MAX_ROWS, PROTOCOL
 from workers.simfl.privacy import derive_key, uniform
 

@@ -36,12 +36,10 @@ from messages.simfl import OpenSimfl, SharedTree, SimilarGradients, SimflSpec, W
 from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.data import PartyData
 from workers.handlers import StepContext
-from workers.horizontal.masking import MaskKey
-from workers.horizontal.member import MAX_CLASSES
-from workers.horizontal.member_state import shared_model
-from workers.horizontal.tree import OWNER
+from workers.pairwise_masks import MaskKey
 from workers.policy import check_protocol
-from workers.row_partitioned import load_member_data, members_of, params_of, save_member_model
+from workers.row_partitioned import (MAX_CLASSES, OWNER, load_member_data, members_of, params_of,
+                                     save_member_model, shared_model)
 from workers.simfl.privacy import HESSIAN_BOUND, GradientNoise, denoise, hessian_share
 
 PROTOCOL = "simfl"

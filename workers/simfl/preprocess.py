@@ -7,7 +7,7 @@ id keyed under the same secret (equal values, equal ids; no order, no distance).
 derives it (HMAC under its own checkpoint key of the federation's preprocessing key: the same
 federation, data and LSH parameters give the same functions, so preprocessing again shows the
 aggregator nothing new) and sends it to every other member sealed under a pair secret of
-per-job X25519 keys (``workers.horizontal.masking``; the keys travel in signed envelopes, so
+per-job X25519 keys (``workers.pairwise_masks``; the keys travel in signed envelopes, so
 the aggregator, the flow and the broker cannot stand in the middle). One member choosing is
 enough: any member could hand the secret to the aggregator, so contributions from all would
 protect nothing more.
@@ -32,7 +32,7 @@ from messages.envelope import Kind, MsgType
 from messages.simfl import LshKey, LshSecret, MemberKey, Prepare, RowHashes, SimflSpec, SimilarRows
 from workers import DataError, ProtocolError, StageError, checkpoint
 from workers.handlers import StepContext
-from workers.horizontal.masking import MaskKey, pair_secret
+from workers.pairwise_masks import MaskKey, pair_secret
 from workers.row_partitioned import aggregator_of, members_of
 from workers.simfl.lsh import DEFAULT_R, LshFunctions, bucket_ids, default_functions
 from workers.simfl.member import MAX_ROWS, SimflMember

@@ -9,7 +9,7 @@ in (Completely SecureBoost's first round, whose rows it is never shown), and to 
 reads the spec. So they come from a secret of the active party alone, :func:`active_secret`: its
 checkpoint key (``workers.checkpoint.key_of``, never sent) keyed with the job's digest (the spec
 and its data, ``checkpoint.job_digest``), as a horizontal member draws its rows
-(``workers.horizontal.draws``, whose streams these reuse under another secret). The same job
+(``workers.keyed_draws``' row draws, as a horizontal member's, under another secret). The same job
 over the same data draws the same rows, so a resumed run grows the uninterrupted model; the
 centralized core takes the same draws (``boosting.train.train(in_tree=...)``) for the lossless
 tests. ``tests/privacy/test_public_seeds.py`` replays every integer of the spec and of a
@@ -22,8 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from boosting.privacy import PrivacyPlan
-from workers.horizontal.draws import dealt_rows, in_tree_rows
-from workers.keyed_draws import derive_key
+from workers.keyed_draws import dealt_rows, derive_key, in_tree_rows
 
 __all__ = ["active_secret", "dealt_rows", "in_tree_rows", "tree_rows"]
 

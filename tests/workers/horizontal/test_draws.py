@@ -10,9 +10,9 @@ import numpy as np
 
 from boosting.params import BoostParams
 from boosting.privacy import PrivacyPlan
-from workers.horizontal.draws import (COUNT_MISS, COUNT_SHARE, DEALT_ROWS_FLOOR, dealt_rows,
-                                      floor_rows, floored_plan, in_tree_rows, member_secret,
-                                      private_rows)
+from workers.horizontal.draws import (COUNT_MISS, COUNT_SHARE, DEALT_ROWS_FLOOR, floor_rows,
+                                      floored_plan, member_secret, private_rows)
+from workers.keyed_draws import dealt_rows, in_tree_rows
 
 KEY_A, KEY_B = bytes(range(32)), bytes(range(1, 33))
 

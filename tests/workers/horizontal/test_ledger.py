@@ -17,7 +17,7 @@ from messages.signing import federation_sealers
 from messages.transport import MemoryHub
 from workers.horizontal import ledger
 from workers.horizontal.ledger import Entry, exposure
-from workers.horizontal.masking import MaskKey
+from workers.pairwise_masks import MaskKey
 from workers.party import PartySpec
 from workers.policy import PartyPolicy
 from workers.protocols import PROTOCOLS

@@ -17,7 +17,7 @@ from boosting.binning import apply_cuts, fit_cuts
 from boosting.fixedpoint import quantize
 from boosting.hist import build_histograms
 from workers import ProtocolError
-from workers.horizontal.masking import (SEAL_BYTES, MaskError, MaskKey, MaskRound, mask_vector,
+from workers.pairwise_masks import (SEAL_BYTES, MaskError, MaskKey, MaskRound, mask_vector,
                                         open_seal_share, pair_secret, round_seal_key,
                                         seal_share, seal_vector, unmask_sum, unseal_sum)
 

@@ -27,7 +27,7 @@ from messages.simfl import LshKey, OpenSimfl, Prepare, SimflSpec, SimilarGradien
 from messages.transport import MemoryHub
 from messages.params import TreeParams
 from workers import checkpoint
-from workers.horizontal.masking import MaskKey, pair_secret
+from workers.pairwise_masks import MaskKey, pair_secret
 from workers.party import PartySpec
 from workers.policy import PartyPolicy
 from workers.protocols import PROTOCOLS
