@@ -1,55 +1,91 @@
-"""Training parameters: one frozen bag that round-trips to JSON (XGBoost ``save_config``)."""
+"""Training parameters: one declaration, one frozen bag that round-trips to JSON (XGBoost
+``save_config``).
+
+``TreeParams`` holds the hyper-parameters every tree protocol shares, each with its default,
+its bounds and its docstring, written here once: the core checks them when parameters are
+made, the openers of vertical SecureBoost, the horizontal protocol and SimFL carry them
+(``messages.params`` re-exports the class for the wire), and the job file's ``params:`` schema
+(``flows.job_schema``) is made from its fields and their bounds. ``BoostParams`` adds what only
+the trainer needs. A new hyper-parameter: its field here (with bounds and a docstring), its use
+in ``boosting``, and its line in the docs.
+
+This module imports nothing but the standard library (and ``boosting``'s error): the wire and
+the flows take their parameters from it without taking the core's numpy.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
-from typing import Any, Literal
+import operator
+from dataclasses import dataclass, field
+from typing import Any
 
 from boosting import BoostingError
 
-Objective = Literal["binary", "multiclass", "regression"]
 OBJECTIVES: tuple[str, ...] = ("binary", "multiclass", "regression")
 
 # Bin indices are stored as uint8 with one index reserved for missing values.
 MAX_BIN_LIMIT = 255
 
+_LIMITS = {"ge": (operator.ge, "at least"), "gt": (operator.gt, "above"),
+           "le": (operator.le, "at most"), "lt": (operator.lt, "below")}
+
+
+def bounds(**limits: Any) -> Any:
+    """A field's limits (pydantic ``Field`` keywords: ge, gt, le, lt), for the core's check
+    and the job file's schema."""
+    return {"bounds": limits}
+
+
+def check_fields(params: Any) -> None:
+    """Raise ``BoostingError`` naming the first field of ``params`` outside its bounds or
+    choices."""
+    for f in dataclasses.fields(params):
+        value = getattr(params, f.name)
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise BoostingError(f"invalid parameter {f.name}={value!r}: one of "
+                                f"{', '.join(choices)}")
+        for key, limit in f.metadata.get("bounds", {}).items():
+            compare, words = _LIMITS[key]
+            if not compare(value, limit):
+                raise BoostingError(f"invalid parameter {f.name}={value!r}: {words} {limit}")
+
 
 @dataclass(frozen=True, slots=True)
-class BoostParams:
-    """Hyper-parameters of one GBDT, shared by the centralized and federated trainers."""
+class TreeParams:
+    """Hyper-parameters of one GBDT (the job file's ``params:``)."""
 
-    n_trees: int = 30
-    max_depth: int = 3
-    learning_rate: float = 0.3
-    max_bin: int = 32
-    objective: Objective = "binary"
-    reg_lambda: float = 1.0
-    gamma: float = 0.0
-    min_child_weight: float = 1.0
-    min_samples_leaf: int = 1
-    subsample: float = 1.0
-    seed: int = 0
-    complete_secure: bool = False
-    """Completely SecureBoost: the first tree uses the active party's features only."""
+    n_trees: int = field(default=30, metadata=bounds(ge=1, le=10_000))
+    """Boosting rounds (trees per output)."""
+    max_depth: int = field(default=3, metadata=bounds(ge=1, le=16))
+    learning_rate: float = field(default=0.3, metadata=bounds(gt=0.0, le=1.0))
+    max_bin: int = field(default=32, metadata=bounds(ge=2, le=MAX_BIN_LIMIT - 1))
+    """Bins per feature (one more index is kept for missing values)."""
+    objective: str = field(default="binary", metadata={"choices": OBJECTIVES})
+    reg_lambda: float = field(default=1.0, metadata=bounds(ge=0.0))
+    """L2 regularisation of the leaf weights."""
+    gamma: float = field(default=0.0, metadata=bounds(ge=0.0))
+    """Smallest gain a split must bring."""
+    min_child_weight: float = field(default=1.0, metadata=bounds(ge=0.0))
+    """Smallest hessian sum of a child."""
+    min_samples_leaf: int = field(default=1, metadata=bounds(ge=1))
+    subsample: float = field(default=1.0, metadata=bounds(gt=0.0, le=1.0))
+    """Fraction of the rows each tree is grown on."""
+    seed: int = field(default=0, metadata=bounds(ge=0))
 
     def __post_init__(self) -> None:
-        checks: list[tuple[str, bool]] = [
-            ("n_trees", self.n_trees >= 1),
-            ("max_depth", 1 <= self.max_depth <= 16),
-            ("learning_rate", 0.0 < self.learning_rate <= 1.0),
-            ("max_bin", 2 <= self.max_bin <= MAX_BIN_LIMIT - 1),
-            ("objective", self.objective in OBJECTIVES),
-            ("reg_lambda", self.reg_lambda >= 0.0),
-            ("gamma", self.gamma >= 0.0),
-            ("min_child_weight", self.min_child_weight >= 0.0),
-            ("min_samples_leaf", self.min_samples_leaf >= 1),
-            ("subsample", 0.0 < self.subsample <= 1.0),
-        ]
-        for name, ok in checks:
-            if not ok:
-                raise BoostingError(f"invalid parameter {name}={getattr(self, name)!r}")
+        check_fields(self)
+
+
+@dataclass(frozen=True, slots=True)
+class BoostParams(TreeParams):
+    """Hyper-parameters of one GBDT, shared by the centralized and federated trainers: the
+    shared ones and the trainer's own."""
+
+    complete_secure: bool = False
+    """Completely SecureBoost: the first tree uses the active party's features only."""
 
     def to_dict(self) -> dict[str, Any]:
         """Return the parameters as a JSON-ready dict."""

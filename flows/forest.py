@@ -36,10 +36,7 @@ def forest_spec(config: ForestJobConfig) -> ForestSpec:
     return ForestSpec(
         parties=[PartyInfo(name, party.role, party.dataset or "")
                  for name, party in config.parties.items()],
-        n_trees=p.n_trees, max_depth=p.max_depth, max_features=str(p.max_features),
-        min_samples_leaf=p.min_samples_leaf, max_bin=p.max_bin, objective=p.objective,
-        bootstrap=p.bootstrap, seed=p.seed, min_trees=p.min_trees or p.n_trees,
-        complete_secure=p.complete_secure, key_bits=config.crypto.key_bits,
+        params=p.forest_params(), key_bits=config.crypto.key_bits,
         valid_fraction=config.validation.fraction, valid_seed=config.validation.seed,
         label=config.parties[config.active].label or "", scheme=config.crypto.scheme)
 

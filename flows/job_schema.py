@@ -93,6 +93,20 @@ class PartyConfig(Strict):
     a passive party, whose histogram shards they share; one for the active party)."""
 
 
+def schema_fields(cls: type, types: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``create_model`` fields made from a dataclass's fields: each one's type (``Literal`` of
+    its choices, or ``types[name]`` where the file may say more than the wire holds), default
+    and bounds, as the dataclass declares them (``boosting.params.bounds``)."""
+    hints = typing.get_type_hints(cls)
+
+    def one(f: dataclasses.Field[Any]) -> tuple[Any, Any]:
+        kind = ((types or {}).get(f.name) or (Literal[f.metadata["choices"]]
+                if "choices" in f.metadata else hints[f.name]))
+        return kind, Field(f.default, **f.metadata.get("bounds", {}))
+
+    return {f.name: one(f) for f in dataclasses.fields(cls)}
+
+
 if typing.TYPE_CHECKING:  # the fields create_model gives TreeParamsConfig below: TreeParams's
     _TreeParamsFields = TreeParams
 else:
@@ -105,20 +119,13 @@ class _TreeParamsBase(Strict, _TreeParamsFields):
         return TreeParams(**self.model_dump(include=set(TREE_PARAMS)))
 
 
-def _tree_param(f: dataclasses.Field[Any]) -> tuple[Any, Any]:
-    kind = (Literal[f.metadata["choices"]] if "choices" in f.metadata
-            else typing.get_type_hints(TreeParams)[f.name])
-    return kind, Field(f.default, **f.metadata.get("bounds", {}))
-
-
 TREE_PARAMS = {f.name: f for f in dataclasses.fields(TreeParams)}
 
 
-# (ignore: pydantic's create_model overloads cannot type fields given as a ** mapping)
-TreeParamsConfig: type[_TreeParamsBase] = create_model(  # type: ignore[call-overload]
+TreeParamsConfig: type[_TreeParamsBase] = create_model(
     "TreeParamsConfig", __base__=_TreeParamsBase,
     __doc__="Boosting parameters every protocol shares (``messages.params.TreeParams``).",
-    **{name: _tree_param(f) for name, f in TREE_PARAMS.items()})
+    **schema_fields(TreeParams))
 
 
 class NoEarlyStopping:

@@ -279,7 +279,10 @@ def _dataclass_decoder(cls: Any) -> Callable[[WireReader], Any]:
             except _Misfit as exc:
                 exc.path.append(name)
                 raise
-        return cls(*values)
+        try:
+            return cls(*values)
+        except ValueError as exc:  # a type that checks its fields (``TreeParams``'s bounds)
+            raise _Misfit(str(exc)) from None
 
     return read
 

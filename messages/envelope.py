@@ -22,7 +22,7 @@ __all__ = ["BODY_TYPES", "COMMANDS", "MAX_MESSAGE_BYTES", "OPENERS", "PEER_MAIL"
            "decode_envelope", "encode_envelope"]
 """What protocols import from here: the envelope, and the kinds' tables (``messages.kinds``)."""
 
-WIRE_VERSION = 9
+WIRE_VERSION = 10
 """2: a row's packed (g, h, count) slots are sized by what they hold (``crypto.encoding``); a
 version-1 party would cut the bin sums apart in the wrong places, so the versions refuse each other.
 3: horizontal set-up counts cells of a public grid instead of sending quantile summaries, and a
@@ -45,7 +45,10 @@ hash values, and a contributor sends one noisy h total per tree (``SimilarGradie
 instead of h per row; a version-7 party would read the ids as windows and send per-row h.
 9: SecureBoost's split choices may ask the one data provider to build the next level at once
 (``SplitChoices.build_ahead``, with the children's ids and the active party's own splits); a
-version-8 party would apply the splits and wait for positions that never come."""
+version-8 party would apply the splits and wait for positions that never come.
+10: a forest's opener carries its parameters nested (``ForestSpec.params``, a
+``messages.forest.ForestParams`` checked on arrival, without ``min_trees``, which only the flow
+reads); a version-9 party would read the nested parameters as the tree count."""
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """Refuse to parse anything larger; transports chunk big payloads well below this."""
 import_extra("messages")

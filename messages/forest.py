@@ -9,9 +9,10 @@ splits it owns, children in random order). Trees travel as ``work`` ids (``attem
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
+from boosting.params import TreeParams, check_fields
 from messages.bodies import PartyInfo
 from messages.kinds import declare
 from messages.secureboost import NodeSplit, SplitChoice
@@ -20,22 +21,56 @@ MAX_TREES = 100_000
 """Trees a forest may have; a tree's attempt ``a`` is work ``a * MAX_TREES + tree``."""
 
 
+_GBDT_FIELDS = {f.name: f for f in fields(TreeParams)}
+
+
+def _as_in_a_gbdt(name: str, default: Any) -> Any:
+    """A parameter the forest shares with a GBDT: its bounds or choices are ``TreeParams``'s."""
+    return field(default=default, metadata=_GBDT_FIELDS[name].metadata)
+
+
+MAX_FEATURES_NAMED = ("sqrt", "log2")
+
+
+@dataclass(frozen=True, slots=True)
+class ForestParams:
+    """A forest's parameters (the job file's ``params:``, but for what only the flow reads:
+    ``flows.declared.forest``). Declared here once, with their defaults and bounds."""
+
+    n_trees: int = _as_in_a_gbdt("n_trees", 50)
+    max_depth: int = _as_in_a_gbdt("max_depth", 10)
+    max_features: str = "sqrt"
+    """Features drawn per node: ``sqrt`` or ``log2`` of all the parties' features, or a
+    fraction of them in (0, 1] (as text on the wire)."""
+    min_samples_leaf: int = _as_in_a_gbdt("min_samples_leaf", 1)
+    max_bin: int = _as_in_a_gbdt("max_bin", 32)
+    objective: str = _as_in_a_gbdt("objective", "binary")
+    bootstrap: bool = True
+    seed: int = _as_in_a_gbdt("seed", 0)
+    complete_secure: bool = False
+    """The first tree grows on the active party's features alone (no passive party sees its
+    instance spaces), as Completely SecureBoost's first round."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.max_features not in MAX_FEATURES_NAMED and not _is_fraction(self.max_features):
+            raise ValueError(f"invalid parameter max_features={self.max_features!r}: sqrt, log2 "
+                             f"or a fraction of the features in (0, 1]")
+
+
+def _is_fraction(text: str) -> bool:
+    try:
+        return 0.0 < float(text) <= 1.0
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class ForestSpec:
     """Everything a party needs to take part in a forest job (no data, no paths)."""
 
     parties: list[PartyInfo]
-    n_trees: int
-    max_depth: int
-    max_features: str
-    """``sqrt``, ``log2`` or a fraction of the features, as text."""
-    min_samples_leaf: int
-    max_bin: int
-    objective: str
-    bootstrap: bool
-    seed: int
-    min_trees: int
-    complete_secure: bool
+    params: ForestParams
     key_bits: int
     valid_fraction: float
     valid_seed: int

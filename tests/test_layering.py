@@ -1,4 +1,6 @@
-"""Dependency direction (DESIGN.md): boosting, crypto and messages import nothing of ours;
+"""Dependency direction (DESIGN.md): boosting and crypto import nothing of ours, messages
+nothing but the declaration of the shared tree parameters (``boosting.params``, standard
+library only);
 flows import messages (and their own schema) but never boosting, crypto, workers or numpy;
 ``fedboost`` (the commands and the API) and ``benchmarks`` sit on top and never import
 ``tests``. And no module imports itself back through others: an import cycle, at module level or
@@ -9,6 +11,7 @@ function fills (a table of coordinators by job) is shared by every job of the pr
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,12 +23,16 @@ OURS = {*PACKAGES, "tests"}
 ALLOWED = {
     "boosting": {"boosting"},
     "crypto": {"crypto"},
-    "messages": {"messages"},
+    "messages": {"messages", "boosting"},  # boosting.params alone: see PURE_FROM_BOOSTING
     "workers": {"workers", "boosting", "crypto", "messages"},
     "flows": {"flows", "messages"},
     "fedboost": {"fedboost", "flows", "workers", "boosting", "crypto", "messages"},
     "benchmarks": {"benchmarks", "fedboost", "flows", "workers", "boosting", "crypto", "messages"},
 }
+PURE_FROM_BOOSTING = {"boosting", "boosting.params"}
+"""What ``messages`` may take from ``boosting``: the one declaration of the tree parameters
+(bounds, defaults, docstrings), which imports only the standard library and ``boosting``'s
+error, so the wire and the flows above it never load the core's numpy."""
 FORBIDDEN_THIRD_PARTY = {"flows": {"numpy", "gmpy2", "phe", "numba"}, "workers": {"prefect"}}
 KNOWN_CYCLES: dict[str, str] = {}
 """Packages with an import cycle someone is removing (package -> why): an expected failure that
@@ -269,3 +276,16 @@ def test_the_cross_import_finder_sees_another_protocols_package() -> None:
     vertical package's modules, which the finder names."""
     assert any("workers.vertical" in line for line in cross_protocol_imports("forest"))
     assert cross_protocol_imports("simfl") == []
+
+
+def test_messages_take_only_the_parameters_declaration_from_boosting() -> None:
+    modules = _modules()
+    for path in (REPO / "messages").rglob("*.py"):
+        taken = {m for m in _imported_modules(path, modules) if m.split(".")[0] == "boosting"}
+        assert taken <= PURE_FROM_BOOSTING, f"{path.relative_to(REPO)} imports {taken}"
+    for name in PURE_FROM_BOOSTING:
+        imported = _imports(modules[name])
+        assert imported & OURS <= {"boosting"}, f"{name} imports {imported & OURS}"
+        third_party = {m for m in imported - OURS
+                       if m not in sys.stdlib_module_names and m != "__future__"}
+        assert not third_party, f"{name} imports {third_party}: the wire would load it"

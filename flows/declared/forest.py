@@ -3,35 +3,33 @@ messages.forest)."""
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, model_validator
 
 from flows.declared import ProtocolDeclaration
 from flows.declared.secureboost import JobConfig
-from flows.job_schema import NoEarlyStopping
+from flows.job_schema import NoEarlyStopping, schema_fields
 from flows.schema_base import Strict
 from messages.envelope import MsgType
+from messages.forest import ForestParams
 
 
-class ForestParamsConfig(NoEarlyStopping, Strict):
-    """The vertical random forest's parameters (seed 002)."""
+if typing.TYPE_CHECKING:  # the fields create_model gives ForestParamsConfig: ForestParams's
+    _ForestFields = ForestParams
+else:
+    _ForestFields = object
+
+
+class _ForestParamsBase(NoEarlyStopping, Strict, _ForestFields):
+    """What only the flow reads, beside the parameters every party gets
+    (``messages.forest.ForestParams``, from which the rest of the schema is made)."""
 
     why_no_early_stopping: ClassVar[str] = ("a forest's trees are independent and averaged, grown in "
                               "parallel: none is a stage to stop after")
 
-    n_trees: int = Field(50, ge=1, le=10_000)
-    max_depth: int = Field(10, ge=1, le=16)
-    max_features: Literal["sqrt", "log2"] | float = "sqrt"
-    """Features drawn per node: sqrt or log2 of all the parties' features, or a fraction."""
-    min_samples_leaf: int = Field(1, ge=1)
-    max_bin: int = Field(32, ge=2, le=254)
-    objective: Literal["binary", "multiclass", "regression"] = "binary"
-    bootstrap: bool = True
-    seed: int = Field(0, ge=0)
-    complete_secure: bool = False
-    """The first tree grows on the active party's features alone (no passive party sees its
-    instance spaces), as Completely SecureBoost's first round."""
     min_trees: int | None = Field(None, ge=1)
     """Fewest trees the job may finish with when trees are dropped (default: all)."""
     tree_retries: int = Field(2, ge=0, le=10)
@@ -39,18 +37,25 @@ class ForestParamsConfig(NoEarlyStopping, Strict):
     parallel_trees: int = Field(2, ge=1, le=64)
     """Trees grown at once (Prefect task concurrency)."""
 
-    @field_validator("max_features")
-    @classmethod
-    def _fraction(cls, v: str | float) -> str | float:
-        if isinstance(v, float) and not 0.0 < v <= 1.0:
-            raise ValueError("a fraction of the features must be in (0, 1]")
-        return v
+    def forest_params(self) -> ForestParams:
+        """The parameters as every party is told them (``max_features`` as text)."""
+        chosen = self.model_dump(include=set(FOREST_PARAMS))
+        return ForestParams(**{**chosen, "max_features": str(chosen["max_features"])})
 
     @model_validator(mode="after")
-    def _enough(self) -> ForestParamsConfig:
+    def _enough(self) -> _ForestParamsBase:
         if self.min_trees is not None and self.min_trees > self.n_trees:
             raise ValueError(f"min_trees {self.min_trees} exceeds n_trees {self.n_trees}")
+        self.forest_params()  # the checks of ForestParams: max_features's fraction in (0, 1]
         return self
+
+
+FOREST_PARAMS = {f.name for f in dataclasses.fields(ForestParams)}
+
+ForestParamsConfig: type[_ForestParamsBase] = create_model(
+    "ForestParamsConfig", __base__=_ForestParamsBase,
+    __doc__="The vertical random forest's parameters (seed 002; ``messages.forest``).",
+    **schema_fields(ForestParams, {"max_features": Literal["sqrt", "log2"] | float}))
 
 
 class ForestJobConfig(JobConfig):

@@ -105,15 +105,15 @@ def _host_view(recorded: list[tuple[str, str, bytes]]) -> HostView:
 
 def _could_split(spec: ForestSpec, node: Node) -> bool:
     """What the host can check itself: depth left, room for two leaves (distinct rows)."""
-    return node.depth < spec.max_depth and node.rows.size >= 2 * spec.min_samples_leaf
+    return node.depth < spec.params.max_depth and node.rows.size >= 2 * spec.params.min_samples_leaf
 
 
 def _replayed(spec: ForestSpec, node: Node, total: int, offset: int) -> list[int]:
     """The host's features the public seed draws for ``node``, if the federation has
     ``total`` features and the host's come after ``offset`` others."""
-    k = features_per_node(spec.max_features, total)
+    k = features_per_node(spec.params.max_features, total)
     tree = node.work % 100_000
-    drawn = draw_features(node_rng(spec.seed, tree, node.depth, int(node.rows[0])), total, k)
+    drawn = draw_features(node_rng(spec.params.seed, tree, node.depth, int(node.rows[0])), total, k)
     return [int(f) - offset for f in drawn if offset <= f < offset + HOST_FEATURES]
 
 
@@ -152,7 +152,7 @@ def test_a_passive_party_cannot_tell_pure_nodes_from_nodes_it_was_not_drawn_for(
     # like the others (a node is a leaf only when no drawn feature has a threshold)
     asked_pure = [n for n in could if id(n) in pure and n.asked is not None]
     assert asked_pure, "pure nodes are never asked about"
-    seen = [n for n in could if n.depth < view.spec.max_depth - 1
+    seen = [n for n in could if n.depth < view.spec.params.max_depth - 1
             and any(m.work == n.work and m.depth == n.depth + 1 for m in view.nodes)]
     split_pure = [n for n in seen if id(n) in pure and n.split]
     print(f"pure nodes that could split: {sum(id(n) in pure for n in could)}, asked about: "

@@ -21,6 +21,7 @@ from messages.envelope import (WIRE_VERSION, Envelope, Kind, MsgType, decode_env
                                encode_envelope)
 from messages.signing import ForgedMessage, federation_sealers
 from messages.instance_space import BITMAP, GAPS, InstanceSpace, decode_mask, encode_mask
+from messages.codec import to_wire
 from messages.params import TreeParams
 
 SAMPLES = {
@@ -86,8 +87,8 @@ SAMPLES = {
     MsgType.DECISION_REQUEST: sb.DecisionRequest(0, 2, b"\x01\0\0\0", b"\x07\0\0\0"),
     MsgType.PATH_DECISIONS: sb.PathDecisions(0, 2, 1, b"\x80"),
     MsgType.F_OPEN_JOB: f.OpenForest(f.ForestSpec(
-        [b.PartyInfo("g", "active"), b.PartyInfo("h", "passive", "credit")], 50, 10, "sqrt", 5,
-        32, "binary", True, 0, 45, False, 1024, 0.3, 0, "y")),
+        [b.PartyInfo("g", "active"), b.PartyInfo("h", "passive", "credit")],
+        f.ForestParams(50, 10, "sqrt", 5, 32, "binary", True, 0, False), 1024, 0.3, 0, "y")),
     MsgType.F_OPENED: f.ForestOpened(10, [0, 3]),
     MsgType.F_LABELS: f.EncryptedLabels(1, 1, 9, b"\x02" * 512),
     MsgType.F_FEATURES: f.FeatureCount(10),
@@ -278,4 +279,19 @@ _HEAD = (("version", WIRE_VERSION), ("job", "j"), ("task", "t"), ("sender", "s")
 ])
 def test_envelopes_out_of_shape_are_refused_naming_the_field(data: bytes, refusal: str) -> None:
     with pytest.raises(DecodeError, match=refusal):
+        decode_envelope(data)
+
+
+@pytest.mark.parametrize("field, value, refusal", [
+    (1, 17, "max_depth=17: at most 16"), (3, 255, "max_bin=255: at most 254"),
+    (4, "poisson", "objective='poisson': one of binary, multiclass, regression"),
+    (2, 0.0, "learning_rate=0.0: above 0.0")])
+def test_openers_with_parameters_out_of_bounds_are_refused_naming_them(
+        field: int, value: object, refusal: str) -> None:
+    """The bounds of ``TreeParams`` (declared once, in ``boosting.params``) hold on the wire
+    too: a job spec out of them is a DecodeError, before any worker reads it."""
+    body = to_wire(SAMPLES[MsgType.S_OPEN_JOB])
+    body[0][1][field] = value  # OpenSimfl -> spec -> params -> the field
+    data = _envelope_map(*_HEAD[:5], ("kind", int(MsgType.S_OPEN_JOB)), ("body", body))
+    with pytest.raises(DecodeError, match=rf"S_OPEN_JOB\.spec\.params: invalid parameter {refusal}"):
         decode_envelope(data)

@@ -30,7 +30,7 @@ from crypto.paillier import (PaillierPrivateKey, PaillierPublicKey, ciphertexts_
                              ciphertexts_to_bytes, generate_keypair)
 from messages.bodies import PartyInfo, Step
 from messages.envelope import MsgType
-from messages.forest import ForestSpec, LevelHistograms, LevelRequest, NodeRequest
+from messages.forest import ForestParams, ForestSpec, LevelHistograms, LevelRequest, NodeRequest
 from messages.instance_space import decode_mask, encode_mask
 from fedboost.worker import policy_of
 from flows.config import PolicyConfig
@@ -60,10 +60,10 @@ def host_bins() -> np.ndarray:
 
 def _forest_spec(rows: int) -> ForestSpec:
     return ForestSpec(parties=[PartyInfo("guest", "active"), PartyInfo("host", "passive")],
-                      n_trees=4, max_depth=16, max_features="sqrt", min_samples_leaf=1,
-                      max_bin=MAX_BIN, objective="binary", bootstrap=True, seed=0, min_trees=4,
-                      complete_secure=False, key_bits=1024, valid_fraction=0.0, valid_seed=0,
-                      label="y")
+                      params=ForestParams(n_trees=4, max_depth=16, max_features="sqrt",
+                                          min_samples_leaf=1, max_bin=MAX_BIN, objective="binary",
+                                          bootstrap=True, seed=0, complete_secure=False),
+                      key_bits=1024, valid_fraction=0.0, valid_seed=0, label="y")
 
 
 def _blocks(rows: np.ndarray) -> list[np.ndarray]:
@@ -111,7 +111,7 @@ def _chosen_label_forest(bins: np.ndarray, keypair: tuple[PaillierPublicKey,
     public, private = keypair
     n_rows, n_features = bins.shape
     spec = _forest_spec(n_rows)
-    weights = bootstrap_weights(tree_rng(spec.seed, 0), n_rows, True)
+    weights = bootstrap_weights(tree_rng(spec.params.seed, 0), n_rows, True)
     sampled = np.flatnonzero(weights > 0)
     labels = np.zeros(n_rows, dtype=np.int64)
     labels[sampled[::2]] = 1  # pairs of consecutive sampled rows: one 1, one 0
@@ -130,7 +130,7 @@ def _chosen_label_forest(bins: np.ndarray, keypair: tuple[PaillierPublicKey,
         nodes = [rows for rows in level.values() if rows.size >= 2]
         counts = [n_features] * len(nodes)
         if greedy:  # the most the budget allows in one tree: mean * m + n + 4 sd
-            mean = mean_features_bound(spec.max_features, n_features)
+            mean = mean_features_bound(spec.params.max_features, n_features)
             total = int(mean * len(nodes) + n_features + 4 * math.sqrt(mean * len(nodes)))
             counts = [min(n_features, total // len(nodes) + (i < total % len(nodes)))
                       for i in range(len(nodes))]

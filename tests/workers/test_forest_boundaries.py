@@ -23,7 +23,7 @@ from crypto.paillier import ciphertexts_from_bytes, ciphertexts_to_bytes, genera
 from messages.bodies import PartyInfo
 from messages.secureboost import NodeSplit
 from messages.envelope import MsgType
-from messages.forest import (EncryptedLabels, ForestApplied, ForestSpec, LevelRequest,
+from messages.forest import (ForestParams, EncryptedLabels, ForestApplied, ForestSpec, LevelRequest,
                              NodeRequest)
 from messages.instance_space import encode_mask
 from workers import ProtocolError
@@ -37,13 +37,13 @@ ROWS, FEATURES, MAX_BIN = 40, 3, 8
 
 
 def _spec(**changes: object) -> ForestSpec:
-    fields = dict(parties=[PartyInfo("guest", "active"), PartyInfo("host", "passive")],
-                  n_trees=4, max_depth=4, max_features="sqrt", min_samples_leaf=3,
-                  max_bin=MAX_BIN, objective="binary", bootstrap=False, seed=0, min_trees=4,
-                  complete_secure=False, key_bits=1024, valid_fraction=0.0, valid_seed=0,
-                  label="y")
-    fields.update(changes)
-    return ForestSpec(**fields)  # type: ignore[arg-type]
+    params = dict(n_trees=4, max_depth=4, max_features="sqrt", min_samples_leaf=3,
+                  max_bin=MAX_BIN, objective="binary", bootstrap=False, seed=0,
+                  complete_secure=False)
+    params.update(changes)
+    return ForestSpec([PartyInfo("guest", "active"), PartyInfo("host", "passive")],
+                      ForestParams(**params),  # type: ignore[arg-type]
+                      key_bits=1024, valid_fraction=0.0, valid_seed=0, label="y")
 
 
 @pytest.fixture(scope="module")

@@ -154,7 +154,7 @@ def _all_features(state: JobState, run: ActiveForest) -> list[tuple[str, int]]:
 def _only_own(run: ActiveForest, tree: int) -> bool:
     """Completely SecureBoost's protection for the forest: the first tree grows on the
     active party's features alone, and no passive party sees its instance spaces."""
-    return run.spec.complete_secure and tree == 0
+    return run.spec.params.complete_secure and tree == 0
 
 
 def _growing(run: ActiveForest, work: int) -> GrowingTree:
@@ -172,13 +172,13 @@ def grow_level(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     if not run.feature_counts:
         raise StageError("prepare has not run")
     tree, attempt = body.work % MAX_TREES, body.work // MAX_TREES
-    if not 0 <= tree < run.spec.n_trees or attempt < 0:
-        raise ProtocolError(f"tree work {body.work} is outside the job's {run.spec.n_trees} trees")
+    if not 0 <= tree < run.spec.params.n_trees or attempt < 0:
+        raise ProtocolError(f"tree work {body.work} is outside the job's {run.spec.params.n_trees} trees")
     if body.depth == 0:
         for other in [w for w in run.growing if w % MAX_TREES == tree]:
             run.growing.pop(other)  # an earlier attempt of this tree
-        weights = bootstrap_weights(tree_rng(run.spec.seed, tree), run.y.size,
-                                    run.spec.bootstrap)
+        weights = bootstrap_weights(tree_rng(run.spec.params.seed, tree), run.y.size,
+                                    run.spec.params.bootstrap)
         grown = GrowingTree(tree, body.work, weights,
                             np.where(weights > 0, 0, -1).astype(np.int64))
         run.growing[body.work] = grown
@@ -195,10 +195,10 @@ def grow_level(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     features = _all_features(state, run)
     if _only_own(run, tree):
         features = [(o, f) for o, f in features if o == state.party]
-    k = features_per_node(run.spec.max_features, len(features))
+    k = features_per_node(run.spec.params.max_features, len(features))
     grown.own_features, grown.asked = {}, {p: {} for p in state.passives}
     for node in grown.level:
-        rng = node_rng(run.spec.seed, tree, body.depth, int(rows_of(grown, node)[0]),
+        rng = node_rng(run.spec.params.seed, tree, body.depth, int(rows_of(grown, node)[0]),
                        run.node_keys[0])
         drawn = [features[i] for i in draw_features(rng, len(features), k)]
         grown.own_features[node] = np.array([f for o, f in drawn if o == state.party],
@@ -222,8 +222,8 @@ def grow_level(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
 def _splittable(run: ActiveForest, grown: GrowingTree, node: int, depth: int) -> bool:
     """A node may split if the depth allows and it has room for two leaves (distinct rows):
     what passive parties check themselves. Pure nodes too (``workers.forest.splits``)."""
-    return depth < run.spec.max_depth \
-        and rows_of(grown, node).size >= 2 * run.spec.min_samples_leaf
+    return depth < run.spec.params.max_depth \
+        and rows_of(grown, node).size >= 2 * run.spec.params.min_samples_leaf
 
 
 def find_splits(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
@@ -252,8 +252,8 @@ def find_splits(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
         options[node] += [own_options(state.party, run.params.objective, bins[rows, f], w,
                                       run.channels[rows], f, how.n_bins, how.min_samples_leaf)
                           for f in grown.own_features[node].tolist()]
-        rng = node_rng(run.spec.seed, grown.tree, body.depth, int(rows[0]), run.node_keys[1])
-        chosen = choose_split(options[node], rng, run.spec.min_samples_leaf)
+        rng = node_rng(run.spec.params.seed, grown.tree, body.depth, int(rows[0]), run.node_keys[1])
+        chosen = choose_split(options[node], rng, run.spec.params.min_samples_leaf)
         if chosen is None:
             continue
         owner, split = chosen
@@ -280,7 +280,7 @@ def _decryption(run: ActiveForest) -> Decryption:
     if run.packer is None or run.packing is None:
         raise StageError("prepare has not run")
     return Decryption(run.private, run.packer, run.packing, run.scale, run.channels.shape[1],
-                      run.params.objective, run.params.max_bin + 1, run.spec.min_samples_leaf)
+                      run.params.objective, run.params.max_bin + 1, run.spec.params.min_samples_leaf)
 
 
 def finish_tree(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:

@@ -3,6 +3,7 @@ channels, finished trees) and each tree being grown (``workers.forest.growing``)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from boosting._typing import FloatArray, IntArray
 from boosting.losses import n_outputs
-from boosting.params import BoostParams
+from boosting.params import BoostParams, TreeParams
 from boosting.tree import Model, Tree
 from crypto.compress import BinSumPacking
 from crypto.encoding import GradientPacker
@@ -21,10 +22,9 @@ from messages.secureboost import NodeSplit
 
 def params_of(spec: ForestSpec) -> BoostParams:
     """The model file's parameters (a forest has no learning rate: 1)."""
-    return BoostParams(n_trees=spec.n_trees, max_depth=spec.max_depth, learning_rate=1.0,
-                       max_bin=spec.max_bin,
-                       objective=spec.objective,  # type: ignore[arg-type]  # a checked str
-                       min_samples_leaf=spec.min_samples_leaf, seed=spec.seed)
+    shared = {f.name for f in dataclasses.fields(TreeParams)}
+    return BoostParams(**{name: value for name, value in dataclasses.asdict(spec.params).items()
+                          if name in shared}, learning_rate=1.0)
 
 
 @dataclass(slots=True)

@@ -125,7 +125,7 @@ def prepare(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     run.labels = [parsed[g * n_train:(g + 1) * n_train] for g in range(labels.groups)]
     packer = GradientPacker(labels.value_bits, labels.max_rows)
     run.packing = BinSumPacking.for_key(packer.cell_bits, run.public.plaintext_bits)
-    bin_training_rows(state, run.spec.max_bin)
+    bin_training_rows(state, run.spec.params.max_bin)
     for tree in body.keep:
         raw = kept.load_tree(ctx.model_dir, checkpoint.key_of(ctx.party), state.digest, tree)
         for rid, r in raw.items():
@@ -140,12 +140,12 @@ def _check_label_shape(spec: ForestSpec, labels: EncryptedLabels, n_train: int) 
     party's rows. The shape sets how wide each bin sum is packed; an active party that
     declared a wider one (with chosen plaintexts in place of labels) would read more bits of
     every sum (docs/threat-model.md)."""
-    bits = REGRESSION_BITS if spec.objective == "regression" else 1
-    most = MAX_GROUPS if spec.objective == "multiclass" else 1
+    bits = REGRESSION_BITS if spec.params.objective == "regression" else 1
+    most = MAX_GROUPS if spec.params.objective == "multiclass" else 1
     if not 1 <= labels.groups <= most or labels.value_bits != bits \
             or labels.max_rows != n_train:
         raise ProtocolError(f"labels of {labels.groups} groups, {labels.value_bits} bits for "
-                            f"{labels.max_rows} rows; a {spec.objective} job has 1 to {most} "
+                            f"{labels.max_rows} rows; a {spec.params.objective} job has 1 to {most} "
                             f"groups of {bits} bits, and this party has {n_train} rows")
 
 
@@ -159,7 +159,7 @@ def build_histograms(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
                                              body.depth)
     bins = state.require_bins()
     tree = body.work % MAX_TREES
-    if not 0 <= tree < run.spec.n_trees or body.work < 0:
+    if not 0 <= tree < run.spec.params.n_trees or body.work < 0:
         raise ProtocolError(f"tree work {body.work} is outside the job")
     if body.depth == 0:
         work = _start_tree(run, request, bins.shape[0])
@@ -189,11 +189,11 @@ def _start_tree(run: PassiveForest, request: LevelRequest, n_rows: int) -> TreeW
         weights = np.frombuffer(request.weights, dtype="<u2").astype(np.int64)
         # the sample is the job's: drawn from its public seed, so this party checks it whole.
         # Any other would let the active party choose which rows it sums, and how often.
-        drawn = bootstrap_weights(tree_rng(run.spec.seed, tree), n_rows, run.spec.bootstrap)
+        drawn = bootstrap_weights(tree_rng(run.spec.params.seed, tree), n_rows, run.spec.params.bootstrap)
         if not np.array_equal(weights, drawn):
             raise ProtocolError(f"tree {tree}: the sample weights are not the job's "
-                                f"bootstrap={run.spec.bootstrap} sample of {n_rows} rows "
-                                f"(seed {run.spec.seed})")
+                                f"bootstrap={run.spec.params.bootstrap} sample of {n_rows} rows "
+                                f"(seed {run.spec.params.seed})")
     else:  # a tree this party takes no part in (Completely SecureBoost's first one)
         weights = np.zeros(n_rows, dtype=np.int64)
     work = TreeWork(request.tree, weights, np.where(weights > 0, 0, -1).astype(np.int64),
@@ -227,7 +227,7 @@ def _route(party: str, work: TreeWork, request: LevelRequest) -> None:
 def _histograms(party: str, run: PassiveForest, work: TreeWork, request: LevelRequest,
                 bins: np.ndarray) -> LevelHistograms:
     n_features = bins.shape[1]
-    n_bins = run.spec.max_bin + 1
+    n_bins = run.spec.params.max_bin + 1
     nodes = [r.node for r in request.requests]
     if len(set(nodes)) != len(nodes) or not set(nodes) <= work.level:
         raise ProtocolError(f"{party}: histograms asked for nodes {nodes}; the level has "
@@ -243,16 +243,16 @@ def _histograms(party: str, run: PassiveForest, work: TreeWork, request: LevelRe
             raise ProtocolError(f"{party}: node {req.node}: features {features} out of range "
                                 f"or repeated")
         rows = np.flatnonzero(work.node_of_row == req.node)
-        if rows.size < 2 * run.spec.min_samples_leaf:  # distinct rows: weights can repeat one
+        if rows.size < 2 * run.spec.params.min_samples_leaf:  # distinct rows: weights can repeat one
             raise ProtocolError(f"{party}: node {req.node} holds fewer than two leaves' "
-                                f"{run.spec.min_samples_leaf} rows: refused")
+                                f"{run.spec.params.min_samples_leaf} rows: refused")
         node_rows.append((features, rows))
     asked = [len(f) for f, _ in node_rows]
     if run.features_ledger is not None:  # written before anything is summed and sent
-        run.features_ledger.check(party, run.spec.max_features, n_features, request.depth, asked)
+        run.features_ledger.check(party, run.spec.params.max_features, n_features, request.depth, asked)
     else:
         run.summed[request.depth] = check_features_summed(
-            party, run.spec.max_features, n_features, request.depth,
+            party, run.spec.params.max_features, n_features, request.depth,
             run.summed.get(request.depth, (0, 0)), asked)
     sums: list[list[mpz]] = [[] for _ in run.labels]
     for features, rows in node_rows:
@@ -281,16 +281,16 @@ def apply_splits(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     if len(set(nodes)) != len(nodes) or not set(nodes) <= work.level - work.split_here:
         raise ProtocolError(f"{ctx.party.name}: refused splits of nodes {nodes}: one split per "
                             f"open node of the level ({sorted(work.level - work.split_here)})")
-    if work.depth != body.depth or body.depth >= run.spec.max_depth:
+    if work.depth != body.depth or body.depth >= run.spec.params.max_depth:
         raise ProtocolError(f"{ctx.party.name}: refused splits at level {body.depth}")
     out_nodes, records, first = [], [], []
     for choice in msg.splits:
-        if not (0 <= choice.feature < bins.shape[1] and 0 <= choice.bin < run.spec.max_bin):
+        if not (0 <= choice.feature < bins.shape[1] and 0 <= choice.bin < run.spec.params.max_bin):
             raise ProtocolError(f"{ctx.party.name}: split on feature {choice.feature} bin "
                                 f"{choice.bin} is out of range")
         rows = np.flatnonzero(work.node_of_row == choice.node)
         left = goes_left(bins[rows, choice.feature], choice.bin, choice.missing_left,
-                         run.spec.max_bin)
+                         run.spec.params.max_bin)
         flip = bool(secrets.randbits(1))  # which child the active party sees first
         record_id = (body.work % MAX_TREES) * RECORDS_PER_TREE + len(work.records)
         work.records[record_id] = LookupRecord(
