@@ -38,6 +38,14 @@ def bounds(**limits: Any) -> Any:
     return {"bounds": limits}
 
 
+def field_bounds(cls: type, name: str) -> dict[str, Any]:
+    """The limits a field of ``cls`` declares (``{}``: none), for code sized by them (the
+    deepest level a request may name)."""
+    limits: dict[str, Any] = next(f for f in dataclasses.fields(cls)
+                                  if f.name == name).metadata.get("bounds", {})
+    return dict(limits)
+
+
 def check_fields(params: Any) -> None:
     """Raise ``BoostingError`` naming the first field of ``params`` outside its bounds or
     choices."""

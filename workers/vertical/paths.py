@@ -24,6 +24,7 @@ import numpy as np
 
 from boosting._typing import FloatArray, IntArray
 from boosting.binning import goes_left_raw
+from boosting.params import TreeParams, field_bounds
 from boosting.tree import Model, Tree, node_values
 from messages.bodies import Ack, Step
 from messages.secureboost import DecisionRequest, PathDecisions
@@ -38,9 +39,9 @@ from workers.vertical.scoring import (lookup_records, model_of, score_x, store_m
                                       store_staged)
 from workers.state import JobState
 
-MAX_LEVELS = 16
-"""Levels a tree may have: the job file's ``params.max_depth`` is at most 16, so no request
-asks for a deeper level."""
+MAX_LEVELS: int = field_bounds(TreeParams, "max_depth")["le"]
+"""Levels a tree may have: no job's ``params.max_depth`` is deeper (``boosting.params``), so no
+request asks for a deeper level."""
 LEAF, OWN = -2, -1
 """Owner codes of a node in ``_TreeTable.owner``; passive party k has code k."""
 
