@@ -48,13 +48,18 @@ def field_bounds(cls: type, name: str) -> dict[str, Any]:
 
 def check_fields(params: Any) -> None:
     """Raise ``BoostingError`` naming the first field of ``params`` outside its bounds or
-    choices."""
+    choices (metadata ``bounds``, ``choices``, or ``each_of`` for a tuple of choices)."""
     for f in dataclasses.fields(params):
         value = getattr(params, f.name)
         choices = f.metadata.get("choices")
         if choices is not None and value not in choices:
             raise BoostingError(f"invalid parameter {f.name}={value!r}: one of "
                                 f"{', '.join(choices)}")
+        each_of = f.metadata.get("each_of")  # a tuple (or a dict of tuples) of choices
+        items = [v for vs in value.values() for v in vs] if isinstance(value, dict) else value
+        if each_of is not None and any(v not in each_of for v in items):
+            raise BoostingError(f"invalid parameter {f.name}={value!r}: each one of "
+                                f"{', '.join(each_of)}")
         for key, limit in f.metadata.get("bounds", {}).items():
             compare, words = _LIMITS[key]
             if not compare(value, limit):

@@ -51,14 +51,7 @@ def party_spec(config: WorkerConfig) -> PartySpec:
 
 def policy_of(config: PolicyConfig) -> PartyPolicy:
     """A party's policy as its worker holds it."""
-    return PartyPolicy(min_key_bits=config.min_key_bits, protocols=tuple(config.protocols),
-                       obfuscator=config.obfuscator, predict_modes=tuple(config.predict_modes),
-                       pack_bin_sums=tuple(config.pack_bin_sums),
-                       schemes=tuple(config.schemes), min_ou_key_bits=config.min_ou_key_bits,
-                       horizontal_member_sets=config.horizontal_member_sets,
-                       horizontal_min_members=config.horizontal_min_members,
-                       fixed_noise_seed=config.fixed_noise_seed,
-                       roles={protocol: tuple(roles) for protocol, roles in config.roles.items()})
+    return config.party_policy()
 
 
 def serve_party(config: WorkerConfig, log_level: int, health_file: str | None = None) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -19,6 +20,7 @@ from flows.declared import declared
 from flows.schema_base import NAME_PATTERN, Strict
 from messages.names import JOB_NAME_RULE, is_job_name
 from messages.params import TreeParams
+from messages.policy import ROLES, PartyPolicy
 
 
 def _known_protocol(name: str) -> str:
@@ -32,39 +34,60 @@ Protocol = Annotated[str, AfterValidator(_known_protocol)]
 """A protocol's name, as a job file's ``protocol:`` gives it (``flows.declared`` knows them all)."""
 
 
-class PolicyConfig(Strict):
-    """A party's own policy (``workers.policy.PartyPolicy``): what its worker accepts."""
+def schema_fields(cls: type, kinds: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``create_model`` fields made from a dataclass's fields: each one's type (``Literal`` of
+    its choices, a list of ``Literal`` for a tuple of choices (``each_of``), a list for any
+    other tuple, or ``kinds[name]`` where the file says more than the dataclass checks), its
+    default and its bounds, as the dataclass declares them (``boosting.params.bounds``)."""
+    hints = typing.get_type_hints(cls)
 
-    min_key_bits: int = Field(2048, ge=1024, le=8192)
-    """Smallest Paillier modulus the party generates or accepts."""
-    schemes: list[Literal["paillier", "ou"]] = ["paillier", "ou"]
-    """Encryption schemes the party generates or accepts (``crypto.scheme``; docs/crypto.md)."""
-    min_ou_key_bits: int = Field(2048, ge=1024, le=8192)
-    """Smallest Okamoto-Uchiyama modulus (n = p^2 q) the party generates or accepts."""
-    protocols: list[Protocol] = ["vertical_secureboost"]
-    """Protocols the party takes part in (a worker file lists each one it opts into)."""
-    obfuscator: Literal["short", "full"] = "short"
-    """Key holder's Paillier obfuscators: short exponent (fast) or full-length r^n."""
-    predict_modes: list[Literal["path", "batched"]] = ["path"]
-    """Prediction modes a passive party answers (batched reveals all its decisions)."""
-    pack_bin_sums: list[Literal["key_holder", "passive"]] = ["passive"]
-    """Who may fold a passive party's encrypted bin sums: the default ``[passive]`` refuses
-    jobs that send one sum per ciphertext to the key holder (each shows a whole plaintext to
-    it); list ``key_holder`` to allow the key holder's faster fold."""
-    horizontal_member_sets: Literal["refuse", "allow"] = "refuse"
-    """A horizontal member's answer to a job over a data set it trained on whose member set is
-    a strict subset or superset of an earlier job's (the aggregator could subtract the two
-    jobs' sums): ``refuse``, or ``allow`` (logged)."""
-    horizontal_min_members: int = Field(2, ge=2, le=1000)
-    """Fewest members of a horizontal job this member joins (two: each learns the other's row
-    count and label sum)."""
-    fixed_noise_seed: Literal["refuse", "allow"] = "refuse"
-    """A job whose ``privacy.seed`` fixes the noise of differential privacy: ``refuse`` (the
-    party the noise protects refuses it: whoever reads the job could remove the noise), or
-    ``allow`` (logged; experiments that repeat a run exactly)."""
-    roles: dict[Protocol, list[Literal["active", "passive", "member", "aggregator"]]] = {}
-    """Per protocol, the only roles the party takes, e.g. ``{vertical_secureboost: [active],
-    horizontal: [member]}`` (a protocol not named: any role a job gives it)."""
+    def kind_of(f: dataclasses.Field[Any]) -> Any:
+        if f.name in (kinds or {}):
+            return (kinds or {})[f.name]
+        if "choices" in f.metadata:
+            return Literal[f.metadata["choices"]]
+        if "each_of" in f.metadata:
+            return types.GenericAlias(list, (Literal[f.metadata["each_of"]],))
+        if typing.get_origin(hints[f.name]) is tuple:
+            return types.GenericAlias(list, typing.get_args(hints[f.name])[:1])
+        return hints[f.name]
+
+    def one(f: dataclasses.Field[Any]) -> tuple[Any, Any]:
+        limits = f.metadata.get("bounds", {})
+        if f.default_factory is not dataclasses.MISSING:
+            return kind_of(f), Field(default_factory=f.default_factory, **limits)
+        default = list(f.default) if isinstance(f.default, tuple) else f.default
+        return kind_of(f), Field(default, **limits)
+
+    return {f.name: one(f) for f in dataclasses.fields(cls)}
+
+
+if typing.TYPE_CHECKING:  # the fields create_model gives PolicyConfig below: PartyPolicy's
+    _PolicyFields = PartyPolicy
+else:
+    _PolicyFields = object
+
+
+_ROLE: Any = Literal[ROLES]
+"""A role a policy names (``Literal`` of ``messages.policy.ROLES``)."""
+
+
+class _PolicyBase(Strict, _PolicyFields):
+    def party_policy(self) -> PartyPolicy:
+        """The policy as the party's worker holds it (``messages.policy``): lists become
+        tuples, nothing else changes."""
+        settings: dict[str, Any] = {
+            name: (tuple(value) if isinstance(value, list) else
+                   {k: tuple(v) for k, v in value.items()} if isinstance(value, dict) else value)
+            for name, value in self.model_dump().items()}
+        return PartyPolicy(**settings)
+
+
+PolicyConfig: type[_PolicyBase] = create_model(
+    "PolicyConfig", __base__=_PolicyBase,
+    __doc__="A party's own policy (``messages.policy.PartyPolicy``): what its worker accepts.",
+    **schema_fields(PartyPolicy, {"protocols": list[Protocol],
+                                  "roles": dict[Protocol, list[_ROLE]]}))
 
 
 class PartyConfig(Strict):
@@ -91,20 +114,6 @@ class PartyConfig(Strict):
     processes: int | None = Field(None, ge=1, le=64)
     """Worker processes the embedded default starts for this party (default: one per core for
     a passive party, whose histogram shards they share; one for the active party)."""
-
-
-def schema_fields(cls: type, types: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``create_model`` fields made from a dataclass's fields: each one's type (``Literal`` of
-    its choices, or ``types[name]`` where the file may say more than the wire holds), default
-    and bounds, as the dataclass declares them (``boosting.params.bounds``)."""
-    hints = typing.get_type_hints(cls)
-
-    def one(f: dataclasses.Field[Any]) -> tuple[Any, Any]:
-        kind = ((types or {}).get(f.name) or (Literal[f.metadata["choices"]]
-                if "choices" in f.metadata else hints[f.name]))
-        return kind, Field(f.default, **f.metadata.get("bounds", {}))
-
-    return {f.name: one(f) for f in dataclasses.fields(cls)}
 
 
 if typing.TYPE_CHECKING:  # the fields create_model gives TreeParamsConfig below: TreeParams's

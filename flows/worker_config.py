@@ -103,7 +103,7 @@ def load_worker_config(path: str | Path, party: str) -> WorkerConfig:
                "label": entry.label, "columns": entry.columns,
                "categorical": getattr(entry, "categorical", None),
                # the job file's own protocol: this party's entry in it is an opt-in
-               "policy": entry.policy or PolicyConfig(protocols=[job.protocol]),
+               "policy": entry.policy or PolicyConfig.model_validate({"protocols": [job.protocol]}),
                # like 'fedboost train''s runs/: beside where it starts (README, .gitignore),
                # not beside the job file (configs/models/ sat in the checkout, unignored)
                "models": Path.cwd() / "models", "transport": job.transport.model_dump(),

@@ -3,10 +3,13 @@ line naming the party, what was asked and what is allowed, and the worker goes o
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from crypto.paillier import generate_keypair
 from fedboost.worker import policy_of
@@ -18,6 +21,7 @@ from messages.instance_space import encode_mask
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
 from messages.params import TreeParams
+from messages.policy import OBFUSCATORS, PREDICT_MODES, ROLES
 from tests.scenarios import DATA, TEST_POLICY
 from workers.embedded import start_workers, stop_workers
 from workers.party import PartySpec
@@ -192,3 +196,27 @@ def test_a_passive_party_reads_the_key_as_the_job_names_it_and_checks_that_schem
                                         "public key guest sent): its policy requires at least "
                                         "1536 bits")
     assert worker.jobs["job"].state.role_state.public is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(policy=st.builds(
+    PartyPolicy, min_key_bits=st.integers(1024, 8192),
+    protocols=st.lists(st.sampled_from(sorted(PROTOCOLS)), min_size=1, unique=True).map(tuple),
+    obfuscator=st.sampled_from(OBFUSCATORS),
+    predict_modes=st.lists(st.sampled_from(PREDICT_MODES), unique=True).map(tuple),
+    roles=st.dictionaries(st.sampled_from(sorted(PROTOCOLS)),
+                          st.lists(st.sampled_from(ROLES), min_size=1).map(tuple)),
+    horizontal_min_members=st.integers(2, 1000),
+    fixed_noise_seed=st.sampled_from(["refuse", "allow"])))
+def test_a_policy_file_holds_every_setting_of_the_policy_and_nothing_else(
+        policy: PartyPolicy) -> None:
+    """The ``policy:`` schema is made from ``PartyPolicy`` (declared once, in
+    ``messages.policy``): any policy a worker can hold is a policy file, read back whole."""
+    assert policy_of(PolicyConfig.model_validate(asdict(policy))) == policy
+
+
+def test_a_policy_out_of_its_bounds_is_refused_where_it_is_made() -> None:
+    for bad in ({"min_key_bits": 512}, {"schemes": ("paillier", "rsa")},
+                {"roles": {"horizontal": ("boss",)}}, {"horizontal_member_sets": "maybe"}):
+        with pytest.raises(ValueError, match=f"invalid parameter {next(iter(bad))}"):
+            PartyPolicy(**bad)  # type: ignore[arg-type]
