@@ -31,7 +31,8 @@ import secrets
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgpack
 import numpy as np
@@ -210,6 +211,46 @@ def load(directory: Path, wanted: Checkpoint, digest: str, key: bytes) -> Any:
             or record["trees_done"] != wanted.trees_done):
         raise CheckpointError(f"{path} belongs to another job spec, data file or run")
     return record["state"]
+
+
+class Record(Protocol):
+    """A protocol's checkpoint state: a dataclass it registers (``register_state_types``)
+    holding the trees done."""
+
+    @property
+    def trees(self) -> Sequence[Any]: ...
+
+
+R = TypeVar("R", bound=Record)
+
+
+def load_record(directory: Path, wanted: Checkpoint, digest: str, key: bytes, kind: type[R],
+                who: str, older: Callable[[dict[str, Any]], R] | None = None) -> R:
+    """The ``kind`` saved after ``wanted.trees_done`` trees of this job, checked: one typed
+    idiom for every protocol whose state is a record. A state of the dict layout from before
+    the records goes through ``older`` (which refuses formats it cannot read by name); any
+    other state, or trees that do not match, is damaged."""
+    state = load(directory, wanted, digest, key)
+    if isinstance(state, dict) and older is not None:
+        state = older(state)
+    if not isinstance(state, kind) or len(state.trees) != wanted.trees_done:
+        raise CheckpointError(f"{who}: checkpoint after {wanted.trees_done} trees in "
+                              f"{directory} is damaged")
+    return state
+
+
+def older_state(who: str, saved: dict[str, Any], keys: set[str], formats: dict[int, str],
+                current: int) -> dict[str, Any]:
+    """A checkpoint state of the dict layout (``{"format": n, ...}``, before typed records),
+    with ``keys``; a format other than ``current`` is refused with ``formats[n]``'s reason."""
+    version = saved.get("format", 1)
+    if version != current:
+        raise CheckpointError(f"{who}: a checkpoint of format {version} "
+                              f"({formats.get(version, 'unknown')}): refused; remove its "
+                              f"checkpoints folder to train the job afresh")
+    if not keys <= set(saved) or not isinstance(saved["trees"], list):
+        raise CheckpointError(f"{who}: a checkpoint of format {version} is damaged")
+    return saved
 
 
 def discard(directory: Path) -> None:

@@ -22,6 +22,7 @@ from workers import checkpoint
 from workers._state_codec import pack
 from workers.checkpoint import CheckpointError
 from workers.data import PartyData
+from workers.horizontal.member_state import MemberRecord
 from workers.state import JobState
 from workers.vertical.active_state import ActiveTraining
 from workers.vertical.lookup import LookupRecord
@@ -252,3 +253,41 @@ def test_state_classes_that_moved_module_keep_the_names_checkpoints_hold() -> No
 def test_runs_are_told_apart_by_their_key() -> None:
     assert checkpoint.run_of(2**2047 + 1) != checkpoint.run_of(2**2047 + 3)
     assert checkpoint.run_of(12345) == checkpoint.run_of(12345)
+
+
+def _horizontal_record(trees: int) -> MemberRecord:
+    tree = Tree(nodes=(TreeNode(id=0, value=0.25),))
+    return MemberRecord([np.array([0.5, 1.5])], -0.3, 1, np.full((4, 1), -0.3),
+                        np.full((4, 1), -0.3), [tree] * trees,
+                        [TreeFinished([Metric("auc", 0.75)])] * trees)
+
+
+def test_a_protocols_record_comes_back_typed_and_checked(tmp_path: Path) -> None:
+    """One idiom for every record: the class the protocol registered, its trees counted."""
+    saved = _horizontal_record(2)
+    checkpoint.save(tmp_path, 2, "spec", "run-a", saved, KEY)
+    loaded = checkpoint.load_record(tmp_path, Checkpoint(2, "run-a"), "spec", KEY, MemberRecord,
+                                    "alice")
+    assert isinstance(loaded, MemberRecord) and repr(loaded.trees) == repr(saved.trees)  # nan != nan
+    np.testing.assert_array_equal(loaded.margin, saved.margin)
+    checkpoint.save(tmp_path, 3, "spec", "run-a", saved, KEY)  # says 3 trees, holds 2
+    with pytest.raises(CheckpointError, match="alice: checkpoint after 3 trees .* is damaged"):
+        checkpoint.load_record(tmp_path, Checkpoint(3, "run-a"), "spec", KEY, MemberRecord,
+                               "alice")
+
+
+def test_a_dict_checkpoint_from_before_the_records_still_resumes(tmp_path: Path) -> None:
+    """Horizontal checkpoints of format 2 were dicts (before multiclass without ``classes``
+    or ``round_margin``): they read as the record; format 1 is refused by name."""
+    record = _horizontal_record(1)
+    old = {"format": 2, "cuts": record.cuts, "base": record.base, "margin": record.margin,
+           "trees": record.trees, "history": record.history}
+    checkpoint.save(tmp_path, 1, "spec", "run-a", old, KEY)
+    loaded = checkpoint.load_record(tmp_path, Checkpoint(1, "run-a"), "spec", KEY, MemberRecord,
+                                    "alice", lambda raw: MemberRecord.older("alice", raw))
+    assert (loaded.classes, repr(loaded.trees), loaded.base) == (1, repr(record.trees), record.base)
+    np.testing.assert_array_equal(loaded.round_margin, record.margin)
+    checkpoint.save(tmp_path, 1, "spec", "run-a", {**old, "format": 1}, KEY)
+    with pytest.raises(CheckpointError, match="format 1 .cuts from quantile summaries"):
+        checkpoint.load_record(tmp_path, Checkpoint(1, "run-a"), "spec", KEY, MemberRecord,
+                               "alice", lambda raw: MemberRecord.older("alice", raw))

@@ -30,8 +30,9 @@ from workers import NotReady, ProtocolError, StageError, checkpoint
 from workers.horizontal.grid import GridRounds
 from workers.pairwise_masks import unmask_sum, unseal_sum
 from workers.horizontal.attempts import require_current, take_current
-from workers.horizontal.member import (PROTOCOL, STATE_FORMAT, aggregator_of, load_checkpoint,
-                                       members_of, params_of, private_plan)
+from workers.horizontal.member import (PROTOCOL, aggregator_of, members_of, params_of,
+                                       private_plan)
+from workers.horizontal.member_state import OLDER_FORMATS
 from workers.handlers import StepContext
 from workers.horizontal.tree import SplitChooser, SummedTree
 from workers.policy import check_protocol
@@ -77,6 +78,32 @@ class AggregatorJob:
     live: list[str] = field(default_factory=list)
     tree: SummedTree | None = None
     chooser: SplitChooser = field(default_factory=SplitChooser)
+
+
+@dataclass(slots=True)
+class AggregatorRecord:
+    """What the aggregator's checkpoint holds after its trees (and after the cuts)."""
+
+    columns: list[str]
+    cuts: list[FloatArray]
+    base: float
+    classes: int
+    trees: list[Tree]
+    noise_seed: int
+    bin_counts: IntArray | None
+
+    @classmethod
+    def older(cls, who: str, saved: dict[str, Any], noise_seed: int) -> AggregatorRecord:
+        """A checkpoint of the dict layout (format 2; from before multiclass: one class; from
+        before the noise seed was kept: this session's; before count floors: no bin counts)."""
+        saved = checkpoint.older_state(who, saved, {"columns", "cuts", "base", "trees"},
+                                       OLDER_FORMATS, 2)
+        return cls(list(saved["columns"]), list(saved["cuts"]), float(saved["base"]),
+                   int(saved.get("classes", 1)), list(saved["trees"]),
+                   int(saved.get("noise_seed", noise_seed)), saved.get("bin_counts"))
+
+
+checkpoint.register_state_types(AggregatorRecord)
 
 
 def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[Kind, Any]:
@@ -243,22 +270,21 @@ def send_tree(ctx: StepContext, body: Round) -> tuple[Kind, Any]:
 
 def checkpoint_state(ctx: StepContext, job: AggregatorJob) -> None:
     """Save the aggregator's state after its trees (and after the cuts)."""
-    checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.run,
-                    {"format": STATE_FORMAT, "columns": job.columns, "cuts": job.cuts,
-                     "base": job.base, "classes": job.classes, "trees": job.trees,
-                     "noise_seed": job.noise_seed, "bin_counts": job.bin_counts},
-                    checkpoint.key_of(ctx.party))
+    checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.run, AggregatorRecord(
+        job.columns, job.cuts, job.base, job.classes, job.trees, job.noise_seed, job.bin_counts),
+        checkpoint.key_of(ctx.party))
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[Kind, Any]:
     """Go back to a checkpoint every party holds."""
     job: AggregatorJob = ctx.state
-    saved = load_checkpoint(ctx, job.digest, body, {"columns", "cuts", "base", "trees"})
-    job.columns, job.cuts = list(saved["columns"]), list(saved["cuts"])
-    job.base, job.trees, job.run = float(saved["base"]), list(saved["trees"]), body.checkpoint.run
-    job.noise_seed = int(saved.get("noise_seed", job.noise_seed))
-    job.classes = int(saved.get("classes", 1))  # checkpoints from before multiclass: 1
-    job.bin_counts = saved.get("bin_counts")
+    me = ctx.party.name
+    saved = checkpoint.load_record(ctx.model_dir, body.checkpoint, job.digest,
+                                   checkpoint.key_of(ctx.party), AggregatorRecord, me,
+                                   lambda old: AggregatorRecord.older(me, old, job.noise_seed))
+    job.columns, job.cuts, job.base = list(saved.columns), list(saved.cuts), saved.base
+    job.classes, job.trees, job.run = saved.classes, list(saved.trees), body.checkpoint.run
+    job.noise_seed, job.bin_counts = saved.noise_seed, saved.bin_counts
     return MsgType.RESUMED, Resumed(trees_done=len(job.trees), n_aligned=0, n_train=0,
                                     n_valid=0, outputs=job.classes, history=[])
 

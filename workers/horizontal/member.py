@@ -41,7 +41,7 @@ from workers.handlers import StepContext
 from workers.horizontal.attempts import take_current
 from workers.horizontal.draws import floored_plan, member_secret, private_rows
 from workers.keyed_draws import in_tree_rows
-from workers.horizontal.member_state import MemberJob
+from workers.horizontal.member_state import MemberJob, MemberRecord
 from workers.horizontal.peers import announce_key, pair_secrets, round_key, send_masked
 from workers.horizontal.tree import MemberTree, assemble
 from workers.policy import check_noise_seed, check_protocol
@@ -51,8 +51,6 @@ from workers.row_partitioned import (MAX_CLASSES, aggregator_of, load_member_dat
 PROTOCOL = "horizontal"
 STATS_SCALE = 2.0 ** 24
 """Fixed point of a regression member's label sum (the secure sum adds integers)."""
-STATE_FORMAT = 2
-"""Checkpoints' layout: 2 since the cuts come from the set-up grid (1: quantile summaries)."""
 
 
 def open_job(ctx: StepContext, body: OpenHorizontal) -> tuple[Kind, Any]:
@@ -262,40 +260,23 @@ def receive_tree(ctx: StepContext, body: Round) -> tuple[Kind, Any]:
 
 def checkpoint_state(ctx: StepContext, job: MemberJob) -> None:
     """Save the member's state after its trees (and after binning)."""
-    checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.run,
-                    {"format": STATE_FORMAT, "cuts": job.cuts, "base": job.base,
-                     "classes": job.classes, "margin": job.margin,
-                     "round_margin": job.margin if job.round_margin is None
-                     else job.round_margin, "trees": job.trees, "history": job.history},
-                    checkpoint.key_of(ctx.party))
-
-
-def load_checkpoint(ctx: StepContext, digest: str, body: ResumeJob,
-                    keys: set[str]) -> dict[str, Any]:
-    """A horizontal party's checkpoint record (``keys`` and the checkpoint's trees), checked;
-    one of an older format is refused by name."""
-    saved = checkpoint.load(ctx.model_dir, body.checkpoint, digest, checkpoint.key_of(ctx.party))
-    if isinstance(saved, dict) and saved.get("format") != STATE_FORMAT:
-        raise checkpoint.CheckpointError(
-            f"{ctx.party.name}: the checkpoint after {body.checkpoint.trees_done} trees in "
-            f"{ctx.model_dir} is of an older horizontal protocol (cuts from quantile "
-            f"summaries): refused; remove its checkpoints folder to train the job afresh")
-    if not (isinstance(saved, dict) and keys <= set(saved) and isinstance(saved["trees"], list)
-            and len(saved["trees"]) == body.checkpoint.trees_done):
-        raise checkpoint.CheckpointError(f"{ctx.party.name}: checkpoint after "
-                                         f"{body.checkpoint.trees_done} trees is damaged")
-    return saved
+    assert job.margin is not None
+    checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.run, MemberRecord(
+        job.cuts, job.base, job.classes, job.margin,
+        job.margin if job.round_margin is None else job.round_margin, job.trees, job.history),
+        checkpoint.key_of(ctx.party))
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[Kind, Any]:
     """Go back to a checkpoint every party holds: cuts, base score, margins and trees."""
     job: MemberJob = ctx.state
-    saved = load_checkpoint(ctx, job.digest, body, {"cuts", "base", "margin", "trees", "history"})
-    job.cuts, job.base, job.trees = list(saved["cuts"]), float(saved["base"]), list(saved["trees"])
-    job.margin, job.history = np.array(saved["margin"]), list(saved["history"])
-    # checkpoints from before multiclass: one output, whose rounds are single trees
-    job.classes = int(saved.get("classes", 1))
-    job.round_margin = np.array(saved.get("round_margin", saved["margin"]))
+    me = ctx.party.name
+    saved = checkpoint.load_record(ctx.model_dir, body.checkpoint, job.digest,
+                                   checkpoint.key_of(ctx.party), MemberRecord, me,
+                                   lambda old: MemberRecord.older(me, old))
+    job.cuts, job.base, job.classes = list(saved.cuts), saved.base, saved.classes
+    job.margin, job.round_margin = saved.margin.copy(), saved.round_margin.copy()
+    job.trees, job.history = list(saved.trees), list(saved.history)
     job.bins = apply_cuts(job.data.x, job.cuts, job.params.max_bin)
     job.run = body.checkpoint.run
     announce_key(ctx, job, members_of(job.spec))

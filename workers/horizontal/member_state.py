@@ -3,18 +3,48 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from boosting._typing import BinMatrix, FloatArray, IntArray
 from boosting.params import BoostParams
 from boosting.tree import Model, Tree
 from messages.bodies import TreeFinished
 from messages.horizontal import HorizontalSpec
-from workers import StageError
+from workers import StageError, checkpoint
 from workers.data import PartyData
 from workers.horizontal.grid import Layout
 from workers.pairwise_masks import MaskKey
 from workers.horizontal.tree import MemberTree
 from workers.row_partitioned import shared_model
+
+
+@dataclass(slots=True)
+class MemberRecord:
+    """What a member's checkpoint holds after its trees (and after binning)."""
+
+    cuts: list[FloatArray]
+    base: float
+    classes: int
+    margin: FloatArray
+    round_margin: FloatArray
+    trees: list[Tree]
+    history: list[TreeFinished]
+
+    @classmethod
+    def older(cls, who: str, saved: dict[str, Any]) -> MemberRecord:
+        """A checkpoint of the dict layout (format 2: the cuts from the set-up grid; from
+        before multiclass: one class, each round one tree)."""
+        saved = checkpoint.older_state(who, saved, {"cuts", "base", "margin", "trees", "history"},
+                                       OLDER_FORMATS, 2)
+        return cls(list(saved["cuts"]), float(saved["base"]), int(saved.get("classes", 1)),
+                   np.array(saved["margin"]), np.array(saved.get("round_margin", saved["margin"])),
+                   list(saved["trees"]), list(saved["history"]))
+
+
+OLDER_FORMATS = {1: "cuts from quantile summaries, an older horizontal protocol"}
+"""The dict layouts of horizontal checkpoints that are refused, and why."""
 
 
 @dataclass(slots=True)
@@ -86,3 +116,6 @@ class MemberJob:
 
     def model(self) -> Model:
         return shared_model(self.params, self.base, self.classes, self.trees, self.data.names)
+
+
+checkpoint.register_state_types(MemberRecord)

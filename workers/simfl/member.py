@@ -48,9 +48,46 @@ MAX_ROWS = 1 << 26
 MIN_NOISE = 1.0
 """The least sigma_label and sigma_tree a member accepts, whatever the job says: below it one
 tree's sum tells a lone row's label with an advantage above 0.28 (``2 Phi(1 / 2 sigma) - 1``)."""
-STATE_FORMAT = 2
-"""The layout of a member's checkpoint: 2 holds every other member's handles (randomised sums
-for each); format 1 (exact sums) is refused."""
+OLDER_FORMATS = {1: "exact gradient sums"}
+"""The dict layouts of SimFL checkpoints that are refused, and why (format 2, the randomised
+sums with every other member's handles, is read: ``MemberRecord.older``)."""
+
+
+@dataclass(slots=True)
+class MemberRecord:
+    """What a SimFL member's checkpoint holds after its trees (and after preprocessing)."""
+
+    handles: np.ndarray
+    members: list[str]
+    similar: list[np.ndarray]
+    everyone: list[np.ndarray]
+    base: float
+    classes: int
+    margin: FloatArray
+    round_margin: FloatArray
+    packed: list[Any]
+    """Each tree as flat arrays (``SimflMember.packed``)."""
+    history: list[TreeFinished]
+
+    @property
+    def trees(self) -> list[Any]:
+        return self.packed
+
+    @classmethod
+    def older(cls, who: str, saved: dict[str, Any]) -> MemberRecord:
+        """A checkpoint of the dict layout (format 2; from before multiclass: one class)."""
+        saved = checkpoint.older_state(who, saved, {"handles", "similar", "members", "everyone",
+                                                    "base", "margin", "trees", "history"},
+                                       OLDER_FORMATS, 2)
+        return cls(np.asarray(saved["handles"], dtype=np.uint64), list(saved["members"]),
+                   list(saved["similar"]), list(saved["everyone"]), float(saved["base"]),
+                   int(saved.get("classes", 1)), np.array(saved["margin"]),
+                   np.array(saved.get("round_margin", saved["margin"])), list(saved["trees"]),
+                   [TreeFinished([Metric(str(n), float(v)) for n, v in metrics])
+                    for metrics in saved["history"]])
+
+
+checkpoint.register_state_types(MemberRecord)
 
 
 def builder_of(spec: SimflSpec, tree: int, classes: int = 1) -> str:
@@ -321,45 +358,28 @@ def _finish(ctx: StepContext, job: SimflMember, tree: Tree,
                                                  "train").items()]
     done = TreeFinished(metrics=[*metrics, Metric("rows", float(job.y.size)), *extra])
     job.history.append(done)
-    checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.prep_key,
-                    {"format": STATE_FORMAT, "handles": job.handles,
-                     "similar": list(job.similar.values()), "members": list(job.similar),
-                     "everyone": list(job.everyone.values()), "base": job.base,
-                     "classes": job.classes, "margin": job.margin,
-                     "round_margin": job.margin if job.round_margin is None
-                     else job.round_margin,
-                     "trees": job.packed,
-                     "history": [[[m.name, m.value] for m in done.metrics]
-                                 for done in job.history]},
-                    checkpoint.key_of(ctx.party))
+    checkpoint.save(ctx.model_dir, len(job.trees), job.digest, job.prep_key, MemberRecord(
+        job.handles, list(job.similar), list(job.similar.values()), list(job.everyone.values()),
+        job.base, job.classes, job.margin,
+        job.margin if job.round_margin is None else job.round_margin, job.packed, job.history),
+        checkpoint.key_of(ctx.party))
     return done
 
 
 def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[Kind, Any]:
     """Go back to a checkpoint every member holds (its similarity, margins and trees)."""
     job: SimflMember = ctx.state
-    saved = checkpoint.load(ctx.model_dir, body.checkpoint, job.digest,
-                            checkpoint.key_of(ctx.party))
-    if isinstance(saved, dict) and saved.get("format") != STATE_FORMAT:
-        raise checkpoint.CheckpointError(
-            f"{ctx.party.name}: checkpoint after {body.checkpoint.trees_done} trees is of SimFL "
-            f"format {saved.get('format', 1)} (exact gradient sums), not {STATE_FORMAT}: "
-            f"refused; run the job from the start")
-    keys = {"handles", "similar", "members", "everyone", "base", "margin", "trees", "history"}
-    if not (isinstance(saved, dict) and keys <= set(saved)
-            and len(saved["trees"]) == body.checkpoint.trees_done):
-        raise checkpoint.CheckpointError(f"{ctx.party.name}: checkpoint after "
-                                         f"{body.checkpoint.trees_done} trees is damaged")
-    job.handles = np.asarray(saved["handles"], dtype=np.uint64)
-    job.set_prepared(dict(zip(saved["members"], saved["similar"])),
-                     dict(zip(saved["members"], saved["everyone"])), float(saved["base"]),
-                     int(saved.get("classes", 1)))  # before multiclass: 1
-    job.margin = np.array(saved["margin"])
-    job.round_margin = np.array(saved.get("round_margin", saved["margin"]))
-    job.packed = list(saved["trees"])
+    me = ctx.party.name
+    saved = checkpoint.load_record(ctx.model_dir, body.checkpoint, job.digest,
+                                   checkpoint.key_of(ctx.party), MemberRecord, me,
+                                   lambda old: MemberRecord.older(me, old))
+    job.handles = np.asarray(saved.handles, dtype=np.uint64)
+    job.set_prepared(dict(zip(saved.members, saved.similar)),
+                     dict(zip(saved.members, saved.everyone)), saved.base, saved.classes)
+    job.margin, job.round_margin = saved.margin.copy(), saved.round_margin.copy()
+    job.packed = list(saved.packed)
     job.trees = [tree for packed in job.packed for tree in trees_from_arrays(packed)]
-    job.history = [TreeFinished([Metric(str(n), float(v)) for n, v in metrics])
-                   for metrics in saved["history"]]
+    job.history = list(saved.history)
     job.prep_key = body.checkpoint.run
     return MsgType.RESUMED, Resumed(trees_done=len(job.trees), n_aligned=job.y.size,
                                     n_train=job.y.size, n_valid=0, outputs=job.classes,
