@@ -57,8 +57,8 @@ def train(config: JobSource, out: str | os.PathLike[str] | None = None, *,
     ----------
     config
         A job file's path, its content as a mapping (relative data paths resolve against the
-        current folder), or a validated ``JobConfig``/``HorizontalJobConfig``/
-        ``SimflJobConfig``.
+        current folder), or a validated job file (``flows.config``: ``SecureBoostJobConfig``,
+        ``ForestJobConfig``, ``HorizontalJobConfig``, ``SimflJobConfig``, or a plug-in's).
     out
         The run folder (default ``runs/<job>``): ``job.json``, ``metrics.json`` and, on the
         embedded default, each party's model part.
@@ -122,7 +122,7 @@ def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
     from boosting.train import train as train_core
     from boosting.tree import save_model
     from fedboost.joined import join_parties, pool_members
-    from flows.config import ConfigError, HorizontalJobConfig, JobConfig, SimflJobConfig
+    from flows.config import ConfigError, HorizontalJobConfig, SimflJobConfig, VerticalJobConfig
     from flows.declared import declaration
 
     job, _ = _job_config(config)
@@ -142,7 +142,7 @@ def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
         blocks, y, valid = [pooled.block], pooled.y, None
         n_rows, n_valid = len(pooled.ids), 0
     else:
-        if not isinstance(job, JobConfig):
+        if not isinstance(job, VerticalJobConfig):
             raise ConfigError(f"job {job.job}: protocol {job.protocol} has no joined reference")
         joined = join_parties(job)
         blocks, y = joined.part(valid=False)

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from flows.coordinator import DEFAULT_STEP_TIMEOUT, Coordinator, attached
 from crypto.pool import default_processes
-from flows.config import AnyJobConfig
+from flows.config import JobFile
 from flows.declared import declaration, declared
 from messages.signing import FLOW_IDENTITY, federation_sealers
 from messages.transport import MemoryHub
@@ -38,7 +38,7 @@ def embedded_policy() -> PartyPolicy:
                        fixed_noise_seed="allow")
 
 
-def party_specs(config: AnyJobConfig, out_dir: Path,
+def party_specs(config: JobFile, out_dir: Path,
                 data: dict[str, Path] | None = None) -> list[PartySpec]:
     """Each party's local settings; its model part lives in ``out_dir/<party>``."""
     specs = []
@@ -127,7 +127,7 @@ def stopped(procs: dict[str, BaseProcess], parties: list[str]) -> dict[str, str]
     return found
 
 
-def train_embedded(config: AnyJobConfig, out_dir: Path, *,
+def train_embedded(config: JobFile, out_dir: Path, *,
                    hub: MemoryHub | None = None) -> dict[str, Any]:
     """A whole federated training run on one machine, of the job's protocol."""
     flow = protocol_flow(config)
@@ -137,6 +137,6 @@ def train_embedded(config: AnyJobConfig, out_dir: Path, *,
                         end_to_end=bool(config.signing and config.signing.end_to_end))
 
 
-def protocol_flow(config: AnyJobConfig) -> Callable[[Any], dict[str, Any]]:
+def protocol_flow(config: JobFile) -> Callable[[Any], dict[str, Any]]:
     """The Prefect flow that trains a job of ``config``'s protocol."""
     return declaration(config.protocol).training_flow()

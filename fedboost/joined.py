@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from boosting.train import FeatureBlock
-from flows.config import HorizontalJobConfig, JobConfig, SimflJobConfig
+from flows.config import HorizontalJobConfig, VerticalJobConfig, SimflJobConfig
 from workers import DataError
 from workers.vertical.alignment import holdout_mask
 from workers.data import PartyData, load_party_data
@@ -40,7 +40,7 @@ def _data_file(party: str, data: Path | None) -> Path:
     return data
 
 
-def join_parties(config: JobConfig) -> JoinedData:
+def join_parties(config: VerticalJobConfig) -> JoinedData:
     """Load every party's file and inner-join on ids."""
     loaded: dict[str, PartyData] = {}
     for name, party in config.parties.items():

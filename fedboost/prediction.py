@@ -16,7 +16,7 @@ from fedboost import _prefect_env
 from fedboost.results import PredictResult
 
 if TYPE_CHECKING:
-    from flows.config import JobConfig
+    from flows.config import VerticalJobConfig
 
 
 DataSource = Union[str, os.PathLike[str], Mapping[str, Union[str, os.PathLike[str]]], None]
@@ -82,7 +82,7 @@ def _data_files(data: DataSource) -> tuple[dict[str, Path], Path | None]:
     return {}, Path(data)
 
 
-def _predict_federated(model_dir: Path, config: JobConfig, data: DataSource,
+def _predict_federated(model_dir: Path, config: VerticalJobConfig, data: DataSource,
                        out: str | os.PathLike[str] | None, mode: str,
                        batch_size: int) -> PredictResult:
     from fedboost.embedded import party_specs, run_embedded
@@ -119,7 +119,7 @@ def _predict_federated(model_dir: Path, config: JobConfig, data: DataSource,
                          mode=mode, party=config.active, scores_file=target)
 
 
-def _predict_on_workers(config: JobConfig, job: str, scores_file: str, mode: str,
+def _predict_on_workers(config: VerticalJobConfig, job: str, scores_file: str, mode: str,
                         run: Callable[[], dict[str, Any]], data_given: bool,
                         out_given: bool) -> PredictResult:
     """Score against the parties' running workers: each loads its part of the trained job from

@@ -21,9 +21,10 @@ from flows.broker_settings import (AMQP_PASSWORD_FILE_ENV, AMQP_URL_ENV, DEFAULT
 from flows.declared import declared
 from flows.declared.forest import ForestJobConfig, ForestParamsConfig
 from flows.declared.horizontal import HorizontalJobConfig, HorizontalParamsConfig
-from flows.declared.secureboost import CryptoConfig, JobConfig, ParamsConfig, ValidationConfig
+from flows.declared.secureboost import (CryptoConfig, JobConfig, ParamsConfig, SecureBoostJobConfig,
+                                       ValidationConfig, VerticalJobConfig)
 from flows.declared.simfl import LshConfig, SimflJobConfig, SimflParamsConfig, SimflPrivacyConfig
-from flows.job_schema import (TREE_PARAMS, HorizontalPartyConfig, JobName, PartyConfig,
+from flows.job_schema import (TREE_PARAMS, HorizontalPartyConfig, JobFile, JobName, PartyConfig,
                               PolicyConfig, PrivacyConfig, Protocol, TreeParamsConfig)
 from flows.schema_base import NAME_PATTERN, ConfigError, describe, read_yaml, resolve_path
 from messages.broker_url import holds_password, without_password
@@ -32,14 +33,17 @@ __all__ = [
     "AMQP_PASSWORD_FILE_ENV", "AMQP_URL_ENV", "DEFAULT_AMQP_URL", "NAME_PATTERN", "TREE_PARAMS",
     "AnyJobConfig", "ConfigError", "CryptoConfig", "ForestJobConfig", "ForestParamsConfig",
     "HorizontalJobConfig", "HorizontalParamsConfig", "HorizontalPartyConfig", "JobConfig",
-    "JobName", "LshConfig", "ParamsConfig", "PartyConfig", "PolicyConfig", "PrivacyConfig",
-    "Protocol", "SigningConfig", "SimflJobConfig", "SimflParamsConfig", "SimflPrivacyConfig",
-    "TlsConfig", "TransportConfig", "TreeParamsConfig", "ValidationConfig", "describe",
+    "JobFile", "JobName", "LshConfig", "ParamsConfig", "PartyConfig", "PolicyConfig", "PrivacyConfig",
+    "Protocol", "SecureBoostJobConfig", "SigningConfig", "SimflJobConfig", "SimflParamsConfig", "SimflPrivacyConfig",
+    "TlsConfig", "TransportConfig", "TreeParamsConfig", "ValidationConfig", "VerticalJobConfig",
+    "describe",
     "job_schemas", "load_config", "parse_config", "read_password_file", "validate_job",
     "without_broker_password"]
 
 
-AnyJobConfig = JobConfig | HorizontalJobConfig | SimflJobConfig | ForestJobConfig
+AnyJobConfig = SecureBoostJobConfig | HorizontalJobConfig | SimflJobConfig | ForestJobConfig
+"""fedboost's own protocols' job files; code that takes any protocol's (a plug-in's too) reads
+a ``JobFile``."""
 
 
 def job_schemas() -> dict[str, type[Any]]:

@@ -26,7 +26,7 @@ from prefect.cache_policies import NO_CACHE
 
 from messages import MessageError, TransportError
 from messages.bodies import Aligned, ErrorReply, Step
-from flows.declared.secureboost import JobConfig
+from flows.job_schema import JobFile
 from flows.schema_base import ConfigError
 from flows.errors import (JobStopped, PartyError, PartyGone,  # noqa: F401  the flows' errors,
                           StepTimeout)                       # imported from here by them
@@ -280,7 +280,7 @@ def attached(coordinator: Coordinator) -> Iterator[Coordinator]:
 
 
 @contextmanager
-def connected(config: JobConfig) -> Iterator[Coordinator]:
+def connected(config: JobFile) -> Iterator[Coordinator]:
     """The job's coordinator: the one attached by the caller (the embedded default starts
     its workers and attaches), or a new connection to the broker for the flow run's lifetime
     (deployments, ``fedboost train`` with ``transport.kind: rabbitmq``)."""
@@ -306,7 +306,7 @@ def connected(config: JobConfig) -> Iterator[Coordinator]:
         endpoint.close()
 
 
-def broker_coordinator(config: Any, job: str, timeout: float) -> Coordinator:
+def broker_coordinator(config: JobFile, job: str, timeout: float) -> Coordinator:
     """A flow endpoint of its own on the job's broker (reply queue ``flow.<job>.<id>``), signing
     with the flow key of ``config.signing``; the caller deletes its queue and closes it."""
     if config.signing is None:

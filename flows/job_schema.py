@@ -23,6 +23,26 @@ from messages.params import TreeParams
 from messages.policy import ROLES, PartyPolicy
 
 
+class JobFile(typing.Protocol):
+    """What the run owner and the coordinator read of any protocol's job file: every schema
+    has it, a plug-in's (``FEDBOOST_PROTOCOLS``) too."""
+
+    @property
+    def job(self) -> str: ...
+
+    @property
+    def protocol(self) -> str: ...
+
+    @property
+    def parties(self) -> typing.Mapping[str, Any]: ...
+
+    @property
+    def transport(self) -> TransportConfig: ...
+
+    @property
+    def signing(self) -> SigningConfig | None: ...
+
+
 def _known_protocol(name: str) -> str:
     known = declared()
     if name not in known:

@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture
 
 from flows.coordinator import Sent, align_entities, link, step_id
-from flows.declared.secureboost import JobConfig
+from flows.declared.secureboost import SecureBoostJobConfig
 from flows.job_schema import PrivacyConfig
 from flows.predict import traverse_level_once
 from flows.run import RunProtocol, Start, TrainingRun, train_run
@@ -26,7 +26,7 @@ from messages.secureboost import VALIDATION_BATCH, JobSpec, OpenJob, SplitsFound
 from messages.envelope import MsgType
 
 
-def job_spec(config: JobConfig) -> JobSpec:
+def job_spec(config: SecureBoostJobConfig) -> JobSpec:
     """What every party is told about the job (no paths, no data)."""
     p = config.params
     return JobSpec(
@@ -169,7 +169,7 @@ def save_models(job: str, parties: list[str], keep: int = -1) -> None:
 
 
 @flow(name="vertical_secureboost", flow_run_name="{config.job}")
-def vertical_secureboost(config: JobConfig) -> dict[str, Any]:
+def vertical_secureboost(config: SecureBoostJobConfig) -> dict[str, Any]:
     """Train a SecureBoost model between one active and several passive parties.
 
     ``config`` is the job file's content (a deployment's parameter). Over RabbitMQ the flow
@@ -184,9 +184,9 @@ def vertical_secureboost(config: JobConfig) -> dict[str, Any]:
 class SecureBoost(RunProtocol):
     """SecureBoost's run: one active party, passive parties summing ciphertexts."""
 
-    config: JobConfig
+    config: SecureBoostJobConfig
 
-    def __init__(self, config: JobConfig) -> None:
+    def __init__(self, config: SecureBoostJobConfig) -> None:
         super().__init__(config, [config.active, *config.passives])
         self.active, self.passives = config.active, config.passives
         self.per_round, self.n_valid = 1, 0

@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, create_model, model_validator
 
 from flows.declared import ProtocolDeclaration
-from flows.declared.secureboost import JobConfig
+from flows.declared.secureboost import VerticalJobConfig
 from flows.job_schema import NoEarlyStopping, schema_fields
 from flows.schema_base import Strict
 from messages.envelope import MsgType
@@ -58,12 +58,11 @@ ForestParamsConfig: type[_ForestParamsBase] = create_model(
     **schema_fields(ForestParams, {"max_features": Literal["sqrt", "log2"] | float}))
 
 
-class ForestJobConfig(JobConfig):
+class ForestJobConfig(VerticalJobConfig):
     """A vertical random forest job: parties as for SecureBoost."""
 
-    # (ignores: a field narrowed in a subclass, which pydantic allows and mypy calls unsound)
-    protocol: Literal["vertical_random_forest"]  # type: ignore[assignment]
-    params: ForestParamsConfig = ForestParamsConfig()  # type: ignore[assignment]
+    protocol: Literal["vertical_random_forest"]
+    params: ForestParamsConfig = ForestParamsConfig()
 
 
 PROTOCOL = ProtocolDeclaration(

@@ -56,13 +56,14 @@ class ValidationConfig(Strict):
     seed: int = Field(0, ge=0)
 
 
-class JobConfig(Strict):
-    """A whole federated training job (vertical SecureBoost)."""
+class VerticalJobConfig(Strict):
+    """What every column-partitioned (vertical) job file holds: one active party with the
+    labels, passive parties with other columns of the same customers, the encryption, the
+    validation rows. Each vertical protocol's schema adds its ``protocol`` and ``params``."""
 
     job: JobName
-    protocol: Literal["vertical_secureboost"] = "vertical_secureboost"
+    protocol: str
     parties: dict[str, PartyConfig]
-    params: ParamsConfig = ParamsConfig()
     crypto: CryptoConfig = CryptoConfig()
     validation: ValidationConfig = ValidationConfig()
     transport: TransportConfig = TransportConfig()
@@ -72,11 +73,10 @@ class JobConfig(Strict):
     """Optional differential privacy (SecureBoost only); without it training is lossless."""
 
     @model_validator(mode="after")
-    def _roles(self) -> JobConfig:
+    def _roles(self) -> VerticalJobConfig:
         check_party_names(self.parties)
         if self.privacy is not None and self.protocol != "vertical_secureboost":
             raise ValueError(f"privacy: {self.protocol} has no differential privacy")
-        check_privacy(self.privacy, self.params)
         actives = [n for n, p in self.parties.items() if p.role == "active"]
         if len(actives) != 1:
             raise ValueError(f"exactly one party must have role active, found {len(actives)}")
@@ -84,9 +84,6 @@ class JobConfig(Strict):
             raise ValueError("at least one party must have role passive")
         if self.parties[actives[0]].label is None:
             raise ValueError(f"parties.{actives[0]}.label: the active party needs a label column")
-        if getattr(self.params, "early_stopping_rounds", None) and not self.validation.fraction:
-            raise ValueError("params.early_stopping_rounds stops on validation rows: set "
-                             "validation.fraction (e.g. 0.2)")
         for name in self.passives:
             if self.parties[name].label is not None:
                 raise ValueError(f"parties.{name}.label: only the active party holds labels")
@@ -104,8 +101,28 @@ class JobConfig(Strict):
         return [n for n, p in self.parties.items() if p.role == "passive"]
 
 
+class SecureBoostJobConfig(VerticalJobConfig):
+    """A vertical SecureBoost training job."""
+
+    protocol: Literal["vertical_secureboost"] = "vertical_secureboost"
+    params: ParamsConfig = ParamsConfig()
+
+    @model_validator(mode="after")
+    def _privacy_and_stopping(self) -> SecureBoostJobConfig:
+        check_privacy(self.privacy, self.params)
+        if self.params.early_stopping_rounds and not self.validation.fraction:
+            raise ValueError("params.early_stopping_rounds stops on validation rows: set "
+                             "validation.fraction (e.g. 0.2)")
+        return self
+
+
+JobConfig = SecureBoostJobConfig
+"""The name ``SecureBoostJobConfig`` had before the vertical forest shared its base
+(``VerticalJobConfig``): Python API users may still import it."""
+
+
 PROTOCOL = ProtocolDeclaration(
-    name="vertical_secureboost", title="Vertical SecureBoost", schema=JobConfig,
+    name="vertical_secureboost", title="Vertical SecureBoost", schema=SecureBoostJobConfig,
     flow="flows.secureboost:vertical_secureboost",
     stages={**dict.fromkeys([MsgType.PSI_BLIND, MsgType.PSI_REBLIND, MsgType.PSI_INTERSECT],
                             "PSI"),
