@@ -179,7 +179,7 @@ def load_homo() -> tuple[list[FloatArray], FloatArray]:
 def load_hetero() -> tuple[FloatArray, FloatArray]:
     """default_credit's halves joined in the active party's order (ids sorted as text), split
     by the vertical benchmark's holdout (1/3, seed 0): training and holdout rows (y, features)."""
-    from workers.vertical.alignment import holdout_mask
+    from workers.column_partitioned.alignment import holdout_mask
 
     guest, host = read("default_credit_hetero_guest.csv"), read("default_credit_hetero_host.csv")
     host = host[np.argsort(host[:, 0])][np.searchsorted(np.sort(host[:, 0]), guest[:, 0])]

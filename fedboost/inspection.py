@@ -20,8 +20,8 @@ from boosting import BoostingError
 from boosting.tree import Model, Tree, TreeNode, load_model
 from flows.config import ConfigError
 from workers import DataError, ProtocolError
+from workers.column_partitioned.lookup import LookupRecord, lookup_from_dict
 from workers.data import CATEGORIES_FILE, load_categories
-from workers.vertical.lookup import LookupRecord, lookup_from_dict
 
 PART_FILES = ("model.json", "lookup.json")
 """The files that make a folder a model part: a model (active party, member, centralized) or

@@ -15,7 +15,7 @@ import numpy as np
 from boosting.train import FeatureBlock
 from flows.config import HorizontalJobConfig, VerticalJobConfig, SimflJobConfig
 from workers import DataError
-from workers.vertical.alignment import holdout_mask
+from workers.column_partitioned.alignment import holdout_mask
 from workers.data import PartyData, load_party_data
 
 

@@ -198,7 +198,7 @@ def _score_member(folder: Path, member: str, id_column: str, path: Path,
     from boosting.tree import load_model, raw_decider
     from workers.data import load_party_data
     from workers.row_partitioned import OWNER
-    from workers.vertical.scoring import write_scores_csv
+    from workers.column_partitioned.scoring import write_scores_csv
 
     started = time.perf_counter()
     model = load_model(folder / "model.json")

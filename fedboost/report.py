@@ -33,8 +33,8 @@ from fedboost.tree_svg import tree_svg
 from flows import run_charts
 from flows.charts import bar_chart, line_chart
 from workers import ProtocolError
+from workers.column_partitioned.lookup import LookupRecord, lookup_from_dict
 from workers.vertical.explain import SPLITS_FILE, SPLITS_FORMAT
-from workers.vertical.lookup import LookupRecord, lookup_from_dict
 
 TOP_FEATURES = 20
 """Features shown in the importance charts (the table lists all)."""

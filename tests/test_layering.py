@@ -236,30 +236,58 @@ def test_a_long_module_says_why_in_its_docstring() -> None:
 
 PROTOCOL_PACKAGES = ("vertical", "forest", "horizontal", "simfl")
 """The protocol packages of ``workers``: each imports protocol-free modules of ``workers``
-(runtime, checkpoints, ``row_partitioned``, ``pairwise_masks``, ``keyed_draws``, ...), never
-another protocol's package."""
-KNOWN_CROSS_IMPORTS: dict[str, str] = {
-    "forest": "the vertical forest still uses SecureBoost's column-partitioned modules "
-              "(workers.vertical.alignment, lookup, opening, paths, scoring, serving): they "
-              "move to a protocol-free package (issue 39)",
-}
+(runtime, checkpoints, ``column_partitioned``, ``row_partitioned``, ``pairwise_masks``,
+``keyed_draws``, ...), never another protocol's package."""
+PROTOCOL_REGISTRY = "workers/protocols.py"
+"""The one module of ``workers`` outside the protocol packages that imports them: the table of
+every protocol's steps a worker serves. Every other is shared, so imports no protocol's package
+(code two protocols share is named for what it does: ``workers.column_partitioned`` for the
+vertical protocols, ``workers.row_partitioned`` for horizontal and SimFL)."""
+KNOWN_CROSS_IMPORTS: dict[str, str] = {}
 """Protocol packages importing another that someone is moving apart (package -> why): an
 expected failure that fails (strict) once the import is gone, so the entry goes with it."""
 
 
-def cross_protocol_imports(package: str) -> list[str]:
-    """``workers.<package>``'s modules that import another protocol's package, with it."""
+def _protocol_of(name: str) -> str | None:
+    parts = name.split(".")
+    if parts[0] == "workers" and len(parts) > 1 and parts[1] in PROTOCOL_PACKAGES:
+        return parts[1]
+    return None
+
+
+def protocol_imports(path: Path, root: Path = REPO) -> list[tuple[str, str]]:
+    """(protocol, imported name) for each protocol package's module that ``path`` (a file
+    under ``root``) imports: ``import``, ``from ... import`` (also ``from workers import
+    vertical``) and relative imports, at module level or in a function."""
+    package = list(path.relative_to(root).parent.parts)
     found = []
-    for path in sorted((REPO / "workers" / package).rglob("*.py")):
-        for node in _import_nodes(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if node.level == 0 else [])
-            for name in names:
-                parts = name.split(".")
-                if (parts[0] == "workers" and len(parts) > 1 and parts[1] in PROTOCOL_PACKAGES
-                        and parts[1] != package):
-                    found.append(f"{path.relative_to(REPO)} imports {name}")
+    for node in _import_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names = ([module] if _protocol_of(module) else
+                     [f"{module}.{a.name}" for a in node.names] if module == "workers" else [])
+        found += [(protocol, name) for name in names if (protocol := _protocol_of(name))]
     return found
+
+
+def cross_protocol_imports(package: str, root: Path = REPO) -> list[str]:
+    """``workers.<package>``'s modules that import another protocol's package, with it."""
+    return [f"{path.relative_to(root)} imports {name}"
+            for path in sorted((root / "workers" / package).rglob("*.py"))
+            for protocol, name in protocol_imports(path, root) if protocol != package]
+
+
+def shared_protocol_imports(root: Path = REPO) -> list[str]:
+    """The modules of ``workers`` outside the protocol packages (but the registry) that import
+    a protocol's package, with it."""
+    shared = [path for path in sorted((root / "workers").rglob("*.py"))
+              if path.relative_to(root / "workers").parts[0] not in PROTOCOL_PACKAGES
+              and path.relative_to(root).as_posix() != PROTOCOL_REGISTRY]
+    return [f"{path.relative_to(root)} imports {name}"
+            for path in shared for _, name in protocol_imports(path, root)]
 
 
 @pytest.mark.parametrize("package", [
@@ -270,12 +298,44 @@ def test_no_protocol_package_imports_another(package: str) -> None:
     assert not crossing, "; ".join(crossing)
 
 
-def test_the_cross_import_finder_sees_another_protocols_package() -> None:
-    """On today's tree: SimFL's members once took horizontal's masks, members and trees
-    (moved to workers.pairwise_masks and workers.row_partitioned); the forest still takes the
-    vertical package's modules, which the finder names."""
-    assert any("workers.vertical" in line for line in cross_protocol_imports("forest"))
-    assert cross_protocol_imports("simfl") == []
+def test_no_shared_module_imports_a_protocol_package() -> None:
+    """``workers.column_partitioned``, ``row_partitioned``, ``pairwise_masks``,
+    ``keyed_draws``, the runtime, ...: what protocols share depends on none of them."""
+    assert (REPO / "workers" / "column_partitioned" / "__init__.py").exists()
+    crossing = shared_protocol_imports()
+    assert not crossing, "; ".join(crossing)
+
+
+def test_the_cross_import_finder_sees_another_protocols_package(tmp_path: Path) -> None:
+    """The finders themselves, on a tree made here: every way of importing another protocol's
+    package is seen (absolute, ``from workers import``, relative, inside a function), a
+    protocol's own package and imports under ``if TYPE_CHECKING:`` are not, and a shared
+    module is held to importing none."""
+    files = {
+        "workers/forest/a.py": "from workers.vertical import lookup\nimport workers.simfl.lsh\n",
+        "workers/forest/b.py": "def f():\n    from ..vertical.scoring import score_x\n",
+        "workers/forest/c.py": "from workers import horizontal, runtime\n",
+        "workers/forest/d.py": ("from typing import TYPE_CHECKING\nfrom workers.forest import "
+                                "active\nfrom . import trees\nfrom workers.column_partitioned "
+                                "import paths\nif TYPE_CHECKING:\n"
+                                "    from workers.vertical import active_state\n"),
+        "workers/column_partitioned/e.py": "from workers.forest.active import PROTOCOL\n",
+        "workers/column_partitioned/f.py": "from workers.column_partitioned import lookup\n",
+        "workers/keyed_draws.py": "from .vertical import draws\n",
+        "workers/protocols.py": "from workers.vertical.steps import VERTICAL\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cross_protocol_imports("forest", tmp_path) == [
+        "workers/forest/a.py imports workers.vertical",
+        "workers/forest/a.py imports workers.simfl.lsh",
+        "workers/forest/b.py imports workers.vertical.scoring",
+        "workers/forest/c.py imports workers.horizontal"]
+    assert cross_protocol_imports("vertical", tmp_path) == []
+    assert shared_protocol_imports(tmp_path) == [
+        "workers/column_partitioned/e.py imports workers.forest.active",
+        "workers/keyed_draws.py imports workers.vertical"]
 
 
 def test_messages_take_only_the_parameters_declaration_from_boosting() -> None:

@@ -77,7 +77,8 @@ def _env() -> dict[str, str]:
 
 def test_the_wheel_imports_from_its_own_virtualenv(installed: Path, tmp_path: Path) -> None:
     code = ("import fedboost, workers.vertical, workers.horizontal, workers.simfl, "
-            "workers.forest, crypto._bin_products; print(fedboost.__file__); "
+            "workers.forest, workers.column_partitioned.serving, crypto._bin_products; "
+            "print(fedboost.__file__); "
             "print(workers.vertical.__file__); print(crypto._bin_products.__file__)")
     done = subprocess.run([str(installed / "python"), "-c", code], cwd=tmp_path, env=_env(),
                           capture_output=True, text=True, timeout=120)

@@ -45,7 +45,7 @@ class JobState:
     role_state: Any = None
     paths: Any = None
     """The active party's path-mode walk of the batch being scored; a passive party's digest
-    of each level it answered (``workers.vertical.paths``)."""
+    of each level it answered (``workers.column_partitioned.paths``)."""
     digest: str = ""
     """The job spec and this party's data, as checkpoints record them (training jobs)."""
     data_file: str = ""

@@ -22,7 +22,7 @@ from fedboost.embedded import train_embedded
 from fedboost.joined import join_parties
 from flows.config import ForestJobConfig, parse_config, validate_job
 from tests.scenarios import REPO
-from workers.vertical.lookup import lookup_from_dict, records_go_left
+from workers.column_partitioned.lookup import lookup_from_dict, records_go_left
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -21,11 +21,11 @@ from messages.bodies import Checkpoint, Metric, TreeFinished
 from workers import checkpoint
 from workers._state_codec import pack
 from workers.checkpoint import CheckpointError
+from workers.column_partitioned.lookup import LookupRecord
 from workers.data import PartyData
 from workers.horizontal.member_state import MemberRecord
 from workers.state import JobState
 from workers.vertical.active_state import ActiveTraining
-from workers.vertical.lookup import LookupRecord
 from workers.vertical.passive import PassiveTraining
 
 KEY = bytes(range(32))

@@ -17,11 +17,11 @@ from messages.signing import federation_sealers
 from messages.transport import MemoryHub
 from messages.params import TreeParams
 from tests.scenarios import DATA, TEST_POLICY
+from workers.column_partitioned.alignment import STAGE_ACTIVE_IDS
 from workers.early_mail import EarlyMail
 from workers.party import PartySpec
 from workers.protocols import PROTOCOLS
 from workers.runtime import Worker
-from workers.vertical.alignment import STAGE_ACTIVE_IDS
 
 SEALERS = federation_sealers(["guest", "host", "other"])
 """The worker is ``host``; ``guest`` is its job's active party, ``other`` a federation party

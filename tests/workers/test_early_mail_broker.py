@@ -34,12 +34,12 @@ from messages.rabbitmq import RabbitTransport
 from messages.signing import federation_sealers
 from tests.messages.test_codec import SAMPLES
 from tests.scenarios import CONFIGS, DATA
+from workers.column_partitioned.alignment import STAGE_ACTIVE_IDS
 from workers.mailbox import mail_key
 from workers.party import PartySpec
 from workers.policy import PartyPolicy
 from workers.protocols import PROTOCOLS
 from workers.runtime import Worker
-from workers.vertical.alignment import STAGE_ACTIVE_IDS
 
 LARGE = 20_000
 """Bytes of the large peer message: 20 chunks of the senders' 1 KiB."""

@@ -22,11 +22,11 @@ from messages.envelope import Envelope, Kind, MsgType
 from messages.signing import federation_sealers
 from messages.transport import MemoryHub
 from tests.scenarios import DATA
+from workers.column_partitioned.lookup import LookupRecord, lookup_to_dict
 from workers.party import PartySpec
 from workers.policy import PartyPolicy
 from workers.protocols import PROTOCOLS
 from workers.runtime import Worker
-from workers.vertical.lookup import LookupRecord, lookup_to_dict
 
 SEALERS = federation_sealers(["guest", "host"])
 PARTIES = [PartyInfo("guest", "active"), PartyInfo("host", "passive")]

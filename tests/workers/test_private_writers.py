@@ -18,8 +18,8 @@ from fedboost.api_keys import write_keys
 from messages.signing import write_key_pair
 from workers import checkpoint
 from workers.answered import AnsweredRecord
+from workers.column_partitioned.scoring import write_scores_csv
 from workers.horizontal import released
-from workers.vertical.scoring import write_scores_csv
 
 VICTIM = "the party's other file\n"
 

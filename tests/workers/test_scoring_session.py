@@ -19,10 +19,10 @@ from messages.envelope import MsgType
 from tests.scenarios import DATA
 from tests.workers.test_prediction_boundaries import (HOST_RECORDS, PARTIES, Federation,
                                                       _plant_model)
+from workers.column_partitioned.lookup import LookupRecord, records_go_left
+from workers.column_partitioned.scoring import LookupArrays
 from workers.data import load_party_data
 from workers.policy import PartyPolicy
-from workers.vertical.lookup import LookupRecord, records_go_left
-from workers.vertical.scoring import LookupArrays
 
 BATCHED = PartyPolicy(predict_modes=("path", "batched"))
 

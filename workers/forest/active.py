@@ -39,6 +39,8 @@ from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestOpe
                              OpenForest, TreeCommand)
 from workers import ProtocolError, StageError
 from workers import checkpoint
+from workers.column_partitioned.alignment import send_public_key
+from workers.column_partitioned.opening import bin_active_rows, open_active
 from workers.data import save_categories
 from workers.forest import trees as kept
 from workers.forest.active_state import ActiveForest, GrowingTree, params_of
@@ -47,8 +49,6 @@ from workers.forest.splits import (Decryption, FeatureOption, choose_split, own_
                                    passive_options)
 from workers.handlers import StepContext
 from workers.state import JobState
-from workers.vertical.alignment import send_public_key
-from workers.vertical.opening import bin_active_rows, open_active
 
 log = logging.getLogger("fedboost.worker")
 

@@ -35,6 +35,10 @@ from messages.forest import (MAX_TREES, EncryptedLabels, FeatureCount, ForestApp
                              LevelRequest, OpenForest, TreeCommand)
 from messages.instance_space import decode_mask
 from workers import ProtocolError, StageError, checkpoint
+from workers.column_partitioned.alignment import receive_alignment
+from workers.column_partitioned.lookup import (LookupRecord, lookup_to_dict,
+                                               record_from_dict, record_to_dict)
+from workers.column_partitioned.opening import bin_training_rows, open_passive
 from workers.data import save_categories
 from workers.forest import trees as kept
 from workers.forest.active import PROTOCOL, REGRESSION_BITS
@@ -42,10 +46,6 @@ from workers.forest.budget import FeatureLedger, check_features_summed, dataset_
 from workers.handlers import StepContext
 from workers.policy import check_key_bits
 from workers.state import JobState
-from workers.vertical.alignment import receive_alignment
-from workers.vertical.lookup import (LookupRecord, lookup_to_dict, record_from_dict,
-                                     record_to_dict)
-from workers.vertical.opening import bin_training_rows, open_passive
 
 MAX_GROUPS = 64
 """Most label groups (two channels each) a multiclass job may send: 128 classes."""

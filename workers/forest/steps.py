@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from messages.envelope import Kind, MsgType
+from workers.column_partitioned import alignment, paths, scoring, serving
 from workers.forest import active, passive
 from workers.handlers import Handler, Protocol, RoleSteps
-from workers.vertical import alignment, paths, scoring, serving
 
 ACTIVE_HANDLERS: dict[Kind, Handler] = {
     MsgType.F_OPEN_JOB: active.open_job,

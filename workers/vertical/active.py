@@ -34,17 +34,17 @@ from messages.secureboost import (AppliedSplits, JobSpec, NodePositions, NodeSpl
 from messages.envelope import Kind, MsgType
 from messages.instance_space import decode_mask, encode_mask
 from workers import ProtocolError, StageError, checkpoint
+from workers.column_partitioned.alignment import send_public_key
+from workers.column_partitioned.opening import bin_active_rows, open_active
+from workers.column_partitioned.scoring import save_training_rows
 from workers.data import save_categories
 from workers.handlers import StepContext
 from workers.policy import check_noise_seed
 from workers.state import JobState
 from workers.vertical.active_state import ActiveTraining, participants_of
-from workers.vertical.alignment import send_public_key
 from workers.vertical.decryption import decrypt_histograms, decrypt_level
 from workers.vertical.early_stopping import kept_trees
 from workers.vertical.explain import leaf_purity, tree_splits, write_splits
-from workers.vertical.opening import bin_active_rows, open_active
-from workers.vertical.scoring import save_training_rows
 
 PROTOCOL = "vertical_secureboost"
 """The protocol whose steps this module and workers.vertical.passive answer (checked against policies)."""

@@ -30,7 +30,8 @@ from workers.vertical.explain import SplitRecord
 
 @dataclass(slots=True)
 class ActiveTraining:
-    """The active party's training state."""
+    """The active party's training state; the shared validation steps keep its learning curve
+    (it has what ``workers.column_partitioned.scoring.StagedTraining`` declares)."""
 
     STORED_AS: ClassVar[str] = "workers.vertical.active.ActiveTraining"
     """Its name in checkpoints (it was defined in ``workers.vertical.active``)."""
@@ -79,7 +80,8 @@ class ActiveTraining:
     staged_margin: np.ndarray | None = None
     """Validation margins after each tree (trees x rows x outputs), for the learning curve."""
     valid_walked: int = 0
-    """Trees whose validation decisions are in ``score_margin`` (``workers.vertical.paths``)."""
+    """Trees whose validation decisions are in ``score_margin``
+    (``workers.column_partitioned.paths``)."""
     privacy: PrivacyPlan | None = None
     """Differential privacy of the model (``boosting.privacy``); None: lossless."""
     noise_seed: int = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from messages.bodies import Step
 from workers import ProtocolError
-from workers.vertical.lookup import LookupRecord
+from workers.column_partitioned.lookup import LookupRecord
 
 
 def kept_trees(body: Step, n_trees: int) -> int:

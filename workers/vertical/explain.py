@@ -19,9 +19,6 @@ from boosting.tree import write_json_atomic
 
 SPLITS_FILE = "splits.json"
 SPLITS_FORMAT = "fedboost-splits"
-MAX_STAGED_VALUES = 5_000_000
-"""Margins kept for validation metrics after every tree (trees x rows x outputs, 40 MB of
-float64): beyond it the validation curve has only its final point."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +57,6 @@ def leaf_purity(node_of_row: np.ndarray, y: np.ndarray) -> float:
     counts = np.zeros((int(node_of_row.max()) + 1, int(labels.max()) + 1), dtype=np.int64)
     np.add.at(counts, (node_of_row, labels), 1)
     return float(counts.max(axis=1).sum() / max(1, labels.size))
-
-
-def keeps_stages(n_trees: int, n_rows: int, outputs: int) -> bool:
-    """Whether validation margins after every tree fit in :data:`MAX_STAGED_VALUES`."""
-    return n_trees * n_rows * outputs <= MAX_STAGED_VALUES
 
 
 def write_splits(directory: Path, job: str, party: str, splits: list[SplitRecord]) -> None:

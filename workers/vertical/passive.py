@@ -2,8 +2,8 @@
 
 It sees only ciphertexts of g/h, the instance spaces of nodes, and the splits it owns; it keeps
 a lookup table ``record_id -> (feature, threshold, missing direction)``
-(``workers.vertical.lookup``) and never learns leaf values or labels. Its encrypted histograms,
-summed with its helper processes, are ``workers.vertical.histograms``.
+(``workers.column_partitioned.lookup``) and never learns leaf values or labels. Its encrypted
+histograms, summed with its helper processes, are ``workers.vertical.histograms``.
 """
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ from messages.secureboost import (AppliedSplit, AppliedSplits, EncryptedGradient
 from messages.envelope import Kind, MsgType
 from messages.instance_space import InstanceSpace, decode_mask, encode_mask
 from workers import ProtocolError, StageError, checkpoint
+from workers.column_partitioned.alignment import receive_alignment
+from workers.column_partitioned.lookup import LookupRecord, lookup_to_dict
+from workers.column_partitioned.opening import bin_training_rows, open_passive
 from workers.data import save_categories
 from workers.handlers import StepContext
 from workers.policy import check_bin_sum_packer, check_key_bits
 from workers.shards import LevelWork
 from workers.state import JobState
 from workers.vertical.active import PROTOCOL, params_of
-from workers.vertical.alignment import receive_alignment
 from workers.vertical.early_stopping import kept_records
-from workers.vertical.lookup import LookupRecord, lookup_to_dict
-from workers.vertical.opening import bin_training_rows, open_passive
 from workers.vertical.root_histogram import ArrivingTree, add_chunks, check_tree_start, in_order
 
 log = logging.getLogger("fedboost.worker")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from messages.envelope import Kind, MsgType
 from workers import crypto_shards
+from workers.column_partitioned import alignment, paths, scoring, serving
 from workers.handlers import Arrival, Handler, Protocol, RoleSteps
-from workers.vertical import (active, alignment, encryption, histograms, passive, paths,
-                              scoring, serving)
+from workers.vertical import active, encryption, histograms, passive
 
 
 ACTIVE_HANDLERS: dict[Kind, Handler] = {

@@ -2,9 +2,9 @@
 prediction jobs.
 
 Within one job a passive party answers per row at most one record of each tree per level
-(``workers.vertical.paths``). A modified active party that runs the flow can still run more
-prediction jobs over the same rows, asking each time about another node of each level, and so
-collect every decision the model holds on a row, as batched mode would (4 jobs: 3,983 of
+(``workers.column_partitioned.paths``). A modified active party that runs the flow can still
+run more prediction jobs over the same rows, asking each time about another node of each level,
+and so collect every decision the model holds on a row, as batched mode would (4 jobs: 3,983 of
 3,983 (row, record) decisions in the attack review of issue 36). The ledger closes that: for
 each (row id, tree, level) it keeps the one record it has answered, in any prediction job of
 the model, and refuses a request that asks another. An honest walk asks the same path again

@@ -31,12 +31,13 @@ from messages.scoring import (MAX_SCORING_ROWS, FindRows, OpenScoring, RoundDeci
                               ScoreRows, Scores)
 from messages.envelope import Kind, MsgType
 from workers import DataError, ProtocolError, StageError
+from workers.column_partitioned.lookup import lookup_from_dict
+from workers.column_partitioned.scoring import (LookupArrays, decision_bits, model_folder,
+                                                rows_to_score)
 from workers.data import PartyData
 from workers.handlers import Handler, StepContext
 from workers.policy import PolicyError
 from workers.state import JobState
-from workers.vertical.lookup import lookup_from_dict
-from workers.vertical.scoring import LookupArrays, decision_bits, model_folder, rows_to_score
 
 STALE_ROUNDS = 256
 """Decisions of rounds this far behind the one being finished are dropped (their round was

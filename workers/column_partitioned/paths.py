@@ -4,7 +4,8 @@ The active party knows, for every tree and every row of a batch, the node the ro
 Per level it asks each passive party only for its decisions at the nodes it owns on those paths
 ((row, record) pairs, all trees at once), decides its own nodes itself, and moves every row one
 level down. A passive party thus reveals the decisions on each row's path and no other: in
-batched mode (``workers.vertical.scoring``) it reveals every record's decision for every row.
+batched mode (``workers.column_partitioned.scoring``) it reveals every record's decision for
+every row.
 
 A passive party answers only pairs inside the job: rows of the batch, records it owns, each
 pair once, levels a tree can have; and only as many as paths have: a record only at its own
@@ -30,13 +31,11 @@ from messages.bodies import Ack, Step
 from messages.secureboost import DecisionRequest, PathDecisions
 from messages.envelope import Kind, MsgType
 from workers import ProtocolError, StageError
+from workers.column_partitioned.alignment import receive_alignment
+from workers.column_partitioned.lookup import LookupRecord
+from workers.column_partitioned.scoring import (StagedTraining, keeps_stages, lookup_records,
+                                                model_of, score_x, store_margin, store_staged)
 from workers.handlers import StepContext
-from workers.vertical.active_state import ActiveTraining
-from workers.vertical.alignment import receive_alignment
-from workers.vertical.explain import keeps_stages
-from workers.vertical.lookup import LookupRecord
-from workers.vertical.scoring import (lookup_records, model_of, score_x, store_margin,
-                                      store_staged)
 from workers.state import JobState
 
 MAX_LEVELS: int = field_bounds(TreeParams, "max_depth")["le"]
@@ -151,7 +150,7 @@ def traverse_level(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
         margin = (np.tile(np.array(model.base_score), (x.shape[0], 1)) if first == 0
                   else state.role_state.score_margin[rows].copy())
         # a training job's validation keeps the margins after each tree: its learning curve
-        keep = isinstance(state.role_state, ActiveTraining) and keeps_stages(
+        keep = isinstance(state.role_state, StagedTraining) and keeps_stages(
             len(model.trees), all_x.shape[0], margin.shape[1])
         staged: list[np.ndarray] = []
         for t, tree in enumerate(model.trees[first:]):  # Model.raw_predict's order: equal sums

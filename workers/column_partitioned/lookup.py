@@ -20,7 +20,8 @@ class LookupRecord:
     """One split this party owns: ``x[feature] <= threshold`` goes left (bin form: ``bin``)."""
 
     STORED_AS: ClassVar[str] = "workers.vertical.passive.LookupRecord"
-    """Its name in checkpoints (it was defined in ``workers.vertical.passive``)."""
+    """Its name in checkpoints (it was defined in ``workers.vertical.passive``; it kept the name
+    through ``workers.vertical.lookup`` and here, so every checkpoint written since loads)."""
 
     feature: int
     bin: int

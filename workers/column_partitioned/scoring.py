@@ -4,11 +4,13 @@ Batched mode, two rounds per batch (seed 002, Alg. 5). Round 1: every passive pa
 *all* its lookup records on the batch at once and sends the decisions bit-packed, so the active
 party learns every decision of every row. Round 2: the active party walks every tree, taking
 its own decisions from its thresholds and the others' from the bits. Path mode, which reveals
-only the decisions on each row's path, is in ``workers.vertical.paths``.
+only the decisions on each row's path, is in ``workers.column_partitioned.paths``.
 
 A prediction job names the trained job whose model part each worker loads from its own model
 folder, and scores the party's own data file; the scores file is written only inside the
-active party's model folder.
+active party's model folder. A training job's validation rows are scored the same way; what
+these steps need of a protocol's training state is declared here (``ValidatedTraining``,
+``StagedTraining``), so no protocol's package is imported.
 """
 
 from __future__ import annotations
@@ -18,27 +20,28 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from boosting._typing import FloatArray
 from boosting.binning import goes_left_raw, goes_left_table
 from boosting.metrics import evaluate
-from boosting.tree import Model, TreeNode, load_model, open_private, write_json_atomic
+from boosting.params import BoostParams
+from boosting.tree import Model, Tree, TreeNode, load_model, open_private, write_json_atomic
 from messages.bodies import Ack, Metric, Step, TreeFinished
 from messages.secureboost import Decisions, OpenPrediction
 from messages.envelope import Kind, MsgType
 from messages.names import JOB_NAME_RULE, is_job_name
 from workers import DataError, ProtocolError, StageError
+from workers.column_partitioned.alignment import receive_alignment
+from workers.column_partitioned.lookup import LookupRecord, lookup_from_dict
+from workers.column_partitioned.released import DecisionLedger
 from workers.data import PartyData, load_categories, load_party_data
 from workers.handlers import StepContext
 from workers.party import DataSet
 from workers.policy import PolicyError
 from workers.state import JobState
-from workers.vertical.active_state import ActiveTraining
-from workers.vertical.alignment import receive_alignment
-from workers.vertical.lookup import LookupRecord, lookup_from_dict
-from workers.vertical.released import DecisionLedger
 
 
 SCORES_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -56,6 +59,52 @@ class ActiveScoring:
     score_margin: np.ndarray | None = None
     trained_rows: dict[str, str] | None = None
     """id -> 'train' or 'valid' for the trained job's aligned rows (``TRAINING_ROWS``)."""
+
+
+class ScoredRole(Protocol):
+    """An active party's role whose rows are scored: a saved model's (``ActiveScoring``), or a
+    training job's of any protocol (its validation rows)."""
+
+    score_margin: np.ndarray | None
+    """The scored rows' margins, batch by batch (``store_margin``)."""
+
+
+class ValidatedTraining(ScoredRole, Protocol):
+    """An active party's training state whose validation rows are scored (SecureBoost's
+    ``workers.vertical.active_state.ActiveTraining``, the forest's
+    ``workers.forest.active_state.ActiveForest``)."""
+
+    params: BoostParams
+
+    def finish(self, margin: FloatArray) -> FloatArray:
+        """Predictions from margins."""
+        ...
+
+
+@runtime_checkable
+class StagedTraining(ValidatedTraining, Protocol):
+    """A training state whose trees are the stages of one sum (boosting: SecureBoost's
+    ``ActiveTraining``): its validation keeps the margins after each tree, the learning curve,
+    and walks only the trees added since its last validation. ``isinstance`` checks that the
+    members are there: a forest's state, whose trees are not stages, has neither
+    ``staged_margin`` nor ``valid_walked``."""
+
+    trees: list[Tree]
+    staged_margin: np.ndarray | None
+    """Validation margins after each tree (trees x rows x outputs)."""
+    valid_walked: int
+    """Trees whose validation decisions are in ``score_margin``: the next path-mode walk
+    (``paths``) asks only about the others."""
+
+
+MAX_STAGED_VALUES = 5_000_000
+"""Margins kept for validation metrics after every tree (trees x rows x outputs, 40 MB of
+float64): beyond it the validation curve has only its final point."""
+
+
+def keeps_stages(n_trees: int, n_rows: int, outputs: int) -> bool:
+    """Whether validation margins after every tree fit in :data:`MAX_STAGED_VALUES`."""
+    return n_trees * n_rows * outputs <= MAX_STAGED_VALUES
 
 
 def model_folder(ctx: StepContext, model_job: str) -> Path:
@@ -235,7 +284,7 @@ def decision_bits(passive: str, packed: bytes, n_records: int, n_rows: int, n: i
 
 def store_margin(state: JobState, batch: slice, margin: np.ndarray) -> None:
     """Keep the margins of one scored batch (either mode)."""
-    run: ActiveTraining | ActiveScoring = state.role_state
+    run: ScoredRole = state.role_state
     if run.score_margin is None:
         run.score_margin = np.zeros((score_x(state).shape[0], margin.shape[1]))
     run.score_margin[batch] = margin
@@ -245,7 +294,7 @@ def store_staged(state: JobState, batch: slice | np.ndarray, staged: np.ndarray,
                  first: int = 0) -> None:
     """Keep one validation batch's margins after each tree (trees x rows x outputs) from tree
     ``first`` on (a walk of the trees added since the last one extends the earlier stages)."""
-    run: ActiveTraining = state.role_state
+    run: StagedTraining = state.role_state
     trees = first + staged.shape[0]
     kept = run.staged_margin
     if kept is None or kept.shape[0] < trees:
@@ -256,7 +305,7 @@ def store_staged(state: JobState, batch: slice | np.ndarray, staged: np.ndarray,
     kept[first:trees, batch] = staged
 
 
-def _scored_margin(run: ActiveTraining | ActiveScoring) -> np.ndarray:
+def _scored_margin(run: ScoredRole) -> np.ndarray:
     if run.score_margin is None:
         raise StageError("no batch has been scored yet")
     return run.score_margin
@@ -265,14 +314,14 @@ def _scored_margin(run: ActiveTraining | ActiveScoring) -> np.ndarray:
 def evaluate_validation(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     """Validation metrics of a training job from the scored hold-out rows."""
     state: JobState = ctx.state
-    run: ActiveTraining = state.role_state
+    run: ValidatedTraining = state.role_state
     if state.data.y is None:
         raise StageError(f"{state.party}: no labels to validate against")
     y = state.data.y[state.valid_rows]
     pred = run.finish(_scored_margin(run))
     metrics = evaluate(run.params.objective, y, pred, "valid")
     staged = getattr(run, "staged_margin", None)  # a forest's trees are not stages
-    if isinstance(run, ActiveTraining):  # the next validation walks only newer trees
+    if isinstance(run, StagedTraining):  # the next validation walks only newer trees
         run.valid_walked = len(run.trees)
         if staged is not None and staged.shape[0] != len(run.trees):
             staged = None  # stages of earlier trees were not kept (too many): no curve
