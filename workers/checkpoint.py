@@ -245,9 +245,9 @@ def older_state(who: str, saved: dict[str, Any], keys: set[str], formats: dict[i
     with ``keys``; a format other than ``current`` is refused with ``formats[n]``'s reason."""
     version = saved.get("format", 1)
     if version != current:
-        raise CheckpointError(f"{who}: a checkpoint of format {version} "
-                              f"({formats.get(version, 'unknown')}): refused; remove its "
-                              f"checkpoints folder to train the job afresh")
+        raise CheckpointError(f"{who}: the checkpoint is of "
+                              f"{formats.get(version, f'format {version}, unknown here')}: "
+                              f"refused; remove its checkpoints folder to train the job afresh")
     if not keys <= set(saved) or not isinstance(saved["trees"], list):
         raise CheckpointError(f"{who}: a checkpoint of format {version} is damaged")
     return saved

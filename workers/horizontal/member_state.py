@@ -43,7 +43,7 @@ class MemberRecord:
                    list(saved["trees"]), list(saved["history"]))
 
 
-OLDER_FORMATS = {1: "cuts from quantile summaries, an older horizontal protocol"}
+OLDER_FORMATS = {1: "an older horizontal protocol (cuts from quantile summaries)"}
 """The dict layouts of horizontal checkpoints that are refused, and why."""
 
 

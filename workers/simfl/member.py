@@ -48,7 +48,7 @@ MAX_ROWS = 1 << 26
 MIN_NOISE = 1.0
 """The least sigma_label and sigma_tree a member accepts, whatever the job says: below it one
 tree's sum tells a lone row's label with an advantage above 0.28 (``2 Phi(1 / 2 sigma) - 1``)."""
-OLDER_FORMATS = {1: "exact gradient sums"}
+OLDER_FORMATS = {1: "SimFL format 1 (exact gradient sums)"}
 """The dict layouts of SimFL checkpoints that are refused, and why (format 2, the randomised
 sums with every other member's handles, is read: ``MemberRecord.older``)."""
 
