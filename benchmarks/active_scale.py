@@ -35,6 +35,7 @@ from benchmarks.train import step_seconds
 from fedboost import _prefect_env
 from fedboost.local_workers import stop_workers
 from messages.rabbit_queues import delete_party_queues
+from workers.model_folder import ModelPart
 
 
 def _run(url: str, bits: int, trees: int, guest_processes: int, work: Path,
@@ -64,7 +65,7 @@ def _run(url: str, bits: int, trees: int, guest_processes: int, work: Path,
                    "find-splits s/tree": sum(v for k, v in steps.items()
                                              if k.startswith("find-splits-")) / n,
                    "s/tree": sum(result["tree_seconds"]) / n}
-        model = (models / "bench-active" / f"guest{tag}" / "model.json").read_bytes()
+        model = ModelPart(models / "bench-active" / f"guest{tag}").model.read_bytes()
         return seconds, model.replace(tag.encode(), b"<tag>")  # party names: this run's own
     finally:
         stop_workers(procs)

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from fedboost import _prefect_env
+from workers.model_folder import RunFolder
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MEMBERS = ("guest", "host_1", "host_2")
@@ -125,7 +126,7 @@ def dp_table(args: argparse.Namespace) -> dict[str, Any]:
                 if main(["train", str(Path(out) / "job.yaml"), "--out",
                          str(Path(out) / "run")]) != 0:
                     raise SystemExit(f"fedboost train failed (epsilon {_eps(epsilon)})")
-                metrics = json.loads((Path(out) / "run" / "metrics.json").read_text())
+                metrics = json.loads(RunFolder(Path(out) / "run").metrics.read_text())
                 spent.append(metrics.get("epsilon_spent"))
                 aucs.append(predicted_auc(Path(out) / "run",
                                           args.data / "default_credit_homo_test.csv"))

@@ -70,6 +70,7 @@ from benchmarks.serving_load import (BATCH, Clients, Sample, batches, make_keys,
 from fedboost.local_workers import start_worker, stop_workers, worker_env
 from messages.rabbit_queues import delete_party_queues
 from messages.signing import write_key_pair
+from workers.model_folder import RunFolder
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -144,7 +145,7 @@ def _workers(work: Path, files: list[Path], url: str) -> Iterator[None]:
 
 def _train(work: Path, case: str, job: dict[str, Any], url: str) -> Path:
     run = work / "runs" / case
-    if (run / "metrics.json").exists():
+    if RunFolder(run).metrics.exists():
         print(f"{case}: reusing the model trained in {run}", flush=True)
         return run
     path = work / f"job-{case}.yaml"

@@ -54,6 +54,7 @@ import numpy as np
 
 from benchmarks.simfl_data import (ADULT, encode_adult, member_names, partition, read_adult,
                                    split_indices, write_member_files)
+from workers.model_folder import ModelPart, RunFolder
 
 PAPER = {  # a9a, test error %: Table 2 (theta = 80%, 2 parties) and Table 3 (balanced)
     "unbalanced": {"simfl": (17.0, 16.7, 17.2), "solo": {"A": 19.1, "B": 22.0}, "all_in": 15.1},
@@ -172,10 +173,10 @@ def run_simfl(files: dict[str, Path], fed: Federation, args: argparse.Namespace,
     from workers.row_partitioned import OWNER
 
     result = train_embedded(simfl_job(files, args, seed), out)
-    metrics_file = out / "metrics.json"
+    metrics_file = RunFolder(out).metrics
     if metrics_file.exists():
         result = {**json.loads(metrics_file.read_text()), **result}
-    model = load_model(out / "A" / "model.json")
+    model = load_model(ModelPart(out / "A").model)
     probability = model.predict(raw_decider({OWNER: fed.x_test}), fed.y_test.size)
     costs = {k: result[k] for k in COST_KEYS if k in result}
     return error_rate(fed.y_test, probability[:, -1]), costs

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedboost import _prefect_env
+from workers.model_folder import RunFolder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,7 +92,7 @@ def main() -> None:
                 if fedboost(["train", str(Path(out) / "job.yaml"), "--out",
                              str(Path(out) / "run")]) != 0:
                     raise SystemExit(f"fedboost train failed (epsilon {text})")
-                metrics = json.loads((Path(out) / "run" / "metrics.json").read_text())
+                metrics = json.loads(RunFolder(Path(out) / "run").metrics.read_text())
             aucs.append(float(metrics["valid_auc"]))
             print(f"  epsilon {text} seed {seed}: holdout AUC {aucs[-1]:.4f}, epsilon_spent "
                   f"{metrics.get('epsilon_spent')} ({time.perf_counter() - started:.0f} s)",

@@ -78,12 +78,13 @@ def train(config: JobSource, out: str | os.PathLike[str] | None = None, *,
     flows.coordinator.JobStopped, flows.coordinator.PartyError
         A party refused or failed the job.
     """
+    from workers.model_folder import RunFolder
     _prefect_env.configure()
     job, source = _job_config(config)
     job = keep_password_out(job, source)
     folder = Path(out) if out is not None else Path("runs") / job.job
     folder.mkdir(parents=True, exist_ok=True)
-    write_json(folder / "job.json", json.loads(job.model_dump_json()), mode=0o600)
+    write_json(RunFolder(folder).job, json.loads(job.model_dump_json()), mode=0o600)
     return _run_training(job, folder, log_level)
 
 
@@ -91,6 +92,7 @@ def resume(job: str, out: str | os.PathLike[str] | None = None, *,
            log_level: str = "WARNING") -> TrainResult:
     """Continue an interrupted job after its last completed tree, from ``out/job.json``
     (default ``runs/<job>``) as :func:`train` wrote it (``log_level``: as for :func:`train`)."""
+    from workers.model_folder import RunFolder
     _prefect_env.configure()
     from flows.config import ConfigError, validate_job
     from messages.names import JOB_NAME_RULE, is_job_name
@@ -98,7 +100,7 @@ def resume(job: str, out: str | os.PathLike[str] | None = None, *,
     if not is_job_name(job):  # it names a folder under runs/
         raise ConfigError(f"job {job!r} is not a job name ({JOB_NAME_RULE})")
     folder = Path(out) if out is not None else Path("runs") / job
-    job_file = folder / "job.json"
+    job_file = RunFolder(folder).job
     try:
         raw = json.loads(job_file.read_text())
     except (OSError, ValueError) as exc:
@@ -117,6 +119,7 @@ def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
     """The same model trained in one place on the joined data (vertical) or the union of the
     members' rows (horizontal: with the cuts they share): the lossless reference. ``out``
     defaults to ``runs/<job>-centralized``; ``on_tree`` sees each tree's report."""
+    from workers.model_folder import ModelPart, RunFolder
     _prefect_env.configure()  # the horizontal reference imports the flow's summary size
     from boosting.params import BoostParams
     from boosting.train import train as train_core
@@ -168,11 +171,11 @@ def centralized(config: JobSource, out: str | os.PathLike[str] | None = None, *,
         "tree_seconds": [t["seconds"] for t in trees], "trees": trees}
     if rounds and valid is not None:
         result.update(stopped)
-    save_model(model, folder / "model.json")
-    write_json(folder / "metrics.json", result)
+    save_model(model, ModelPart(folder).model)
+    write_json(RunFolder(folder).metrics, result)
     return TrainResult(job=job.job, protocol=job.protocol, run_dir=folder, metrics=result,
                        history=tree_history(result),
-                       model_parts={"centralized": folder / "model.json"})
+                       model_parts={"centralized": ModelPart(folder).model})
 
 
 def _stop_early(model: Any, trees: list[dict[str, Any]],
@@ -201,9 +204,11 @@ def _stop_early(model: Any, trees: list[dict[str, Any]],
 def stopped_early(job: str, out: str | os.PathLike[str] | None = None) -> str | None:
     """Why ``fedboost resume`` has nothing to do for a job that stopped early (one line), or
     None for a job that did not."""
+    from workers.model_folder import RunFolder
+
     folder = Path(out) if out is not None else Path("runs") / job
     try:
-        metrics = json.loads((folder / "metrics.json").read_text())
+        metrics = json.loads(RunFolder(folder).metrics.read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(metrics, dict) or not metrics.get("stopped_early"):
@@ -272,6 +277,7 @@ def keep_password_out(config: AnyJobConfig, source: object) -> AnyJobConfig:
 def _run_training(config: AnyJobConfig, out: Path, log_level: str) -> TrainResult:
     """Train (or, when the parties hold checkpoints of this job, continue) and write
     ``metrics.json``."""
+    from workers.model_folder import RunFolder
     from fedboost._console import prefect_console
     from fedboost.preflight import check_party_files
 
@@ -288,7 +294,7 @@ def _run_training(config: AnyJobConfig, out: Path, log_level: str) -> TrainResul
         else:
             result = train_embedded(config, out)
     metrics = RunResult.from_dict(result).as_metrics_json()
-    write_json(out / "metrics.json", metrics)
+    write_json(RunFolder(out).metrics, metrics)
     return TrainResult(job=config.job, protocol=config.protocol, run_dir=out, metrics=metrics,
                        history=tree_history(metrics),
                        model_parts=model_parts_in(out, list(config.parties)))

@@ -23,6 +23,7 @@ from fedboost.provision_command import add_command as add_provision
 from fedboost.serving import add_command as add_serve_model
 from fedboost.serving import serve_model
 from fedboost.run_lines import metrics_summary, quietly, report_training, resume_line
+from workers.model_folder import RunFolder
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,7 +254,8 @@ def _resume(args: argparse.Namespace) -> int:
         from flows.config import validate_job
 
         out = args.out or Path("runs") / args.job
-        config = validate_job(json.loads((out / "job.json").read_text()), str(out / "job.json"))
+        job_file = RunFolder(out).job
+        config = validate_job(json.loads(job_file.read_text()), str(job_file))
         command = f"fedboost resume {args.job} --out {out}"
         return resume_line(config, command, out, interrupted, trees_reached,
                             f"'{command}' starts it again")

@@ -45,6 +45,7 @@ import numpy as np
 
 from boosting import BoostingError
 from boosting.tree import Model, Tree, load_model, write_json_atomic
+from workers.model_folder import ModelPart, RunFolder
 
 XGBOOST_JSON = "xgboost-json"
 FORMATS = (XGBOOST_JSON,)
@@ -88,7 +89,7 @@ def export_model(model_dir: Path, out: Path, *, fmt: str = XGBOOST_JSON,
     if fmt not in FORMATS:
         raise BoostingError(f"unknown export format {fmt!r}: one of {', '.join(FORMATS)}")
     folder, name = party_folder(model_dir, party)
-    model = load_model(folder / "model.json")
+    model = load_model(ModelPart(folder).model)
     owner = _owner(model, name)
     payload = to_xgboost_json(model, owner)
     write_json_atomic(out, payload, permissions=0o644)
@@ -100,15 +101,15 @@ def export_model(model_dir: Path, out: Path, *, fmt: str = XGBOOST_JSON,
 
 def party_folder(model_dir: Path, party: str | None) -> tuple[Path, str]:
     """The folder holding ``party``'s ``model.json``, and the party's name."""
-    if (model_dir / "party.json").is_file():  # one party's folder (a worker's models/JOB/P)
-        name = str(_read(model_dir / "party.json").get("party", ""))
+    if ModelPart(model_dir).party.is_file():  # one party's folder (a worker's models/JOB/P)
+        name = str(_read(ModelPart(model_dir).party).get("party", ""))
         if party not in (None, name):
             raise BoostingError(f"{model_dir} holds party {name}'s model, not {party}'s")
         return model_dir, name
-    if not (model_dir / "job.json").is_file():
+    if not RunFolder(model_dir).job.is_file():
         raise BoostingError(f"{model_dir}: not a fedboost model folder (no job.json or "
                             f"party.json)")
-    parties: dict[str, Any] = _read(model_dir / "job.json").get("parties", {})
+    parties: dict[str, Any] = _read(RunFolder(model_dir).job).get("parties", {})
     if party is None:
         holders = [p for p, entry in parties.items()
                    if isinstance(entry, dict) and entry.get("role") in ("active", "member")]
@@ -119,7 +120,7 @@ def party_folder(model_dir: Path, party: str | None) -> tuple[Path, str]:
         raise BoostingError(f"{model_dir}/job.json has no party {party!r} (parties: "
                             f"{', '.join(parties)})")
     folder = model_dir / party
-    if not (folder / "model.json").is_file():
+    if not ModelPart(folder).model.is_file():
         raise NotExportable(f"party {party} holds no model.json in {folder} (a passive party "
                             f"keeps a lookup table; over a broker each worker keeps its part in "
                             f"its models folder: export models/JOB/PARTY there)")
@@ -137,12 +138,10 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _categorical(folder: Path) -> set[str]:
-    from workers.data import CATEGORIES_FILE
+    """The party's features of text it coded (``workers.data.save_categories``)."""
+    from workers.data import load_categories
 
-    path = folder / CATEGORIES_FILE
-    if not path.is_file():
-        return set()
-    return set(_read(path).get("categories", {}))
+    return set(load_categories(folder))
 
 
 def _owner(model: Model, party: str) -> str:

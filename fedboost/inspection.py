@@ -21,9 +21,9 @@ from boosting.tree import Model, Tree, TreeNode, load_model
 from flows.config import ConfigError
 from workers import DataError, ProtocolError
 from workers.column_partitioned.lookup import LookupRecord, lookup_from_dict
-from workers.data import CATEGORIES_FILE, load_categories
+from workers.data import load_categories
+from workers.model_folder import PART_FILES, ModelPart, RunFolder
 
-PART_FILES = ("model.json", "lookup.json")
 """The files that make a folder a model part: a model (active party, member, centralized) or
 a passive party's lookup table."""
 
@@ -201,13 +201,13 @@ def inspect_model(model_dir: Path, party: str | None = None) -> ModelInspection:
 
 
 def _part_folders(model_dir: Path) -> list[Path]:
-    if any((model_dir / name).is_file() for name in PART_FILES):
+    if ModelPart(model_dir).holds_a_part():
         return [model_dir]
     if not model_dir.is_dir():
         raise ConfigError(f"{model_dir}: not a folder")
     found = [d for d in sorted(model_dir.iterdir())
              if d.is_dir() and not d.name.startswith(".")
-             and any((d / name).is_file() for name in PART_FILES)]
+             and ModelPart(d).holds_a_part()]
     order = _job_parties(model_dir)  # the job file's order: the active party first
     return sorted(found, key=lambda d: (order.index(d.name) if d.name in order else len(order),
                                        d.name))
@@ -215,14 +215,14 @@ def _part_folders(model_dir: Path) -> list[Path]:
 
 def _job_parties(model_dir: Path) -> list[str]:
     try:
-        return list(json.loads((model_dir / "job.json").read_text()).get("parties", {}))
+        return list(json.loads(RunFolder(model_dir).job.read_text()).get("parties", {}))
     except (OSError, ValueError, AttributeError):
         return []
 
 
 def _party_file(folder: Path) -> dict[str, Any]:
     try:
-        raw = json.loads((folder / "party.json").read_text())
+        raw = json.loads(ModelPart(folder).party.read_text())
     except (OSError, ValueError):
         return {}
     return raw if isinstance(raw, dict) else {}
@@ -231,9 +231,9 @@ def _party_file(folder: Path) -> dict[str, Any]:
 def _part(folder: Path) -> PartView:
     about = _party_file(folder)
     categories = _categories(folder)
-    if (folder / "lookup.json").is_file():
+    if ModelPart(folder).lookup.is_file():
         return _lookup_part(folder, about, categories)
-    path = folder / "model.json"
+    path = ModelPart(folder).model
     try:
         model = load_model(path)
         raw = json.loads(path.read_text())
@@ -261,7 +261,7 @@ def _categories(folder: Path) -> dict[str, tuple[str, ...]]:
     try:
         return load_categories(folder)
     except DataError as exc:
-        raise ConfigError(f"{folder / CATEGORIES_FILE}: {exc}") from None
+        raise ConfigError(f"{ModelPart(folder).categories}: {exc}") from None
 
 
 def _held(model: Model, node: TreeNode) -> str | None:
@@ -302,7 +302,7 @@ def _left(categories: dict[str, tuple[str, ...]], name: str | None,
 
 def _lookup_part(folder: Path, about: dict[str, Any],
                  categories: dict[str, tuple[str, ...]]) -> PartView:
-    path = folder / "lookup.json"
+    path = ModelPart(folder).lookup
     try:
         raw = json.loads(path.read_text())
         names, records = lookup_from_dict(raw)

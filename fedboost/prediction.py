@@ -48,13 +48,14 @@ def predict(model_dir: str | os.PathLike[str], data: DataSource = None, *,
     log_level
         Prefect's lines on the console at this level and above (as for :func:`train`).
     """
+    from workers.model_folder import ModelPart, RunFolder
     _prefect_env.configure()
     from flows.config import ConfigError, validate_job
     from flows.declared import declaration
 
     folder = Path(model_dir)
-    job_file = folder / "job.json"
-    if not job_file.exists() and (folder / "party.json").exists():
+    job_file = RunFolder(folder).job
+    if not job_file.exists() and ModelPart(folder).party.exists():
         return _predict_with_copy(folder, data, out)  # a member's own folder of a shared model
     try:
         raw = json.loads(job_file.read_text())
@@ -85,6 +86,7 @@ def _data_files(data: DataSource) -> tuple[dict[str, Path], Path | None]:
 def _predict_federated(model_dir: Path, config: VerticalJobConfig, data: DataSource,
                        out: str | os.PathLike[str] | None, mode: str,
                        batch_size: int) -> PredictResult:
+    from workers.model_folder import RunFolder
     from fedboost.embedded import party_specs, run_embedded
     from flows.config import ConfigError
     from flows.predict import PredictMode, federated_predict
@@ -111,7 +113,7 @@ def _predict_federated(model_dir: Path, config: VerticalJobConfig, data: DataSou
     if config.transport.kind == "rabbitmq":
         return _predict_on_workers(config, job, scores_file, mode, run,
                                    bool(by_party), out is not None)
-    target = Path(out or model_dir / "scores.csv").resolve()
+    target = Path(out or RunFolder(model_dir).scores).resolve()
     result = run_embedded(job, party_specs(config, model_dir, by_party), run)
     target.parent.mkdir(parents=True, exist_ok=True)
     (model_dir / config.active / scores_file).replace(target)  # the caller, not the worker, picks
@@ -142,11 +144,12 @@ def _predict_with_copy(folder: Path, data: DataSource,
                        out: str | os.PathLike[str] | None) -> PredictResult:
     """Score with a member's own copy of a shared model (``models/JOB/MEMBER`` of its
     worker, holding model.json and party.json)."""
+    from workers.model_folder import ModelPart
     from flows.config import ConfigError
     from flows.declared import declared
 
     try:
-        party = json.loads((folder / "party.json").read_text())
+        party = json.loads(ModelPart(folder).party.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{folder}/party.json: cannot read it ({exc})") from None
     protocol = declared().get(str(party.get("protocol")))
@@ -158,12 +161,13 @@ def _predict_with_copy(folder: Path, data: DataSource,
         raise ConfigError("--data CSV: the rows to score with this member's model")
     path = single or next(iter(by_party.values()))
     return _score_member(folder, str(party.get("party")), str(party.get("id_column", "id")),
-                         path, Path(out or folder / "scores.csv"))
+                         path, Path(out or ModelPart(folder).scores))
 
 
 def _predict_member(model_dir: Path, config: Any, data: DataSource,
                     out: str | os.PathLike[str] | None) -> PredictResult:
     """Horizontal models are shared: a member scores its own rows locally, no federation."""
+    from workers.model_folder import ModelPart, RunFolder
     from flows.config import ConfigError
 
     by_party, single = _data_files(data)
@@ -184,24 +188,25 @@ def _predict_member(model_dir: Path, config: Any, data: DataSource,
     if path is None:
         raise ConfigError(f"--data: member {member}'s data file is not in {model_dir}/job.json "
                           f"(trained over a broker): give --data {member}=CSV")
-    if not (model_dir / member / "model.json").exists():
+    if not ModelPart(model_dir / member).model.exists():
         raise ConfigError(f"{model_dir / member}: no model.json (over a broker each member's "
                           f"worker keeps its copy: fedboost predict MODELS/{config.job}/{member} "
                           f"--data CSV)")
     return _score_member(model_dir / member, member, entry.id, Path(path),
-                         Path(out or model_dir / "scores.csv"))
+                         Path(out or RunFolder(model_dir).scores))
 
 
 def _score_member(folder: Path, member: str, id_column: str, path: Path,
                   out: Path) -> PredictResult:
     """Write the scores of ``path``'s rows under the model in ``folder``."""
+    from workers.model_folder import ModelPart
     from boosting.tree import load_model, raw_decider
     from workers.data import load_party_data
     from workers.row_partitioned import OWNER
     from workers.column_partitioned.scoring import write_scores_csv
 
     started = time.perf_counter()
-    model = load_model(folder / "model.json")
+    model = load_model(ModelPart(folder).model)
     rows = load_party_data(member, path, id_column, None, require_label=False,
                            columns=list(model.features[OWNER]))
     pred = model.predict(raw_decider({OWNER: rows.x}), len(rows.ids))

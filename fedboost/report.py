@@ -34,7 +34,8 @@ from flows import run_charts
 from flows.charts import bar_chart, line_chart
 from workers import ProtocolError
 from workers.column_partitioned.lookup import LookupRecord, lookup_from_dict
-from workers.vertical.explain import SPLITS_FILE, SPLITS_FORMAT
+from workers.vertical.explain import SPLITS_FORMAT
+from workers.model_folder import ModelPart, RunFolder
 
 TOP_FEATURES = 20
 """Features shown in the importance charts (the table lists all)."""
@@ -105,8 +106,8 @@ def write_report(run_dir: Path, party: str | None = None, out: Path | None = Non
     ReportError : the folder is not a finished run, or ``party`` is not one of its parties
     """
     run_dir = Path(run_dir)
-    job = _read_json(run_dir / "job.json", "not a fedboost run folder")
-    metrics = _read_json(run_dir / "metrics.json", "no metrics: the run has not finished")
+    job = _read_json(RunFolder(run_dir).job, "not a fedboost run folder")
+    metrics = _read_json(RunFolder(run_dir).metrics, "no metrics: the run has not finished")
     parties: dict[str, Any] = job.get("parties") or {}
     roles = {name: str(p.get("role", "")) for name, p in parties.items()}
     chosen = party or _default_party(roles)
@@ -115,7 +116,7 @@ def write_report(run_dir: Path, party: str | None = None, out: Path | None = Non
                           f"({', '.join(roles)})")
     view = _party_view(run_dir, chosen, roles)
     html = render(job, metrics, view)
-    path = out or run_dir / ("report.html" if party is None else f"report-{chosen}.html")
+    path = out or RunFolder(run_dir).report(None if party is None else chosen)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open_private(path) as handle:  # it names the party's features: the party's own
         handle.write(html)
@@ -145,13 +146,13 @@ def _party_view(run_dir: Path, party: str, roles: dict[str, str]) -> PartyView:
     active = next((n for n, r in roles.items() if r == "active"), None)
     try:
         if view.role == "passive":
-            lookup_file = run_dir / party / "lookup.json"
+            lookup_file = ModelPart(run_dir / party).lookup
             if lookup_file.exists():
                 view.own_names, view.lookup = lookup_from_dict(json.loads(lookup_file.read_text()))
             else:
                 view.notes.append(f"{lookup_file} is missing: {party}'s splits are unnamed")
             return view  # a data provider's own: never the active party's trees or gains
-        model_file = run_dir / party / "model.json"
+        model_file = ModelPart(run_dir / party).model
         if model_file.exists():
             view.model = load_model(model_file)
             view.own_names = tuple(view.model.features.get(party, ())) or tuple(
@@ -159,7 +160,7 @@ def _party_view(run_dir: Path, party: str, roles: dict[str, str]) -> PartyView:
         else:
             view.notes.append(f"{model_file} is not in this folder: no trees to show")
         if active is not None:
-            view.gains = _split_records(run_dir / active / SPLITS_FILE, view.notes)
+            view.gains = _split_records(ModelPart(run_dir / active).splits, view.notes)
     except (OSError, ValueError, BoostingError, ProtocolError) as exc:
         raise ReportError(f"{run_dir}: party {party}: {exc}") from None
     return view

@@ -53,12 +53,13 @@ class TrainResult:
     @classmethod
     def load(cls, run_dir: str | os.PathLike[str]) -> TrainResult:
         """The result of a run ``fedboost train`` (or :func:`train`) wrote to ``run_dir``."""
+        from workers.model_folder import RunFolder
         from flows.config import ConfigError
 
         folder = Path(run_dir)
         try:
-            metrics = json.loads((folder / "metrics.json").read_text())
-            job = json.loads((folder / "job.json").read_text())
+            metrics = json.loads(RunFolder(folder).metrics.read_text())
+            job = json.loads(RunFolder(folder).job.read_text())
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{folder}: not a finished training run ({exc})") from None
         return cls(job=str(job["job"]), protocol=str(job.get("protocol",
@@ -105,11 +106,15 @@ def tree_history(metrics: Mapping[str, Any]) -> list[TreeRecord]:
 
 
 def model_parts_in(run_dir: Path, parties: list[str]) -> dict[str, Path]:
+    """Each party's model part file: its model, else its lookup table (``PART_FILES``)."""
+    from workers.model_folder import ModelPart
+
     parts = {}
     for party in parties:
-        for name in ("model.json", "lookup.json"):
-            if (run_dir / party / name).is_file():
-                parts[party] = run_dir / party / name
+        part = ModelPart(run_dir / party)
+        for path in (part.model, part.lookup):
+            if path.is_file():
+                parts[party] = path
     return parts
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from workers.model_folder import RunFolder
+
 DEFAULT_MAX_IDS = 1000
 DEFAULT_MAX_CONNECTIONS = 512
 DEFAULT_RATE = 500.0
@@ -357,7 +359,7 @@ def _job_of(model_dir: Path) -> Any:
     from flows.config import ConfigError, validate_job
     from flows.declared import declaration
 
-    job_file = model_dir / "job.json"
+    job_file = RunFolder(model_dir).job
     try:
         raw = json.loads(job_file.read_text())
     except (OSError, ValueError) as exc:

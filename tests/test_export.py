@@ -224,3 +224,15 @@ def test_a_model_with_passive_splits_is_refused_in_one_line(
     assert _export(run, out, "--party", "host") == 1  # a lookup table is no model
     assert "holds no model.json" in capsys.readouterr().err
     assert json.loads((run / "job.json").read_text())["protocol"] == "vertical_secureboost"
+
+
+def test_the_export_names_the_features_a_party_coded_from_text(tmp_path: Path) -> None:
+    """``Exported.categorical`` (the CLI's "as category codes" line) comes from the party's
+    own categories file: it read a key the file never had, so it was always empty."""
+    from fedboost.export import _categorical
+    from workers.data import save_categories
+
+    save_categories(tmp_path, {"housing": ("own", "rent"), "purpose": ("car", "home")})
+    assert _categorical(tmp_path) == {"housing", "purpose"}
+    save_categories(tmp_path, {})
+    assert _categorical(tmp_path) == set()

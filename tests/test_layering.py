@@ -349,3 +349,22 @@ def test_messages_take_only_the_parameters_declaration_from_boosting() -> None:
         third_party = {m for m in imported - OURS
                        if m not in sys.stdlib_module_names and m != "__future__"}
         assert not third_party, f"{name} imports {third_party}: the wire would load it"
+
+
+def test_the_model_and_run_folders_own_their_file_names() -> None:
+    """``workers.model_folder`` names the files of a model part and of a run folder: no other
+    module writes one of those names as a literal (a path built from one, rather than from
+    ``ModelPart`` or ``RunFolder``, is where a renamed file would be missed)."""
+    from workers import model_folder
+
+    names = {value for key, value in vars(model_folder).items()
+             if key.isupper() and isinstance(value, str)} | {"report.html"}
+    found = []
+    for package in ("fedboost", "flows", "workers", "benchmarks"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            if path == REPO / "workers" / "model_folder.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and node.value in names:
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno} {node.value!r}")
+    assert not found, "take the path from workers.model_folder: " + ", ".join(found)

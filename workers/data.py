@@ -20,6 +20,7 @@ from boosting._typing import FloatArray
 from boosting.tree import write_json_atomic
 from workers import DataError
 from workers.tables import NumericColumn, column_text, read_table, release_arrow_memory
+from workers.model_folder import ModelPart
 
 log = logging.getLogger("fedboost.worker")
 
@@ -193,9 +194,6 @@ def _parse_numbers(where: str, name: str, cells: list[str], first_row: int,
     raise DataError(f"{where}: column {name!r}: not numbers")
 
 
-CATEGORIES_FILE = "categories.json"
-"""Beside a party's model part: the categories of its categorical features, which only it
-holds, so prediction codes new rows as training did."""
 CATEGORIES_FORMAT = "fedboost-categories"
 CATEGORIES_VERSION = 1
 
@@ -203,7 +201,7 @@ CATEGORIES_VERSION = 1
 def save_categories(folder: Path, categories: Mapping[str, Sequence[str]]) -> None:
     """Keep the codes of this party's categorical features with its model part (none: no
     file, and a stale one from an earlier run of the job is removed)."""
-    path = folder / CATEGORIES_FILE
+    path = ModelPart(folder).categories  # only this party holds them: prediction codes as training
     if not categories:
         path.unlink(missing_ok=True)
         return
@@ -213,7 +211,7 @@ def save_categories(folder: Path, categories: Mapping[str, Sequence[str]]) -> No
 
 def load_categories(folder: Path) -> dict[str, tuple[str, ...]]:
     """The categories saved with the model part in ``folder`` (none: an empty mapping)."""
-    path = folder / CATEGORIES_FILE
+    path = ModelPart(folder).categories
     if not path.exists():
         return {}
     try:

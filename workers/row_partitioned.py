@@ -16,6 +16,7 @@ from workers import DataError, ProtocolError
 from workers.data import PartyData, load_party_data
 from workers.handlers import StepContext
 from workers.party import DataSet
+from workers.model_folder import ModelPart
 
 OWNER = "members"
 """The owner of every split of a row-partitioned model: each member holds all its columns."""
@@ -62,8 +63,8 @@ def load_member_data(me: str, own: DataSet) -> PartyData:
 def save_member_model(ctx: StepContext, model: Model, protocol: str, members: list[str],
                       id_column: str) -> tuple[Kind, Any]:
     """Write this member's copy of the model; the reply counts its trees."""
-    save_model(model, ctx.model_dir / "model.json")
-    write_json_atomic(ctx.model_dir / "party.json", {
+    save_model(model, ModelPart(ctx.model_dir).model)
+    write_json_atomic(ModelPart(ctx.model_dir).party, {
         "party": ctx.party.name, "role": "member", "protocol": protocol, "job": ctx.job,
         "saved_at": time.time(), "members": members, "id_column": id_column})
     return MsgType.ACK, Ack(count=len(model.trees))

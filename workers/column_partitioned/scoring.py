@@ -42,6 +42,7 @@ from workers.handlers import StepContext
 from workers.party import DataSet
 from workers.policy import PolicyError
 from workers.state import JobState
+from workers.model_folder import ModelPart
 
 
 SCORES_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -58,7 +59,7 @@ class ActiveScoring:
     """Inside the party's model folder of the trained job."""
     score_margin: np.ndarray | None = None
     trained_rows: dict[str, str] | None = None
-    """id -> 'train' or 'valid' for the trained job's aligned rows (``TRAINING_ROWS``)."""
+    """id -> 'train' or 'valid' for the trained job's aligned rows (``training_rows.json``)."""
 
 
 class ScoredRole(Protocol):
@@ -143,12 +144,12 @@ def open_prediction(ctx: StepContext, body: OpenPrediction) -> tuple[Kind, Any]:
     scores = scores_path(directory, body.scores_file) if is_active else directory
     own = ctx.party.dataset_in(body.parties)
     if is_active:
-        model = load_model(directory / "model.json")
+        model = load_model(ModelPart(directory).model)
         expected = model.features.get(ctx.party.name, ())
         role_state: Any = ActiveScoring(model=model, scores_path=scores,
                                         trained_rows=load_training_rows(directory))
     else:
-        path = directory / "lookup.json"
+        path = ModelPart(directory).lookup
         try:
             expected, records = lookup_from_dict(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError) as exc:
@@ -345,24 +346,23 @@ def write_scores(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     return MsgType.ACK, Ack(count=len(ids))
 
 
-TRAINING_ROWS = "training_rows.json"
 """The active party's record of which aligned ids a job trained on and held out (its own ids:
 it learnt the intersection at PSI); prediction marks each scored row with it."""
 
 
 def save_training_rows(directory: Path, ids: list[str], valid: np.ndarray) -> None:
-    """Write ``TRAINING_ROWS``: the aligned ids by their role in training (0600)."""
-    write_json_atomic(directory / TRAINING_ROWS, {
+    """Write ``training_rows.json``: the aligned ids by their role in training (0600)."""
+    write_json_atomic(ModelPart(directory).training_rows, {
         "format": "fedboost-training-rows", "version": 1,
         "train": [i for i, v in zip(ids, valid.tolist()) if not v],
         "valid": [i for i, v in zip(ids, valid.tolist()) if v]})
 
 
 def load_training_rows(directory: Path) -> dict[str, str] | None:
-    """id -> 'train' / 'valid' from ``TRAINING_ROWS``; None if the folder has none (a model
+    """id -> 'train' / 'valid' from ``training_rows.json``; None if the folder has none (a model
     saved before it was written, or a protocol that does not keep it)."""
     try:
-        raw = json.loads((directory / TRAINING_ROWS).read_text())
+        raw = json.loads(ModelPart(directory).training_rows.read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(raw, dict) or raw.get("format") != "fedboost-training-rows":

@@ -38,6 +38,7 @@ from workers.data import PartyData
 from workers.handlers import Handler, StepContext
 from workers.policy import PolicyError
 from workers.state import JobState
+from workers.model_folder import ModelPart
 
 STALE_ROUNDS = 256
 """Decisions of rounds this far behind the one being finished are dropped (their round was
@@ -95,7 +96,7 @@ def open_scoring(ctx: StepContext, body: OpenScoring) -> tuple[Kind, Any]:
     directory = model_folder(ctx, body.model_job)
     own = ctx.party.dataset_in(body.parties)
     if me == actives[0]:
-        model = load_model(directory / "model.json")
+        model = load_model(ModelPart(directory).model)
         data = rows_to_score(me, own, directory, model.features.get(me, ()))
         role_state: Any = _active_session(me, model, _index(data), passives, body.max_rows)
     else:
@@ -104,7 +105,7 @@ def open_scoring(ctx: StepContext, body: OpenScoring) -> tuple[Kind, Any]:
                               f"decisions for every requested row to {actives[0]}, and its "
                               f"policy (predict_modes) allows path-mode prediction only")
         _check_active(me, directory, body.model_job, actives[0])
-        path = directory / "lookup.json"
+        path = ModelPart(directory).lookup
         try:
             expected, records = lookup_from_dict(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError) as exc:
@@ -123,7 +124,7 @@ def open_scoring(ctx: StepContext, body: OpenScoring) -> tuple[Kind, Any]:
 def _check_active(me: str, directory: Any, model_job: str, active: str) -> None:
     """A passive party's decisions go only to the active party it trained the model with."""
     try:
-        saved = json.loads((directory / "party.json").read_text()).get("active")
+        saved = json.loads(ModelPart(directory).party.read_text()).get("active")
     except (OSError, ValueError, AttributeError):
         saved = None
     if saved is not None and saved != active:

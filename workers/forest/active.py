@@ -49,6 +49,7 @@ from workers.forest.splits import (Decryption, FeatureOption, choose_split, own_
                                    passive_options)
 from workers.handlers import StepContext
 from workers.state import JobState
+from workers.model_folder import ModelPart
 
 log = logging.getLogger("fedboost.worker")
 
@@ -308,10 +309,10 @@ def save_model_part(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     if missing:
         raise StageError(f"{state.party}: trees {missing} are not finished here")
     features = {state.party: state.data.names, **{p: () for p in state.passives}}
-    save_model(run.model(features, chosen), Path(ctx.model_dir) / "model.json")
+    save_model(run.model(features, chosen), ModelPart(Path(ctx.model_dir)).model)
     run.saved = chosen
     save_categories(Path(ctx.model_dir), state.data.categories)
-    write_json_atomic(Path(ctx.model_dir) / "party.json", {
+    write_json_atomic(ModelPart(Path(ctx.model_dir)).party, {
         "party": state.party, "role": "active", "job": ctx.job, "saved_at": time.time(),
         "parties": [state.party, *state.passives]})
     return MsgType.ACK, Ack(count=len(chosen))

@@ -46,6 +46,7 @@ from workers.forest.budget import FeatureLedger, check_features_summed, dataset_
 from workers.handlers import StepContext
 from workers.policy import check_key_bits
 from workers.state import JobState
+from workers.model_folder import ModelPart
 
 MAX_GROUPS = 64
 """Most label groups (two channels each) a multiclass job may send: 128 classes."""
@@ -325,10 +326,10 @@ def save_model_part(ctx: StepContext, body: TreeCommand) -> tuple[Kind, Any]:
     run: PassiveForest = state.role_state
     chosen = set(body.keep)
     records = {k: r for k, r in run.records.items() if k // RECORDS_PER_TREE in chosen}
-    write_json_atomic(ctx.model_dir / "lookup.json", lookup_to_dict(
+    write_json_atomic(ModelPart(ctx.model_dir).lookup, lookup_to_dict(
         state.party, ctx.job, state.data.names, records))
     save_categories(ctx.model_dir, state.data.categories)
-    write_json_atomic(ctx.model_dir / "party.json", {
+    write_json_atomic(ModelPart(ctx.model_dir).party, {
         "party": state.party, "role": "passive", "job": ctx.job, "saved_at": time.time(),
         "active": state.active})
     return MsgType.ACK, Ack(count=len(records))

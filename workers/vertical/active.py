@@ -45,6 +45,7 @@ from workers.vertical.active_state import ActiveTraining, participants_of
 from workers.vertical.decryption import decrypt_histograms, decrypt_level
 from workers.vertical.early_stopping import kept_trees
 from workers.vertical.explain import leaf_purity, tree_splits, write_splits
+from workers.model_folder import ModelPart
 
 PROTOCOL = "vertical_secureboost"
 """The protocol whose steps this module and workers.vertical.passive answer (checked against policies)."""
@@ -298,12 +299,12 @@ def save_model_part(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     features = {state.party: state.data.names, **{p: () for p in state.passives}}
     keep = kept_trees(body, len(run.trees))
     model = run.model(features)
-    save_model(replace(model, trees=model.trees[:keep]), Path(directory) / "model.json")
+    save_model(replace(model, trees=model.trees[:keep]), ModelPart(Path(directory)).model)
     save_categories(Path(directory), state.data.categories)
     write_splits(Path(directory), ctx.job, state.party, [s for s in run.splits if s.tree < keep])
     aligned, valid = state.require_aligned()
     save_training_rows(Path(directory), [state.data.ids[r] for r in aligned.tolist()], valid)
-    write_json_atomic(Path(directory) / "party.json", {
+    write_json_atomic(ModelPart(Path(directory)).party, {
         "party": state.party, "role": "active", "job": ctx.job, "saved_at": time.time(),
         "parties": [state.party, *state.passives]})
     return MsgType.ACK, Ack(count=keep)

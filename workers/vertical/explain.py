@@ -16,8 +16,8 @@ import numpy as np
 
 from boosting.grow import TreeGrower
 from boosting.tree import write_json_atomic
+from workers.model_folder import ModelPart
 
-SPLITS_FILE = "splits.json"
 SPLITS_FORMAT = "fedboost-splits"
 
 
@@ -61,7 +61,7 @@ def leaf_purity(node_of_row: np.ndarray, y: np.ndarray) -> float:
 
 def write_splits(directory: Path, job: str, party: str, splits: list[SplitRecord]) -> None:
     """Write ``splits.json`` beside the active party's model part."""
-    write_json_atomic(directory / SPLITS_FILE, {
+    write_json_atomic(ModelPart(directory).splits, {
         "format": SPLITS_FORMAT, "version": 1, "job": job, "party": party,
         "saved_at": time.time(),
         "splits": [{"tree": s.tree, "node": s.node, "owner": s.owner, "feature": s.feature,

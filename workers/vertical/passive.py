@@ -40,6 +40,7 @@ from workers.state import JobState
 from workers.vertical.active import PROTOCOL, params_of
 from workers.vertical.early_stopping import kept_records
 from workers.vertical.root_histogram import ArrivingTree, add_chunks, check_tree_start, in_order
+from workers.model_folder import ModelPart
 
 log = logging.getLogger("fedboost.worker")
 
@@ -387,10 +388,10 @@ def save_model_part(ctx: StepContext, body: Step) -> tuple[Kind, Any]:
     state: JobState = ctx.state
     run: PassiveTraining = state.role_state
     records = kept_records(run.records, body)
-    write_json_atomic(ctx.model_dir / "lookup.json", lookup_to_dict(
+    write_json_atomic(ModelPart(ctx.model_dir).lookup, lookup_to_dict(
         state.party, ctx.job, state.data.names, records))
     save_categories(ctx.model_dir, state.data.categories)
-    write_json_atomic(ctx.model_dir / "party.json", {
+    write_json_atomic(ModelPart(ctx.model_dir).party, {
         "party": state.party, "role": "passive", "job": ctx.job, "saved_at": time.time(),
         "active": state.active})
     return MsgType.ACK, Ack(count=len(records))
