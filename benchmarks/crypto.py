@@ -20,6 +20,8 @@ accumulation, bin sums folded by the key holder, with the OU/Paillier ratio of e
 
 from __future__ import annotations
 
+from typing import Any
+
 import argparse
 import random
 import time
@@ -35,7 +37,7 @@ from crypto.paillier import PaillierPrivateKey, generate_keypair
 from crypto.schemes import PrivateKey
 
 
-def rate(fn: Callable[[int], None], seconds: float) -> float:
+def rate(fn: Callable[[int], object], seconds: float) -> float:
     """Operations per second: ``fn(k)`` performs k operations; grow k until it takes long enough."""
     k = 16
     while True:
@@ -102,7 +104,7 @@ def obfuscator_rate(private: PrivateKey, seconds: float, native: bool) -> float:
     return rate(lambda k: short_obfuscators(tables, k, native), seconds)
 
 
-def histogram_rate(public, private, seconds: float,  # type: ignore[no-untyped-def]
+def histogram_rate(public: Any, private: Any, seconds: float,
                    native: bool | None = None) -> float:
     """The passive party's kernel on 4,096 rows x 10 features, as ciphertext multiplies per
     second (``native``: crypto.bin_products' C kernel, its gmpy2 loop, or whichever runs)."""
@@ -123,7 +125,7 @@ BENCH_PACKER = GradientPacker(value_bits=42, max_rows=30_000)
 """default_credit's training rows: 59-bit slots, 177-bit bin sums."""
 
 
-def bin_sum_rates(public, private, seconds: float) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def bin_sum_rates(public: Any, private: Any, seconds: float) -> dict[str, float]:
     """Bin sums to plaintext per second: decrypted one by one, or packed, decrypted, unpacked."""
     packing = BinSumPacking.for_key(BENCH_PACKER.cell_bits, public.n.bit_length())
     per, nsq = packing.per_ciphertext, public.nsquare

@@ -9,13 +9,13 @@ from typing import Any
 
 import yaml
 
-from flows.config import JobConfig, parse_config
+from flows.config import AnyJobConfig, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 
 
-def config_with(name: str, **overrides: Any) -> JobConfig:
+def config_with(name: str, **overrides: Any) -> AnyJobConfig:
     """A shipped config with sections deep-merged from ``overrides`` (e.g. params={...})."""
     raw = yaml.safe_load((CONFIGS / name).read_text())
     raw = copy.deepcopy(raw)

@@ -67,7 +67,8 @@ def trace(run: Path, ids: list[str], rows: int, url: str | None = None,
                        max_rows=4096, timeout=10.0)
     coordinator = broker_coordinator(config, plan.job, plan.timeout)
     spent: dict[str, float] = defaultdict(float)
-    coordinator.sealer = _Timed(coordinator.sealer, spent, {"seal": "seal", "open": "open"})
+    coordinator.sealer = _Timed(coordinator.sealer, spent,  # type: ignore[assignment]  # a timing proxy
+                                {"seal": "seal", "open": "open"})
     marks: list[tuple[str, float]] = []
 
     class Traced(ScoringLink):
@@ -81,7 +82,7 @@ def trace(run: Path, ids: list[str], rows: int, url: str | None = None,
             super()._take_reply(env, round_)
 
     link = Traced(plan, coordinator, max_in_flight=2)
-    link.transport = _Timed(link.transport, spent, {"send": "publish"})  # type: ignore
+    link.transport = _Timed(link.transport, spent, {"send": "publish"})  # type: ignore[assignment]  # a timing proxy
     link.open()
     link.start()
     picked = random.Random(seed).sample(ids, min(rows + 20, len(ids)))

@@ -36,9 +36,12 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedboost import _prefect_env
+
+if TYPE_CHECKING:
+    from flows.config import SecureBoostJobConfig
 
 
 def phe_tree_baseline(bits: int, rows: int, sample: int = 200) -> float:
@@ -115,14 +118,26 @@ def write_fedtree_data(folder: Path) -> dict[str, Path]:
 
 
 def workload_config(workload: str, folder: Path, bits: int, trees: int,
-                    pack_bin_sums: str = "key_holder", scheme: str = "paillier") -> object:
+                    pack_bin_sums: str = "key_holder",
+                    scheme: str = "paillier") -> SecureBoostJobConfig:
     """The job a workload runs, with ``bits``-bit keys of ``scheme`` and ``trees`` trees."""
     from benchmarks.job_files import config_with
-    from flows.config import parse_config
+    from flows.config import SecureBoostJobConfig, parse_config
 
     crypto = {"key_bits": bits, "pack_bin_sums": pack_bin_sums, "scheme": scheme}
     if workload == "default_credit":
-        return config_with("default_credit.yaml", crypto=crypto, params={"n_trees": trees})
+        config = config_with("default_credit.yaml", crypto=crypto, params={"n_trees": trees})
+    else:
+        config = parse_config(_fedtree_job(folder, trees, crypto), base=folder,
+                              source=f"{workload} workload")
+    if not isinstance(config, SecureBoostJobConfig):
+        raise SystemExit(f"{workload}: a workload is a vertical SecureBoost job, not "
+                         f"{config.protocol}")
+    return config
+
+
+def _fedtree_job(folder: Path, trees: int, crypto: dict[str, Any]) -> dict[str, Any]:
+    """FedTree's benchmark shape on our data (``write_fedtree_data``), as a job file."""
     files = write_fedtree_data(folder)
     raw = {"job": "fedtree-shape", "protocol": "vertical_secureboost",
            "parties": {"guest": {"role": "active", "data": str(files["guest"]), "id": "id",
@@ -132,7 +147,7 @@ def workload_config(workload: str, folder: Path, bits: int, trees: int,
                       "objective": "binary", "reg_lambda": 1.0, "seed": 0},
            "crypto": crypto, "validation": {"fraction": 0.0, "seed": 0},
            "transport": {"kind": "memory"}}
-    return parse_config(raw, base=folder, source=f"{workload} workload")
+    return raw
 
 
 SHAPES = {"default_credit": "default_credit, 2 parties, depth 3, 32 bins",
@@ -168,7 +183,7 @@ def main() -> None:
     logging.getLogger("prefect.flow_runs").setLevel(logging.WARNING)
     rows = []
     breakdowns, by_depth, tree_seconds = {}, {}, {}
-    by_scheme: dict[str, dict[str, object]] = {}
+    by_scheme: dict[str, dict[str, Any]] = {}
     by_round: dict[str, list[tuple[float, float]]] = {}  # (s/tree, bytes/tree) per round
     runs = [(bits, scheme, r) for r in range(args.rounds) for bits in bits_list
             for scheme in (args.scheme if r % 2 == 0 else args.scheme[::-1])]

@@ -141,7 +141,7 @@ def measure(args: argparse.Namespace, hosts: Hosts, scheme: str, profile: Profil
     procs = []
     load_before = os.getloadavg()
     try:
-        if per_org:
+        if per_org and profile is not None:
             hosts.purge([guest, host])
             links = hosts.links(profile, work)
             links.__enter__()

@@ -43,7 +43,7 @@ class RelayedLinks:
     ``reconnect()`` closes both brokers' connections and returns once every shovel runs."""
 
     def __init__(self, namespace: Sequence[str], lender: str, provider: str, profile: Profile,
-                 shape: Callable[[str, str], None], reconnect: Callable[[], None],
+                 shape: Callable[[str, str], object], reconnect: Callable[[], None],
                  records: Path) -> None:
         self.namespace, self.lender, self.provider = list(namespace), lender, provider
         self.profile, self._shape, self._reconnect = profile, shape, reconnect
