@@ -56,14 +56,18 @@ def check_fields(params: Any) -> None:
             raise BoostingError(f"invalid parameter {f.name}={value!r}: one of "
                                 f"{', '.join(choices)}")
         each_of = f.metadata.get("each_of")  # a tuple (or a dict of tuples) of choices
-        items = [v for vs in value.values() for v in vs] if isinstance(value, dict) else value
-        if each_of is not None and any(v not in each_of for v in items):
+        if each_of is not None and any(v not in each_of for v in _items(value)):
             raise BoostingError(f"invalid parameter {f.name}={value!r}: each one of "
                                 f"{', '.join(each_of)}")
         for key, limit in f.metadata.get("bounds", {}).items():
             compare, words = _LIMITS[key]
             if not compare(value, limit):
                 raise BoostingError(f"invalid parameter {f.name}={value!r}: {words} {limit}")
+
+
+def _items(value: Any) -> list[Any]:
+    """The choices a tuple holds, or the tuples of a dict's values."""
+    return [v for vs in value.values() for v in vs] if isinstance(value, dict) else list(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,9 +24,6 @@ from workers.column_partitioned.lookup import LookupRecord, lookup_from_dict
 from workers.data import load_categories
 from workers.model_folder import PART_FILES, ModelPart, RunFolder
 
-"""The files that make a folder a model part: a model (active party, member, centralized) or
-a passive party's lookup table."""
-
 
 @dataclass(frozen=True, slots=True)
 class NodeView:

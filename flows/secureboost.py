@@ -194,6 +194,7 @@ class SecureBoost(RunProtocol):
 
     def open(self) -> Start:
         job, active, passives = self.job, self.active, self.passives
+        self.dropping = []  # a recovery's new session: the old run's drops are not this run's
         held = open_job(job, self.parties, job_spec(self.config))
         shared = set.intersection(*(set(points) for points in held.values()))
         if shared:

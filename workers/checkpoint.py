@@ -225,31 +225,33 @@ R = TypeVar("R", bound=Record)
 
 
 def load_record(directory: Path, wanted: Checkpoint, digest: str, key: bytes, kind: type[R],
-                who: str, older: Callable[[dict[str, Any]], R] | None = None) -> R:
+                who: str, older: Callable[[str, dict[str, Any]], R] | None = None) -> R:
     """The ``kind`` saved after ``wanted.trees_done`` trees of this job, checked: one typed
     idiom for every protocol whose state is a record. A state of the dict layout from before
     the records goes through ``older`` (which refuses formats it cannot read by name); any
-    other state, or trees that do not match, is damaged."""
+    other state, or trees that do not match, is damaged. ``older`` gets the checkpoint's name
+    for its refusals (``who: the checkpoint after N trees in DIR``)."""
+    where = f"{who}: the checkpoint after {wanted.trees_done} trees in {directory}"
     state = load(directory, wanted, digest, key)
     if isinstance(state, dict) and older is not None:
-        state = older(state)
+        state = older(where, state)
     if not isinstance(state, kind) or len(state.trees) != wanted.trees_done:
-        raise CheckpointError(f"{who}: checkpoint after {wanted.trees_done} trees in "
-                              f"{directory} is damaged")
+        raise CheckpointError(f"{where} is damaged")
     return state
 
 
-def older_state(who: str, saved: dict[str, Any], keys: set[str], formats: dict[int, str],
+def older_state(where: str, saved: dict[str, Any], keys: set[str], formats: dict[int, str],
                 current: int) -> dict[str, Any]:
     """A checkpoint state of the dict layout (``{"format": n, ...}``, before typed records),
-    with ``keys``; a format other than ``current`` is refused with ``formats[n]``'s reason."""
+    with ``keys``; a format other than ``current`` is refused with ``formats[n]``'s reason
+    (``where`` names the checkpoint: ``load_record``)."""
     version = saved.get("format", 1)
     if version != current:
-        raise CheckpointError(f"{who}: the checkpoint is of "
+        raise CheckpointError(f"{where} is of "
                               f"{formats.get(version, f'format {version}, unknown here')}: "
                               f"refused; remove its checkpoints folder to train the job afresh")
     if not keys <= set(saved) or not isinstance(saved["trees"], list):
-        raise CheckpointError(f"{who}: a checkpoint of format {version} is damaged")
+        raise CheckpointError(f"{where} (format {version}) is damaged")
     return saved
 
 

@@ -271,7 +271,7 @@ def test_a_protocols_record_comes_back_typed_and_checked(tmp_path: Path) -> None
     assert isinstance(loaded, MemberRecord) and repr(loaded.trees) == repr(saved.trees)  # nan != nan
     np.testing.assert_array_equal(loaded.margin, saved.margin)
     checkpoint.save(tmp_path, 3, "spec", "run-a", saved, KEY)  # says 3 trees, holds 2
-    with pytest.raises(CheckpointError, match="alice: checkpoint after 3 trees .* is damaged"):
+    with pytest.raises(CheckpointError, match="alice: the checkpoint after 3 trees in .* is damaged"):
         checkpoint.load_record(tmp_path, Checkpoint(3, "run-a"), "spec", KEY, MemberRecord,
                                "alice")
 
@@ -284,11 +284,11 @@ def test_a_dict_checkpoint_from_before_the_records_still_resumes(tmp_path: Path)
            "trees": record.trees, "history": record.history}
     checkpoint.save(tmp_path, 1, "spec", "run-a", old, KEY)
     loaded = checkpoint.load_record(tmp_path, Checkpoint(1, "run-a"), "spec", KEY, MemberRecord,
-                                    "alice", lambda raw: MemberRecord.older("alice", raw))
+                                    "alice", MemberRecord.older)
     assert (loaded.classes, repr(loaded.trees), loaded.base) == (1, repr(record.trees), record.base)
     np.testing.assert_array_equal(loaded.round_margin, record.margin)
     checkpoint.save(tmp_path, 1, "spec", "run-a", {**old, "format": 1}, KEY)
     with pytest.raises(CheckpointError, match=r"is of an older horizontal protocol \(cuts "
                                               r"from quantile summaries\): refused"):
         checkpoint.load_record(tmp_path, Checkpoint(1, "run-a"), "spec", KEY, MemberRecord,
-                               "alice", lambda raw: MemberRecord.older("alice", raw))
+                               "alice", MemberRecord.older)

@@ -27,8 +27,7 @@ def open_active(ctx: StepContext, spec: Any, protocol: str) -> JobState:
     own = ctx.party.dataset_in(spec.parties)
     data = load_party_data(ctx.party.name, own.path, own.id_column, own.label,
                            require_label=True, columns=own.columns, categorical=own.categorical,
-                           objective=spec.objective if hasattr(spec, "objective")
-                           else spec.params.objective)
+                           objective=spec.params.objective)
     return JobState(kind="train", party=ctx.party.name, active=ctx.party.name,
                     passives=[p.name for p in spec.parties if p.role == "passive"], data=data,
                     valid_fraction=spec.valid_fraction, valid_seed=spec.valid_seed,

@@ -346,9 +346,6 @@ def write_scores(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     return MsgType.ACK, Ack(count=len(ids))
 
 
-"""The active party's record of which aligned ids a job trained on and held out (its own ids:
-it learnt the intersection at PSI); prediction marks each scored row with it."""
-
 
 def save_training_rows(directory: Path, ids: list[str], valid: np.ndarray) -> None:
     """Write ``training_rows.json``: the aligned ids by their role in training (0600)."""

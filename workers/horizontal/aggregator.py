@@ -93,10 +93,10 @@ class AggregatorRecord:
     bin_counts: IntArray | None
 
     @classmethod
-    def older(cls, who: str, saved: dict[str, Any], noise_seed: int) -> AggregatorRecord:
+    def older(cls, where: str, saved: dict[str, Any], noise_seed: int) -> AggregatorRecord:
         """A checkpoint of the dict layout (format 2; from before multiclass: one class; from
         before the noise seed was kept: this session's; before count floors: no bin counts)."""
-        saved = checkpoint.older_state(who, saved, {"columns", "cuts", "base", "trees"},
+        saved = checkpoint.older_state(where, saved, {"columns", "cuts", "base", "trees"},
                                        OLDER_FORMATS, 2)
         return cls(list(saved["columns"]), list(saved["cuts"]), float(saved["base"]),
                    int(saved.get("classes", 1)), list(saved["trees"]),
@@ -281,7 +281,8 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[Kind, Any]:
     me = ctx.party.name
     saved = checkpoint.load_record(ctx.model_dir, body.checkpoint, job.digest,
                                    checkpoint.key_of(ctx.party), AggregatorRecord, me,
-                                   lambda old: AggregatorRecord.older(me, old, job.noise_seed))
+                                   lambda where, old: AggregatorRecord.older(where, old,
+                                                                             job.noise_seed))
     job.columns, job.cuts, job.base = list(saved.columns), list(saved.cuts), saved.base
     job.classes, job.trees, job.run = saved.classes, list(saved.trees), body.checkpoint.run
     job.noise_seed, job.bin_counts = saved.noise_seed, saved.bin_counts

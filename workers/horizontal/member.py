@@ -273,7 +273,7 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[Kind, Any]:
     me = ctx.party.name
     saved = checkpoint.load_record(ctx.model_dir, body.checkpoint, job.digest,
                                    checkpoint.key_of(ctx.party), MemberRecord, me,
-                                   lambda old: MemberRecord.older(me, old))
+                                   MemberRecord.older)
     job.cuts, job.base, job.classes = list(saved.cuts), saved.base, saved.classes
     job.margin, job.round_margin = saved.margin.copy(), saved.round_margin.copy()
     job.trees, job.history = list(saved.trees), list(saved.history)

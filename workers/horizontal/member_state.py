@@ -33,10 +33,10 @@ class MemberRecord:
     history: list[TreeFinished]
 
     @classmethod
-    def older(cls, who: str, saved: dict[str, Any]) -> MemberRecord:
+    def older(cls, where: str, saved: dict[str, Any]) -> MemberRecord:
         """A checkpoint of the dict layout (format 2: the cuts from the set-up grid; from
         before multiclass: one class, each round one tree)."""
-        saved = checkpoint.older_state(who, saved, {"cuts", "base", "margin", "trees", "history"},
+        saved = checkpoint.older_state(where, saved, {"cuts", "base", "margin", "trees", "history"},
                                        OLDER_FORMATS, 2)
         return cls(list(saved["cuts"]), float(saved["base"]), int(saved.get("classes", 1)),
                    np.array(saved["margin"]), np.array(saved.get("round_margin", saved["margin"])),

@@ -74,9 +74,9 @@ class MemberRecord:
         return self.packed
 
     @classmethod
-    def older(cls, who: str, saved: dict[str, Any]) -> MemberRecord:
+    def older(cls, where: str, saved: dict[str, Any]) -> MemberRecord:
         """A checkpoint of the dict layout (format 2; from before multiclass: one class)."""
-        saved = checkpoint.older_state(who, saved, {"handles", "similar", "members", "everyone",
+        saved = checkpoint.older_state(where, saved, {"handles", "similar", "members", "everyone",
                                                     "base", "margin", "trees", "history"},
                                        OLDER_FORMATS, 2)
         return cls(np.asarray(saved["handles"], dtype=np.uint64), list(saved["members"]),
@@ -372,7 +372,7 @@ def resume_job(ctx: StepContext, body: ResumeJob) -> tuple[Kind, Any]:
     me = ctx.party.name
     saved = checkpoint.load_record(ctx.model_dir, body.checkpoint, job.digest,
                                    checkpoint.key_of(ctx.party), MemberRecord, me,
-                                   lambda old: MemberRecord.older(me, old))
+                                   MemberRecord.older)
     job.handles = np.asarray(saved.handles, dtype=np.uint64)
     job.set_prepared(dict(zip(saved.members, saved.similar)),
                      dict(zip(saved.members, saved.everyone)), saved.base, saved.classes)
