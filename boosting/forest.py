@@ -24,7 +24,6 @@ import numpy as np
 
 from boosting._typing import FloatArray, IntArray
 
-MAX_FEATURES_RULES = ("sqrt", "log2")
 
 
 def features_per_node(rule: str | float, n_features: int) -> int:

@@ -27,6 +27,9 @@ OBJECTIVES: tuple[str, ...] = ("binary", "multiclass", "regression")
 
 # Bin indices are stored as uint8 with one index reserved for missing values.
 MAX_BIN_LIMIT = 255
+MAX_FEATURES_RULES: tuple[str, ...] = ("sqrt", "log2")
+"""A forest's named rules of the features a node draws (``boosting.forest.features_per_node``);
+else a fraction of them."""
 
 _LIMITS = {"ge": (operator.ge, "at least"), "gt": (operator.gt, "above"),
            "le": (operator.le, "at most"), "lt": (operator.lt, "below")}

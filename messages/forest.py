@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from boosting.params import MAX_FEATURES_RULES as MAX_FEATURES_RULES  # the schema's too
 from boosting.params import TreeParams, check_fields
 from messages.bodies import PartyInfo
 from messages.kinds import declare
@@ -27,9 +28,6 @@ _GBDT_FIELDS = {f.name: f for f in fields(TreeParams)}
 def _as_in_a_gbdt(name: str, default: Any) -> Any:
     """A parameter the forest shares with a GBDT: its bounds or choices are ``TreeParams``'s."""
     return field(default=default, metadata=_GBDT_FIELDS[name].metadata)
-
-
-MAX_FEATURES_NAMED = ("sqrt", "log2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +51,7 @@ class ForestParams:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if self.max_features not in MAX_FEATURES_NAMED and not _is_fraction(self.max_features):
+        if self.max_features not in MAX_FEATURES_RULES and not _is_fraction(self.max_features):
             raise ValueError(f"invalid parameter max_features={self.max_features!r}: sqrt, log2 "
                              f"or a fraction of the features in (0, 1]")
 

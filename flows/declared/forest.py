@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, create_model, model_validator
 
@@ -14,7 +14,7 @@ from flows.declared.secureboost import VerticalJobConfig
 from flows.job_schema import NoEarlyStopping, schema_fields
 from flows.schema_base import Strict
 from messages.envelope import MsgType
-from messages.forest import ForestParams
+from messages.forest import MAX_FEATURES_RULES, ForestParams
 
 
 if typing.TYPE_CHECKING:  # the fields create_model gives ForestParamsConfig: ForestParams's
@@ -51,11 +51,13 @@ class _ForestParamsBase(NoEarlyStopping, Strict, _ForestFields):
 
 
 FOREST_PARAMS = {f.name for f in dataclasses.fields(ForestParams)}
+_RULE: Any = Literal[MAX_FEATURES_RULES]
+"""A named rule of ``max_features`` (``boosting.params.MAX_FEATURES_RULES``)."""
 
 ForestParamsConfig: type[_ForestParamsBase] = create_model(
     "ForestParamsConfig", __base__=_ForestParamsBase,
     __doc__="The vertical random forest's parameters (seed 002; ``messages.forest``).",
-    **schema_fields(ForestParams, {"max_features": Literal["sqrt", "log2"] | float}))
+    **schema_fields(ForestParams, {"max_features": _RULE | float}))
 
 
 class ForestJobConfig(VerticalJobConfig):
