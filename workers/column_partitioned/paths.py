@@ -100,7 +100,8 @@ def _walk(state: JobState, model: Model, batch: int, depth: int, n_rows: int) ->
     """The batch's walk at ``depth``: a new one at level 0, else the one that reached it."""
     walk: PathWalk | None = state.paths
     if depth == 0 and (walk is None or walk.batch != batch or walk.depth != 0):
-        first = getattr(state.role_state, "valid_walked", 0)  # validation: the new trees only
+        run = state.role_state  # validation of stages walks the new trees only
+        first = run.valid_walked if isinstance(run, StagedTraining) else 0
         tables = [_table(tree, state.party, state.passives) for tree in model.trees[first:]]
         walk = PathWalk(batch, tables, np.zeros((len(tables), n_rows), dtype=np.int64),
                         first=first)

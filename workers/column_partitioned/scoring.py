@@ -321,9 +321,10 @@ def evaluate_validation(ctx: StepContext, _: Step) -> tuple[Kind, Any]:
     y = state.data.y[state.valid_rows]
     pred = run.finish(_scored_margin(run))
     metrics = evaluate(run.params.objective, y, pred, "valid")
-    staged = getattr(run, "staged_margin", None)  # a forest's trees are not stages
+    staged = None  # a forest's trees are not stages
     if isinstance(run, StagedTraining):  # the next validation walks only newer trees
         run.valid_walked = len(run.trees)
+        staged = run.staged_margin
         if staged is not None and staged.shape[0] != len(run.trees):
             staged = None  # stages of earlier trees were not kept (too many): no curve
     per_tree = [] if staged is None else [
